@@ -1,0 +1,323 @@
+// Implementation of the PJRT layer declared in pjrt.h. Struct sizes come from the plugin's own
+// header (`*_STRUCT_SIZE`); plugins accept a struct at least as large as the one they know.
+#include "pjrt/pjrt.h"
+
+#include <dlfcn.h>
+#include <sys/stat.h>
+
+#include <cstddef>
+#include <cstring>
+
+namespace torch_tpu::pjrt {
+namespace {
+
+template <typename T>
+T make_args(size_t size) {
+  T a;
+  std::memset(&a, 0, sizeof(T));
+  a.struct_size = size;
+  return a;
+}
+#define PJRT_ARGS(T) make_args<T>(T##_STRUCT_SIZE)
+
+// Byte offset of a function slot in PJRT_Api; a plugin older than our header may lack it.
+#define PJRT_HAS_SLOT(api, fn) (offsetof(PJRT_Api, fn) + sizeof(void*) <= (api)->struct_size)
+
+// Serialized xla.CompileOptionsProto: executable_build_options (3) {num_replicas (4) = 1,
+// num_partitions (5) = 1}, compile_portable_executable (4) = true. An empty proto aborts the
+// plugin (CHECK on replica_count > 0), so these are always sent.
+const char kCompileOptions[] = {0x1A, 0x04, 0x20, 0x01, 0x28, 0x01, 0x20, 0x01};
+
+}  // namespace
+
+Plugin::Plugin(const std::string& path, const std::string& env_var) : path_(path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) {
+    throw PjrtError("PJRT plugin not found at '" + path + "' (chosen by " + env_var +
+                        "). Set " + env_var + " to cpu, cuda, tpu or the path of a PJRT plugin .so.",
+                    0);
+  }
+  void* handle = dlopen(path.c_str(), RTLD_LAZY | RTLD_LOCAL);
+  if (!handle) {
+    const char* e = dlerror();
+    throw PjrtError("Cannot load '" + path + "' as a PJRT plugin (chosen by " + env_var +
+                        "): " + (e ? e : "dlopen failed") + ". Set " + env_var +
+                        " to cpu, cuda, tpu or the path of a PJRT plugin .so.",
+                    0);
+  }
+  using GetApiFn = const PJRT_Api* (*)();
+  auto get_api = reinterpret_cast<GetApiFn>(dlsym(handle, "GetPjrtApi"));
+  if (!get_api) {
+    throw PjrtError("'" + path + "' (chosen by " + env_var +
+                        ") is not a PJRT plugin: it has no GetPjrtApi symbol.",
+                    0);
+  }
+  api_ = get_api();
+  if (!api_) throw PjrtError("GetPjrtApi() of '" + path + "' returned null.", 0);
+  major_ = api_->pjrt_api_version.major_version;
+  minor_ = api_->pjrt_api_version.minor_version;
+  if (major_ != PJRT_API_MAJOR || minor_ < kMinApiMinor ||
+      !PJRT_HAS_SLOT(api_, PJRT_Executable_OutputDimensions)) {
+    throw PjrtError("PJRT plugin '" + path + "' (chosen by " + env_var + ") reports C API " +
+                        std::to_string(major_) + "." + std::to_string(minor_) +
+                        "; TorchTPU supports " + std::to_string(PJRT_API_MAJOR) + "." +
+                        std::to_string(kMinApiMinor) + " and newer minor versions. Install a newer plugin.",
+                    0);
+  }
+  auto init = PJRT_ARGS(PJRT_Plugin_Initialize_Args);
+  check(api_->PJRT_Plugin_Initialize(&init), "PJRT_Plugin_Initialize");
+  // The handle stays open for the life of the process: buffers and executables point into it.
+}
+
+void Plugin::check(PJRT_Error* err, const char* what) const {
+  if (!err) return;
+  auto msg = PJRT_ARGS(PJRT_Error_Message_Args);
+  msg.error = err;
+  api_->PJRT_Error_Message(&msg);
+  std::string text(msg.message, msg.message_size);
+  auto code = PJRT_ARGS(PJRT_Error_GetCode_Args);
+  code.error = err;
+  int c = api_->PJRT_Error_GetCode(&code) == nullptr ? static_cast<int>(code.code) : 2;
+  auto destroy = PJRT_ARGS(PJRT_Error_Destroy_Args);
+  destroy.error = err;
+  api_->PJRT_Error_Destroy(&destroy);
+  throw PjrtError(std::string(what) + " failed (PJRT error code " + std::to_string(c) + "): " + text, c);
+}
+
+// ---------------------------------------------------------------------------------------------
+Buffer::~Buffer() {
+  auto a = PJRT_ARGS(PJRT_Buffer_Destroy_Args);
+  a.buffer = buf_;
+  PJRT_Error* e = client_->plugin().api()->PJRT_Buffer_Destroy(&a);
+  if (e) {  // never throw from a destructor: drop the error
+    auto d = PJRT_ARGS(PJRT_Error_Destroy_Args);
+    d.error = e;
+    client_->plugin().api()->PJRT_Error_Destroy(&d);
+  }
+}
+
+PJRT_Buffer_Type Buffer::element_type() const {
+  auto a = PJRT_ARGS(PJRT_Buffer_ElementType_Args);
+  a.buffer = buf_;
+  client_->plugin().check(client_->plugin().api()->PJRT_Buffer_ElementType(&a), "PJRT_Buffer_ElementType");
+  return a.type;
+}
+
+std::vector<int64_t> Buffer::dims() const {
+  auto a = PJRT_ARGS(PJRT_Buffer_Dimensions_Args);
+  a.buffer = buf_;
+  client_->plugin().check(client_->plugin().api()->PJRT_Buffer_Dimensions(&a), "PJRT_Buffer_Dimensions");
+  return std::vector<int64_t>(a.dims, a.dims + a.num_dims);
+}
+
+size_t Buffer::on_device_size() const {
+  auto a = PJRT_ARGS(PJRT_Buffer_OnDeviceSizeInBytes_Args);
+  a.buffer = buf_;
+  client_->plugin().check(client_->plugin().api()->PJRT_Buffer_OnDeviceSizeInBytes(&a),
+                          "PJRT_Buffer_OnDeviceSizeInBytes");
+  return a.on_device_size_in_bytes;
+}
+
+bool Buffer::is_deleted() const {
+  auto a = PJRT_ARGS(PJRT_Buffer_IsDeleted_Args);
+  a.buffer = buf_;
+  client_->plugin().check(client_->plugin().api()->PJRT_Buffer_IsDeleted(&a), "PJRT_Buffer_IsDeleted");
+  return a.is_deleted;
+}
+
+namespace {
+void await_and_destroy(const Plugin& p, PJRT_Event* ev, const char* what) {
+  if (!ev) return;
+  auto aw = PJRT_ARGS(PJRT_Event_Await_Args);
+  aw.event = ev;
+  PJRT_Error* err = p.api()->PJRT_Event_Await(&aw);
+  auto d = PJRT_ARGS(PJRT_Event_Destroy_Args);
+  d.event = ev;
+  PJRT_Error* derr = p.api()->PJRT_Event_Destroy(&d);
+  p.check(err, what);
+  p.check(derr, "PJRT_Event_Destroy");
+}
+}  // namespace
+
+void Buffer::to_host(void* dst, size_t size) const {
+  const Plugin& p = client_->plugin();
+  auto a = PJRT_ARGS(PJRT_Buffer_ToHostBuffer_Args);
+  a.src = buf_;
+  a.dst = dst;
+  a.dst_size = size;
+  p.check(p.api()->PJRT_Buffer_ToHostBuffer(&a), "PJRT_Buffer_ToHostBuffer");
+  await_and_destroy(p, a.event, "device-to-host transfer");
+}
+
+void Buffer::await_ready() const {
+  const Plugin& p = client_->plugin();
+  auto a = PJRT_ARGS(PJRT_Buffer_ReadyEvent_Args);
+  a.buffer = buf_;
+  p.check(p.api()->PJRT_Buffer_ReadyEvent(&a), "PJRT_Buffer_ReadyEvent");
+  await_and_destroy(p, a.event, "device computation");
+}
+
+Executable::~Executable() {
+  auto a = PJRT_ARGS(PJRT_LoadedExecutable_Destroy_Args);
+  a.executable = exe_;
+  PJRT_Error* e = client_->plugin().api()->PJRT_LoadedExecutable_Destroy(&a);
+  if (e) {
+    auto d = PJRT_ARGS(PJRT_Error_Destroy_Args);
+    d.error = e;
+    client_->plugin().api()->PJRT_Error_Destroy(&d);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+std::shared_ptr<Client> Client::create(std::shared_ptr<Plugin> plugin,
+                                       const std::vector<std::pair<std::string, int64_t>>& int_options) {
+  std::shared_ptr<Client> c(new Client(std::move(plugin)));
+  const PJRT_Api* api = c->plugin_->api();
+  std::vector<PJRT_NamedValue> opts(int_options.size());
+  for (size_t i = 0; i < int_options.size(); ++i) {
+    std::memset(&opts[i], 0, sizeof(PJRT_NamedValue));
+    opts[i].struct_size = PJRT_NamedValue_STRUCT_SIZE;
+    opts[i].name = int_options[i].first.c_str();
+    opts[i].name_size = int_options[i].first.size();
+    opts[i].type = PJRT_NamedValue_kInt64;
+    opts[i].int64_value = int_options[i].second;
+    opts[i].value_size = 1;
+  }
+  auto a = PJRT_ARGS(PJRT_Client_Create_Args);
+  a.create_options = opts.data();
+  a.num_options = opts.size();
+  c->plugin_->check(api->PJRT_Client_Create(&a), "PJRT_Client_Create");
+  c->client_ = a.client;
+
+  auto pn = PJRT_ARGS(PJRT_Client_PlatformName_Args);
+  pn.client = c->client_;
+  c->plugin_->check(api->PJRT_Client_PlatformName(&pn), "PJRT_Client_PlatformName");
+  c->platform_name_.assign(pn.platform_name, pn.platform_name_size);
+  auto pv = PJRT_ARGS(PJRT_Client_PlatformVersion_Args);
+  pv.client = c->client_;
+  c->plugin_->check(api->PJRT_Client_PlatformVersion(&pv), "PJRT_Client_PlatformVersion");
+  c->platform_version_.assign(pv.platform_version, pv.platform_version_size);
+
+  auto dv = PJRT_ARGS(PJRT_Client_AddressableDevices_Args);
+  dv.client = c->client_;
+  c->plugin_->check(api->PJRT_Client_AddressableDevices(&dv), "PJRT_Client_AddressableDevices");
+  c->devices_.assign(dv.addressable_devices, dv.addressable_devices + dv.num_addressable_devices);
+  return c;
+}
+
+Client::~Client() {
+  if (!client_) return;
+  auto a = PJRT_ARGS(PJRT_Client_Destroy_Args);
+  a.client = client_;
+  PJRT_Error* e = plugin_->api()->PJRT_Client_Destroy(&a);
+  if (e) {
+    auto d = PJRT_ARGS(PJRT_Error_Destroy_Args);
+    d.error = e;
+    plugin_->api()->PJRT_Error_Destroy(&d);
+  }
+}
+
+PJRT_Device* Client::device(int64_t index) const {
+  if (index < 0 || index >= static_cast<int64_t>(devices_.size())) {
+    throw PjrtError("tpu device index " + std::to_string(index) + " is out of range: the " +
+                        platform_name_ + " PJRT plugin has " + std::to_string(devices_.size()) +
+                        " device(s) (valid: 0.." + std::to_string(devices_.size() - 1) + ")",
+                    3);
+  }
+  return devices_[index];
+}
+
+MemoryStats Client::memory_stats(int64_t index) const {
+  MemoryStats s;
+  const PJRT_Api* api = plugin_->api();
+  auto a = PJRT_ARGS(PJRT_Device_MemoryStats_Args);
+  a.device = device(index);
+  PJRT_Error* err = api->PJRT_Device_MemoryStats(&a);
+  if (err) {  // the CPU plugin does not report memory statistics: say "unknown", not an error
+    auto d = PJRT_ARGS(PJRT_Error_Destroy_Args);
+    d.error = err;
+    api->PJRT_Error_Destroy(&d);
+    return s;
+  }
+  s.bytes_in_use = a.bytes_in_use;
+  if (a.peak_bytes_in_use_is_set) s.peak_bytes_in_use = a.peak_bytes_in_use;
+  if (a.num_allocs_is_set) s.num_allocs = a.num_allocs;
+  if (a.bytes_limit_is_set) s.bytes_limit = a.bytes_limit;
+  return s;
+}
+
+std::shared_ptr<Executable> Client::compile(const std::string& mlir) const {
+  const PJRT_Api* api = plugin_->api();
+  auto prog = PJRT_ARGS(PJRT_Program);
+  prog.code = const_cast<char*>(mlir.data());
+  prog.code_size = mlir.size();
+  static const char kFormat[] = "mlir";
+  prog.format = kFormat;
+  prog.format_size = 4;
+  auto a = PJRT_ARGS(PJRT_Client_Compile_Args);
+  a.client = client_;
+  a.program = &prog;
+  a.compile_options = kCompileOptions;
+  a.compile_options_size = sizeof(kCompileOptions);
+  plugin_->check(api->PJRT_Client_Compile(&a), "PJRT_Client_Compile");
+  PJRT_LoadedExecutable* loaded = a.executable;
+
+  // Number of outputs: through the (unloaded) executable.
+  auto ge = PJRT_ARGS(PJRT_LoadedExecutable_GetExecutable_Args);
+  ge.loaded_executable = loaded;
+  plugin_->check(api->PJRT_LoadedExecutable_GetExecutable(&ge), "PJRT_LoadedExecutable_GetExecutable");
+  auto no = PJRT_ARGS(PJRT_Executable_NumOutputs_Args);
+  no.executable = ge.executable;
+  PJRT_Error* err = api->PJRT_Executable_NumOutputs(&no);
+  auto ed = PJRT_ARGS(PJRT_Executable_Destroy_Args);
+  ed.executable = ge.executable;
+  api->PJRT_Executable_Destroy(&ed);
+  // Owned from here on, so that an error below still destroys it.
+  auto exe_owner = std::make_shared<Executable>(
+      std::const_pointer_cast<Client>(shared_from_this()), loaded, 0);
+  plugin_->check(err, "PJRT_Executable_NumOutputs");
+  exe_owner->set_num_outputs(no.num_outputs);
+  return exe_owner;
+}
+
+std::shared_ptr<Buffer> Client::buffer_from_host(const void* data, PJRT_Buffer_Type type,
+                                                 const std::vector<int64_t>& dims, int64_t index) {
+  const PJRT_Api* api = plugin_->api();
+  auto a = PJRT_ARGS(PJRT_Client_BufferFromHostBuffer_Args);
+  a.client = client_;
+  a.data = data;
+  a.type = type;
+  a.dims = dims.data();
+  a.num_dims = dims.size();
+  a.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableUntilTransferCompletes;
+  a.device = device(index);
+  plugin_->check(api->PJRT_Client_BufferFromHostBuffer(&a), "PJRT_Client_BufferFromHostBuffer");
+  auto buf = std::make_shared<Buffer>(shared_from_this(), a.buffer);
+  await_and_destroy(*plugin_, a.done_with_host_buffer, "host-to-device transfer");
+  return buf;
+}
+
+std::vector<std::shared_ptr<Buffer>> Client::execute(const Executable& exe,
+                                                     const std::vector<PJRT_Buffer*>& args,
+                                                     int64_t index) {
+  const PJRT_Api* api = plugin_->api();
+  auto opts = PJRT_ARGS(PJRT_ExecuteOptions);
+  std::vector<PJRT_Buffer*> outs(exe.num_outputs(), nullptr);
+  PJRT_Buffer* const* arg_list = args.data();
+  PJRT_Buffer** out_list = outs.data();
+  auto a = PJRT_ARGS(PJRT_LoadedExecutable_Execute_Args);
+  a.executable = exe.get();
+  a.options = &opts;
+  a.argument_lists = &arg_list;
+  a.num_devices = 1;
+  a.num_args = args.size();
+  a.output_lists = &out_list;
+  a.execute_device = device(index);
+  plugin_->check(api->PJRT_LoadedExecutable_Execute(&a), "PJRT_LoadedExecutable_Execute");
+  std::vector<std::shared_ptr<Buffer>> result;
+  result.reserve(outs.size());
+  for (PJRT_Buffer* b : outs) result.push_back(std::make_shared<Buffer>(shared_from_this(), b));
+  return result;
+}
+
+}  // namespace torch_tpu::pjrt

@@ -1,0 +1,143 @@
+// TorchTPU's PJRT layer: loading a PJRT C API plugin and RAII handles over its objects.
+//
+// Built against the `pjrt_c_api.h` that the installed plugin wheel carries (xla-cpu-pjrt ships it
+// as xla_plugins/xla_cpu_pjrt/include/pjrt_c_api.h); nothing here includes torch, so this layer
+// compiles in seconds and could be unit-tested alone.
+//
+// Every PJRT_Error is turned into a `PjrtError` (a std::runtime_error) carrying the plugin's
+// message, its absl status code and what we were doing ("compile", "execute", ...).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "pjrt_c_api.h"
+
+namespace torch_tpu::pjrt {
+
+// An error reported by the plugin, or a failure to load one.
+// `code` is the PJRT_Error_Code (absl numbering; 0 when the error is ours, e.g. a bad path).
+class PjrtError : public std::runtime_error {
+ public:
+  PjrtError(std::string msg, int code) : std::runtime_error(std::move(msg)), code_(code) {}
+  int code() const { return code_; }
+
+ private:
+  int code_;
+};
+
+// The oldest PJRT C API minor version whose PJRT_Api holds every slot we call (0.57: from there on
+// every header is a strict prefix of the later ones).
+constexpr int kMinApiMinor = 57;
+
+// A dlopen'ed plugin. `path` is the .so; `env_var` names the variable that chose it, so that every
+// loading error can tell the user what to change. Throws PjrtError when the file is missing, is not
+// a PJRT plugin (no GetPjrtApi), or reports an API version we do not support.
+class Plugin {
+ public:
+  Plugin(const std::string& path, const std::string& env_var);
+  const PJRT_Api* api() const { return api_; }
+  int api_major() const { return major_; }
+  int api_minor() const { return minor_; }
+  const std::string& path() const { return path_; }
+  // Throws PjrtError (with `what` prefixed) if `err` is non-null; always destroys `err`.
+  void check(PJRT_Error* err, const char* what) const;
+
+ private:
+  std::string path_;
+  const PJRT_Api* api_ = nullptr;
+  int major_ = 0, minor_ = 0;
+};
+
+class Client;
+
+// One PJRT_Buffer (a dense array on one device). Destroyed (PJRT_Buffer_Destroy) when the last
+// shared_ptr goes; donated buffers are destroyed too, as PJRT requires.
+class Buffer {
+ public:
+  Buffer(std::shared_ptr<Client> client, PJRT_Buffer* buf) : client_(std::move(client)), buf_(buf) {}
+  ~Buffer();
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  PJRT_Buffer* get() const { return buf_; }
+  PJRT_Buffer_Type element_type() const;
+  std::vector<int64_t> dims() const;
+  size_t on_device_size() const;
+  // Copies the whole buffer into `dst` (`size` bytes, dense row-major) and waits for it.
+  // Async execution errors of the program that produced this buffer surface here.
+  void to_host(void* dst, size_t size) const;
+  // Blocks until the buffer's value is computed; throws the producing program's error if any.
+  void await_ready() const;
+  bool is_deleted() const;
+
+ private:
+  std::shared_ptr<Client> client_;
+  PJRT_Buffer* buf_;
+};
+
+// A compiled, loaded program.
+class Executable {
+ public:
+  Executable(std::shared_ptr<Client> client, PJRT_LoadedExecutable* exe, size_t num_outputs)
+      : client_(std::move(client)), exe_(exe), num_outputs_(num_outputs) {}
+  ~Executable();
+  Executable(const Executable&) = delete;
+  Executable& operator=(const Executable&) = delete;
+  PJRT_LoadedExecutable* get() const { return exe_; }
+  size_t num_outputs() const { return num_outputs_; }
+  void set_num_outputs(size_t n) { num_outputs_ = n; }
+
+ private:
+  std::shared_ptr<Client> client_;
+  PJRT_LoadedExecutable* exe_;
+  size_t num_outputs_;
+};
+
+// Memory statistics of one device, where the plugin reports them (-1 when not).
+struct MemoryStats {
+  int64_t bytes_in_use = -1, peak_bytes_in_use = -1, num_allocs = -1, bytes_limit = -1;
+};
+
+// A PJRT_Client over the plugin's addressable devices.
+class Client : public std::enable_shared_from_this<Client> {
+ public:
+  // `int_options` become PJRT_NamedValue int64 create options (e.g. cpu_device_count).
+  static std::shared_ptr<Client> create(std::shared_ptr<Plugin> plugin,
+                                        const std::vector<std::pair<std::string, int64_t>>& int_options);
+  ~Client();
+  const Plugin& plugin() const { return *plugin_; }
+  const std::string& platform_name() const { return platform_name_; }
+  const std::string& platform_version() const { return platform_version_; }
+  size_t device_count() const { return devices_.size(); }
+  PJRT_Device* device(int64_t index) const;
+  MemoryStats memory_stats(int64_t index) const;
+
+  // Compiles StableHLO (MLIR text or bytecode, format "mlir") for one replica and one partition,
+  // as a portable executable that runs on any addressable device.
+  std::shared_ptr<Executable> compile(const std::string& mlir) const;
+
+  // Copies `data` (dense row-major, `dims`) to device `index`. Waits until the host data is no
+  // longer needed, so the caller may free it on return.
+  std::shared_ptr<Buffer> buffer_from_host(const void* data, PJRT_Buffer_Type type,
+                                           const std::vector<int64_t>& dims, int64_t index);
+
+  // Runs `exe` on device `index` with `args`; returns its outputs. Does not wait for the result.
+  // `donated` lists argument positions whose buffers the program may reuse (they become deleted).
+  std::vector<std::shared_ptr<Buffer>> execute(const Executable& exe,
+                                               const std::vector<PJRT_Buffer*>& args,
+                                               int64_t index);
+
+  PJRT_Client* get() const { return client_; }
+
+ private:
+  Client(std::shared_ptr<Plugin> plugin) : plugin_(std::move(plugin)) {}
+  std::shared_ptr<Plugin> plugin_;
+  PJRT_Client* client_ = nullptr;
+  std::vector<PJRT_Device*> devices_;
+  std::string platform_name_, platform_version_;
+};
+
+}  // namespace torch_tpu::pjrt
