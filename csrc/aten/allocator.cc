@@ -1,0 +1,47 @@
+// The tpu allocator: a storage is a runtime::Cell (its PJRT buffer is created lazily) at a unique
+// fake device address. Registered as the PrivateUse1 allocator, so every tpu storage PyTorch
+// creates (empty, empty_strided, resize_) is a cell.
+#include <c10/core/Allocator.h>
+#include <c10/core/CachingDeviceAllocator.h>
+
+#include "aten/device.h"
+#include "runtime/runtime.h"
+
+namespace torch_tpu::aten {
+namespace {
+
+using runtime::Cell;
+using runtime::Runtime;
+
+void delete_cell(void* ctx) { Runtime::get().free_cell(static_cast<Cell*>(ctx)); }
+
+struct TpuAllocator final : c10::DeviceAllocator {
+  c10::DataPtr allocate(size_t nbytes) override {
+    c10::DeviceIndex dev = current_device();
+    Cell* c = Runtime::get().new_cell(nbytes, dev);
+    return {reinterpret_cast<void*>(c->addr), c, &delete_cell,
+            c10::Device(c10::DeviceType::PrivateUse1, dev)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    Cell* d = Runtime::get().cell_at(dest);
+    Cell* s = Runtime::get().cell_at(src);
+    TORCH_CHECK(d && s && d->addr == reinterpret_cast<uintptr_t>(dest) &&
+                    s->addr == reinterpret_cast<uintptr_t>(src),
+                "tpu copy_data: addresses are not the start of tpu storages");
+    Runtime::get().copy_bytes(*d, *s, count);
+  }
+  // Memory statistics come from the PJRT plugin (torch.tpu.memory_stats), not from here.
+  bool initialized() override { return Runtime::get().started(); }
+  void emptyCache(c10::MempoolId_t) override {}
+  void recordStream(const c10::DataPtr&, c10::Stream) override {}
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex) override { return {}; }
+  void resetAccumulatedStats(c10::DeviceIndex) override {}
+  void resetPeakStats(c10::DeviceIndex) override {}
+};
+
+TpuAllocator g_allocator;
+REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &g_allocator);
+
+}  // namespace
+}  // namespace torch_tpu::aten

@@ -1,0 +1,26 @@
+// PrivateUse1 ("tpu") device integration: the current-device state shared by the device guard,
+// the hooks and the allocator, and the default generators.
+#pragma once
+
+#include <ATen/core/Generator.h>
+#include <c10/core/Device.h>
+
+namespace torch_tpu::aten {
+
+// The thread's current tpu device index (torch.tpu.current_device()).
+c10::DeviceIndex current_device();
+// Sets it; throws a clear error when `index` is not a device of the running plugin.
+void set_device(c10::DeviceIndex index);
+// Throws a clear error unless 0 <= index < device count.
+void check_device_index(c10::DeviceIndex index);
+
+// Default generator of tpu:index (index -1: the current device).
+const at::Generator& default_generator(c10::DeviceIndex index);
+at::Generator new_generator(c10::DeviceIndex index);
+
+// Advances `gen` (a tpu generator, or the current device's default when undefined) by
+// `increment` draws and returns the (seed, offset) the caller's random program should use.
+std::pair<uint64_t, uint64_t> generator_next(const std::optional<at::Generator>& gen,
+                                             uint64_t increment);
+
+}  // namespace torch_tpu::aten

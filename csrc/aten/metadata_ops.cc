@@ -1,0 +1,87 @@
+// Kernels for the tpu ops that only touch tensor metadata or storage: allocation, views, set_,
+// resize_. They run no program. Every computing op is lowered to StableHLO (torch_tpu/lowering).
+#include <ATen/EmptyTensor.h>
+#include <ATen/native/Resize.h>
+#include <ATen/native/TensorFactories.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/view_native.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/unfold_native.h>
+#include <ATen/ops/set_native.h>
+#include <ATen/ops/alias_native.h>
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include "aten/device.h"
+
+namespace torch_tpu::aten {
+namespace {
+
+constexpr c10::DispatchKeySet kTpuKeys(c10::DispatchKey::PrivateUse1);
+
+c10::Device target_device(std::optional<c10::Device> device) {
+  c10::DeviceIndex idx = device && device->has_index() ? device->index() : current_device();
+  check_device_index(idx);
+  return c10::Device(c10::DeviceType::PrivateUse1, idx);
+}
+
+at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
+                               std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                               std::optional<bool> pin_memory,
+                               std::optional<c10::MemoryFormat> memory_format) {
+  c10::DeviceGuard guard(target_device(device));
+  return at::detail::empty_generic(size, c10::GetAllocator(c10::DeviceType::PrivateUse1), kTpuKeys,
+                                   c10::dtype_or_default(dtype), memory_format);
+}
+
+at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
+                         std::optional<c10::ScalarType> dtype, std::optional<c10::Layout> layout,
+                         std::optional<c10::Device> device, std::optional<bool> pin_memory) {
+  c10::DeviceGuard guard(target_device(device));
+  return at::detail::empty_strided_generic(size, stride, c10::GetAllocator(c10::DeviceType::PrivateUse1),
+                                           kTpuKeys, c10::dtype_or_default(dtype));
+}
+
+// Grows the storage through the hooks (a new cell holding the old bytes) when the new shape needs
+// more bytes; never shrinks it, as on CPU.
+const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
+                          std::optional<c10::MemoryFormat> memory_format) {
+  auto* impl = self.unsafeGetTensorImpl();
+  if (impl->sizes() != size) impl->set_sizes_contiguous(size);
+  if (memory_format && *memory_format != c10::MemoryFormat::Preserve) {
+    impl->empty_tensor_restride(*memory_format);
+  }
+  int64_t numel = impl->numel();
+  if (numel > 0) {
+    size_t needed = at::detail::computeStorageNbytes(impl->sizes(), impl->strides(), impl->itemsize(),
+                                                     impl->storage_offset());
+    const c10::Storage& st = impl->unsafe_storage();
+    if (needed > st.nbytes()) at::detail::getPrivateUse1Hooks().resizePrivateUse1Bytes(st, needed);
+  }
+  return self;
+}
+
+at::Tensor& set_empty(at::Tensor& self) {
+  c10::Storage st(c10::Storage::use_byte_size_t(), 0, c10::GetAllocator(c10::DeviceType::PrivateUse1),
+                  /*resizable=*/true);
+  return at::native::set_storage_cpu_(self, st, 0, {0}, {});
+}
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("empty.memory_format", empty_memory_format);
+  m.impl("empty_strided", empty_strided);
+  m.impl("as_strided", at::native::as_strided_tensorimpl);
+  m.impl("view", at::native::view);
+  m.impl("_reshape_alias", at::native::_reshape_alias);
+  m.impl("unfold", at::native::unfold);
+  m.impl("alias", at::native::alias);
+  m.impl("resize_", resize_);
+  m.impl("set_", set_empty);
+  m.impl("set_.source_Storage", at::native::set_);
+  m.impl("set_.source_Storage_storage_offset", at::native::set_storage_cpu_);
+  m.impl("set_.source_Tensor", at::native::set_tensor_);
+}
+
+}  // namespace
+}  // namespace torch_tpu::aten

@@ -1,0 +1,155 @@
+// torch_tpu._C: the Python binding of the runtime (PJRT client, cells, compile/execute) and of
+// the device integration (current device, generators, fallback counters).
+#include <torch/csrc/utils/pybind.h>
+#include <torch/csrc/Generator.h>
+#include <torch/csrc/Exceptions.h>
+#include <ATen/Tensor.h>
+#include <c10/core/DeviceGuard.h>
+
+#include "aten/device.h"
+#include "aten/fallback.h"
+#include "runtime/runtime.h"
+
+namespace py = pybind11;
+using torch_tpu::runtime::Cell;
+using torch_tpu::runtime::Runtime;
+
+namespace {
+
+Cell* cell_of(const at::Tensor& t) {
+  TORCH_CHECK(t.device().type() == c10::DeviceType::PrivateUse1, "expected a tpu tensor, got one on ",
+              t.device());
+  auto* c = static_cast<Cell*>(t.storage().data_ptr().get_context());
+  TORCH_CHECK(c, "tpu tensor has no storage cell");
+  return c;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "TorchTPU core: PJRT runtime and PrivateUse1 device integration";
+  py::register_exception<torch_tpu::pjrt::PjrtError>(m, "PjrtError", PyExc_RuntimeError);
+
+  py::class_<torch_tpu::pjrt::Executable, std::shared_ptr<torch_tpu::pjrt::Executable>>(m, "Executable")
+      .def_property_readonly("num_outputs", &torch_tpu::pjrt::Executable::num_outputs);
+
+  m.def("_configure", [](const std::string& path, const std::string& error,
+                         const std::vector<std::pair<std::string, int64_t>>& options) {
+    Runtime::get().configure(path, error, options);
+  });
+  m.def("_runtime_started", [] { return Runtime::get().started(); });
+  m.def("_start", [] {
+    torch::PyWarningHandler warnings;  // the one-time "runs on the CPU plugin" warning
+    Runtime::get().client();
+  });
+  m.def("_platform_name", [] { return Runtime::get().client().platform_name(); });
+  m.def("_platform_version", [] { return Runtime::get().client().platform_version(); });
+  m.def("_plugin_path", [] { return Runtime::get().client().plugin().path(); });
+  m.def("_api_version", [] {
+    auto& p = Runtime::get().client().plugin();
+    return std::make_pair(p.api_major(), p.api_minor());
+  });
+  m.def("_device_count", [] { return Runtime::get().device_count_noexcept(); });
+  m.def("_memory_stats", [](int64_t index) {
+    auto s = Runtime::get().client().memory_stats(index);
+    py::dict d;
+    d["bytes_in_use"] = s.bytes_in_use;
+    d["peak_bytes_in_use"] = s.peak_bytes_in_use;
+    d["num_allocs"] = s.num_allocs;
+    d["bytes_limit"] = s.bytes_limit;
+    return d;
+  });
+  m.def("_current_device", [] { return static_cast<int>(torch_tpu::aten::current_device()); });
+  m.def("_set_device", [](int index) { torch_tpu::aten::set_device(index); });
+  m.def("_check_device_index", [](int index) { torch_tpu::aten::check_device_index(index); });
+  m.def("_default_generator", [](int index) {
+    return py::reinterpret_steal<py::object>(
+        THPGenerator_initDefaultGenerator(torch_tpu::aten::default_generator(index)));
+  });
+  m.def("_generator_next", [](std::optional<at::Generator> gen, uint64_t increment) {
+    return torch_tpu::aten::generator_next(gen, increment);
+  });
+
+  // Storage cells.
+  m.def("_storage_key", [](const at::Tensor& t) { return cell_of(t)->addr; },
+        "Identity of the tensor's storage (its fake device address).");
+  m.def("_storage_spec", [](const at::Tensor& t) {
+    Cell* c = cell_of(t);
+    Runtime::get().ensure_typed(*c, t.scalar_type());
+    return std::make_tuple(*c->dtype, c->numel);
+  }, "(dtype, numel) of the storage's 1-D PJRT buffer, fixing it from t on first use.");
+  m.def("_storage_has_buffer", [](const at::Tensor& t) { return cell_of(t)->buffer != nullptr; });
+  m.def("_upload", [](const at::Tensor& dst, const at::Tensor& src) {
+    TORCH_CHECK(src.is_cpu() && src.is_contiguous(), "_upload: source must be a contiguous CPU tensor");
+    Cell* c = cell_of(dst);
+    TORCH_CHECK(static_cast<size_t>(src.nbytes()) == c->nbytes,
+                "_upload: source has ", src.nbytes(), " bytes, storage has ", c->nbytes);
+    py::gil_scoped_release nogil;
+    Runtime::get().upload(*c, src.data_ptr(), src.scalar_type(), src.numel());
+  }, "Replaces the whole storage of dst with the bytes of the contiguous CPU tensor src.");
+  m.def("_download", [](const at::Tensor& src, const at::Tensor& dst) {
+    TORCH_CHECK(dst.is_cpu() && dst.is_contiguous(), "_download: destination must be a contiguous CPU tensor");
+    Cell* c = cell_of(src);
+    Runtime::get().ensure_typed(*c, dst.scalar_type());
+    TORCH_CHECK(c->numel * static_cast<int64_t>(c10::elementSize(*c->dtype)) == dst.nbytes(),
+                "_download: storage holds ", c->numel, " elements of ", *c->dtype, ", destination has ",
+                dst.nbytes(), " bytes");
+    py::gil_scoped_release nogil;
+    Runtime::get().download(*c, dst.data_ptr(), dst.nbytes());
+  }, "Copies the whole storage of src into the contiguous CPU tensor dst and waits.");
+
+  // Programs.
+  m.def("_compile", [](const std::string& mlir) {
+    py::gil_scoped_release nogil;
+    return Runtime::get().compile(mlir);
+  }, "Compiles StableHLO text (a module with a public @main) with the PJRT plugin.");
+  m.def("_execute", [](const torch_tpu::pjrt::Executable& exe, const std::vector<at::Tensor>& inputs,
+                       const std::vector<at::Tensor>& sinks, int device) {
+    std::vector<PJRT_Buffer*> args;
+    std::vector<std::shared_ptr<torch_tpu::pjrt::Buffer>> keep;  // host operands live until launched
+    args.reserve(inputs.size());
+    for (const auto& t : inputs) {
+      if (t.is_cpu()) {  // a 0-dim CPU tensor or host scalar: a runtime operand
+        at::Tensor c = t.contiguous();
+        std::vector<int64_t> dims(c.sizes().begin(), c.sizes().end());
+        auto b = Runtime::get().client().buffer_from_host(
+            c.data_ptr(), torch_tpu::runtime::to_pjrt_type(c.scalar_type()), dims, device);
+        args.push_back(b->get());
+        keep.push_back(std::move(b));
+      } else {
+        args.push_back(Runtime::get().materialize(*cell_of(t)).get());
+      }
+    }
+    std::vector<Cell*> out_cells;
+    out_cells.reserve(sinks.size());
+    for (const auto& t : sinks) out_cells.push_back(cell_of(t));
+    Runtime::get().execute(exe, args, out_cells, device);
+  }, "Runs exe on tpu:device. inputs: tpu tensors (their storages' buffers are passed) or CPU tensors "
+     "(uploaded); output i becomes the buffer of sinks[i]'s storage.");
+  m.def("_synchronize", [](int device) {
+    py::gil_scoped_release nogil;
+    Runtime::get().synchronize(device);
+  });
+
+  // Metrics.
+  m.def("_counters", [] {
+    auto& c = torch_tpu::runtime::counters();
+    py::dict d;
+    d["compiles"] = c.compiles.load();
+    d["executions"] = c.executions.load();
+    d["h2d_transfers"] = c.h2d_transfers.load();
+    d["d2h_transfers"] = c.d2h_transfers.load();
+    d["h2d_bytes"] = c.h2d_bytes.load();
+    d["d2h_bytes"] = c.d2h_bytes.load();
+    d["host_syncs"] = c.host_syncs.load();
+    return d;
+  });
+  m.def("_reset_counters", [] {
+    auto& c = torch_tpu::runtime::counters();
+    for (auto* a : {&c.compiles, &c.executions, &c.h2d_transfers, &c.d2h_transfers, &c.h2d_bytes,
+                    &c.d2h_bytes, &c.host_syncs})
+      a->store(0);
+  });
+  m.def("_fallback_counts", &torch_tpu::aten::fallback_counts);
+  m.def("_reset_fallback_counts", &torch_tpu::aten::reset_fallback_counts);
+}

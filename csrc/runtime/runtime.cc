@@ -1,0 +1,205 @@
+#include "runtime/runtime.h"
+
+#include <c10/util/Exception.h>
+
+#include <cstring>
+
+namespace torch_tpu::runtime {
+
+PJRT_Buffer_Type to_pjrt_type(c10::ScalarType t) {
+  switch (t) {
+    case c10::ScalarType::Bool: return PJRT_Buffer_Type_PRED;
+    case c10::ScalarType::Char: return PJRT_Buffer_Type_S8;
+    case c10::ScalarType::Short: return PJRT_Buffer_Type_S16;
+    case c10::ScalarType::Int: return PJRT_Buffer_Type_S32;
+    case c10::ScalarType::Long: return PJRT_Buffer_Type_S64;
+    case c10::ScalarType::Byte: return PJRT_Buffer_Type_U8;
+    case c10::ScalarType::UInt16: return PJRT_Buffer_Type_U16;
+    case c10::ScalarType::UInt32: return PJRT_Buffer_Type_U32;
+    case c10::ScalarType::UInt64: return PJRT_Buffer_Type_U64;
+    case c10::ScalarType::Half: return PJRT_Buffer_Type_F16;
+    case c10::ScalarType::Float: return PJRT_Buffer_Type_F32;
+    case c10::ScalarType::Double: return PJRT_Buffer_Type_F64;
+    case c10::ScalarType::BFloat16: return PJRT_Buffer_Type_BF16;
+    case c10::ScalarType::ComplexFloat: return PJRT_Buffer_Type_C64;
+    case c10::ScalarType::ComplexDouble: return PJRT_Buffer_Type_C128;
+    case c10::ScalarType::Float8_e5m2: return PJRT_Buffer_Type_F8E5M2;
+    case c10::ScalarType::Float8_e4m3fn: return PJRT_Buffer_Type_F8E4M3FN;
+    default:
+      TORCH_CHECK(false, "dtype ", t, " has no PJRT element type; the tpu device cannot hold it");
+  }
+}
+
+c10::ScalarType from_pjrt_type(PJRT_Buffer_Type t) {
+  for (auto s : {c10::ScalarType::Bool, c10::ScalarType::Char, c10::ScalarType::Short,
+                 c10::ScalarType::Int, c10::ScalarType::Long, c10::ScalarType::Byte,
+                 c10::ScalarType::UInt16, c10::ScalarType::UInt32, c10::ScalarType::UInt64,
+                 c10::ScalarType::Half, c10::ScalarType::Float, c10::ScalarType::Double,
+                 c10::ScalarType::BFloat16, c10::ScalarType::ComplexFloat,
+                 c10::ScalarType::ComplexDouble}) {
+    if (to_pjrt_type(s) == t) return s;
+  }
+  TORCH_CHECK(false, "PJRT element type ", static_cast<int>(t), " has no torch dtype");
+}
+
+Counters& counters() {
+  static Counters c;
+  return c;
+}
+
+Runtime& Runtime::get() {
+  static Runtime* r = new Runtime();  // never destroyed: buffers may outlive static teardown
+  return *r;
+}
+
+void Runtime::configure(const std::string& plugin_path, const std::string& error,
+                        const std::vector<std::pair<std::string, int64_t>>& options) {
+  std::lock_guard<std::mutex> g(mu_);
+  TORCH_CHECK(!client_, "the tpu runtime has already started; configure it before first use");
+  plugin_path_ = plugin_path;
+  config_error_ = error;
+  options_ = options;
+}
+
+pjrt::Client& Runtime::client() {
+  if (client_) return *client_;
+  std::lock_guard<std::mutex> g(mu_);
+  if (client_) return *client_;
+  TORCH_CHECK(!plugin_path_.empty(), config_error_);
+  auto plugin = std::make_shared<pjrt::Plugin>(plugin_path_, "TORCH_TPU_PJRT_PLUGIN");
+  client_ = pjrt::Client::create(plugin, options_);
+  if (client_->platform_name() == "cpu") {
+    TORCH_WARN("No TPU here: the tpu device runs on OpenXLA's CPU PJRT plugin (", plugin_path_,
+               "). Set TORCH_TPU_PJRT_PLUGIN to choose another plugin.");
+  }
+  return *client_;
+}
+
+int Runtime::device_count_noexcept() noexcept {
+  try {
+    return static_cast<int>(client().device_count());
+  } catch (...) {
+    return 0;
+  }
+}
+
+Cell* Runtime::new_cell(size_t nbytes, int device) {
+  auto* c = new Cell();
+  c->device = device;
+  c->nbytes = nbytes;
+  std::lock_guard<std::mutex> g(mu_);
+  c->addr = next_addr_;
+  // 256-byte aligned, and at least one byte apart so that every storage has its own address.
+  next_addr_ += ((nbytes + 1 + 255) / 256) * 256;
+  cells_[c->addr] = c;
+  return c;
+}
+
+void Runtime::free_cell(Cell* cell) {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    cells_.erase(cell->addr);
+  }
+  delete cell;
+}
+
+Cell* Runtime::cell_at(const void* addr) {
+  auto a = reinterpret_cast<uintptr_t>(addr);
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = cells_.upper_bound(a);
+  if (it == cells_.begin()) return nullptr;
+  --it;
+  Cell* c = it->second;
+  return (a >= c->addr && a <= c->addr + c->nbytes) ? c : nullptr;
+}
+
+void Runtime::ensure_typed(Cell& cell, c10::ScalarType dtype) {
+  if (cell.dtype) return;
+  cell.dtype = dtype;
+  cell.numel = static_cast<int64_t>(cell.nbytes / c10::elementSize(dtype));
+}
+
+pjrt::Buffer& Runtime::materialize(Cell& cell) {
+  if (cell.buffer) return *cell.buffer;
+  if (!cell.dtype) ensure_typed(cell, c10::ScalarType::Byte);
+  std::vector<char> zeros(cell.numel * c10::elementSize(*cell.dtype), 0);
+  upload(cell, zeros.data(), *cell.dtype, cell.numel);
+  return *cell.buffer;
+}
+
+void Runtime::upload(Cell& cell, const void* data, c10::ScalarType dtype, int64_t numel) {
+  auto buf = client().buffer_from_host(data, to_pjrt_type(dtype), {numel}, cell.device);
+  counters().h2d_transfers++;
+  counters().h2d_bytes += numel * c10::elementSize(dtype);
+  cell.buffer = std::move(buf);
+  cell.dtype = dtype;
+  cell.numel = numel;
+}
+
+void Runtime::download(Cell& cell, void* dst, size_t size) {
+  pjrt::Buffer& b = materialize(cell);
+  counters().d2h_transfers++;
+  counters().d2h_bytes += size;
+  counters().host_syncs++;
+  b.to_host(dst, size);
+}
+
+void Runtime::copy_bytes(Cell& dst, const Cell& src, size_t count) {
+  if (count == 0) return;
+  std::vector<char> bytes(std::max(dst.nbytes, src.nbytes), 0);
+  if (src.buffer) download(const_cast<Cell&>(src), bytes.data(), src.numel * c10::elementSize(*src.dtype));
+  if (dst.buffer && count < dst.nbytes) {  // keep the destination's bytes past `count`
+    std::vector<char> old(dst.numel * c10::elementSize(*dst.dtype));
+    download(dst, old.data(), old.size());
+    std::memcpy(old.data(), bytes.data(), count);
+    bytes.swap(old);
+  }
+  c10::ScalarType t = src.dtype ? *src.dtype : c10::ScalarType::Byte;
+  size_t item = c10::elementSize(t);
+  if (dst.nbytes % item != 0) t = c10::ScalarType::Byte, item = 1;
+  bytes.resize(dst.nbytes);
+  upload(dst, bytes.data(), t, static_cast<int64_t>(dst.nbytes / item));
+}
+
+std::shared_ptr<pjrt::Executable> Runtime::compile(const std::string& mlir) {
+  counters().compiles++;
+  return client().compile(mlir);
+}
+
+void Runtime::execute(const pjrt::Executable& exe, const std::vector<PJRT_Buffer*>& args,
+                      const std::vector<Cell*>& sinks, int device) {
+  TORCH_CHECK(sinks.size() == exe.num_outputs(), "program has ", exe.num_outputs(),
+              " outputs but ", sinks.size(), " destinations were given");
+  auto outs = client().execute(exe, args, device);
+  counters().executions++;
+  std::lock_guard<std::mutex> g(mu_);
+  if (pending_.size() > 4096) {  // forget outputs that are already gone
+    std::vector<std::weak_ptr<pjrt::Buffer>> live;
+    for (auto& w : pending_) if (!w.expired()) live.push_back(w);
+    pending_.swap(live);
+  }
+  for (size_t i = 0; i < outs.size(); ++i) {
+    auto dims = outs[i]->dims();
+    Cell* c = sinks[i];
+    c->numel = dims.empty() ? 1 : dims[0];
+    c->dtype = from_pjrt_type(outs[i]->element_type());
+    c->buffer = outs[i];
+    pending_.push_back(outs[i]);
+  }
+}
+
+void Runtime::synchronize(int device) {
+  std::vector<std::shared_ptr<pjrt::Buffer>> todo;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    for (auto& w : pending_) if (auto b = w.lock()) todo.push_back(b);
+    pending_.clear();
+  }
+  counters().host_syncs++;
+  for (auto& b : todo) {
+    if (!b->is_deleted()) b->await_ready();
+  }
+  (void)device;
+}
+
+}  // namespace torch_tpu::runtime

@@ -1,0 +1,95 @@
+// The TorchTPU runtime: the process-wide PJRT client (started lazily), device storage cells and
+// the transfers and executions that move data in and out of them.
+//
+// A tpu storage's DataPtr points at a unique *fake* device address (so data_ptr(), offsets and
+// `is_set_to` behave as on CPU) and carries a `Cell` as its context. The cell holds the storage's
+// current PJRT buffer: a 1-D array of `numel` elements of `dtype`. Programs never write a buffer
+// in place; they return a new one, which replaces the cell's (the old one is donated when the
+// program takes it as an argument, so in-place updates do not double memory).
+#pragma once
+
+#include <c10/core/ScalarType.h>
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "pjrt/pjrt.h"
+
+namespace torch_tpu::runtime {
+
+// PJRT element type of a torch dtype; throws c10::Error for dtypes PJRT has no type for.
+PJRT_Buffer_Type to_pjrt_type(c10::ScalarType t);
+c10::ScalarType from_pjrt_type(PJRT_Buffer_Type t);
+
+// The bytes of one tpu storage.
+struct Cell {
+  int device = 0;
+  size_t nbytes = 0;
+  uintptr_t addr = 0;
+  // Element type and count of `buffer`; fixed by the first typed use of the storage.
+  std::optional<c10::ScalarType> dtype;
+  int64_t numel = 0;
+  std::shared_ptr<pjrt::Buffer> buffer;  // null: never written (reads as zeros)
+};
+
+// Counters reported by torch_tpu.metrics.
+struct Counters {
+  std::atomic<int64_t> compiles{0}, executions{0}, h2d_transfers{0}, d2h_transfers{0},
+      h2d_bytes{0}, d2h_bytes{0}, host_syncs{0};
+};
+Counters& counters();
+
+class Runtime {
+ public:
+  static Runtime& get();
+
+  // Chooses the plugin without starting it. `plugin_path` is the .so; when it is empty,
+  // `error` is raised on first use instead (e.g. "TORCH_TPU_PJRT_PLUGIN=cuda but ...").
+  void configure(const std::string& plugin_path, const std::string& error,
+                 const std::vector<std::pair<std::string, int64_t>>& options);
+  bool started() const { return client_ != nullptr; }
+  // Starts the client on first call; throws (with the plugin's message) when it cannot.
+  pjrt::Client& client();
+  // Number of devices, starting the client if needed; 0 when it cannot start. Never throws.
+  int device_count_noexcept() noexcept;
+
+  // Storage cells, found by their fake address.
+  Cell* new_cell(size_t nbytes, int device);
+  void free_cell(Cell* cell);
+  Cell* cell_at(const void* addr);  // cell whose range holds addr, or nullptr
+
+  // Gives `cell` a typed layout if it has none yet (numel = nbytes / itemsize).
+  void ensure_typed(Cell& cell, c10::ScalarType dtype);
+  // The cell's buffer, creating a zero-filled one if it has never been written.
+  pjrt::Buffer& materialize(Cell& cell);
+  // Replaces the cell's contents with `nbytes` host bytes of `dtype` (dense).
+  void upload(Cell& cell, const void* data, c10::ScalarType dtype, int64_t numel);
+  // Copies the whole cell (its `numel` elements) into `dst` and waits.
+  void download(Cell& cell, void* dst, size_t size);
+  // Host-side byte copy between cells (resize_ growth, Allocator::copy_data).
+  void copy_bytes(Cell& dst, const Cell& src, size_t count);
+
+  std::shared_ptr<pjrt::Executable> compile(const std::string& mlir);
+  // Runs `exe` on `device`; output i replaces sinks[i]'s buffer.
+  void execute(const pjrt::Executable& exe, const std::vector<PJRT_Buffer*>& args,
+               const std::vector<Cell*>& sinks, int device);
+  // Waits for every execution issued so far on `device` (-1: all); raises their errors.
+  void synchronize(int device);
+
+ private:
+  std::mutex mu_;
+  std::string plugin_path_, config_error_ = "TorchTPU's runtime was not configured: import torch_tpu first";
+  std::vector<std::pair<std::string, int64_t>> options_;
+  std::shared_ptr<pjrt::Client> client_;
+  std::map<uintptr_t, Cell*> cells_;
+  uintptr_t next_addr_ = uintptr_t(1) << 44;
+  std::vector<std::weak_ptr<pjrt::Buffer>> pending_;  // outputs not yet awaited
+};
+
+}  // namespace torch_tpu::runtime

@@ -1,0 +1,41 @@
+"""Builds torch_tpu._C (the C++ core) with PyTorch's extension builder.
+
+The PJRT C API header is the one the installed `xla-cpu-pjrt` wheel carries
+(xla_plugins/xla_cpu_pjrt/include/pjrt_c_api.h): a dependency's header, found here at build time.
+Build with `pip install --no-build-isolation .` after installing torch==2.13.0 and xla-cpu-pjrt.
+"""
+import glob
+import importlib.util
+import os
+
+from setuptools import find_packages, setup
+from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+
+def pjrt_include_dir():
+    spec = importlib.util.find_spec("xla_plugins.xla_cpu_pjrt")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("xla-cpu-pjrt is not installed: `pip install xla-cpu-pjrt` first; torch_tpu "
+                           "builds against the PJRT C API header that it carries.")
+    inc = os.path.join(list(spec.submodule_search_locations)[0], "include")
+    if not os.path.exists(os.path.join(inc, "pjrt_c_api.h")):
+        raise RuntimeError(f"xla-cpu-pjrt carries no pjrt_c_api.h under {inc}")
+    return inc
+
+
+here = os.path.dirname(os.path.abspath(__file__))
+sources = sorted(os.path.relpath(p, here) for p in glob.glob(os.path.join(here, "csrc", "**", "*.cc"), recursive=True))
+
+setup(
+    packages=find_packages(include=["torch_tpu", "torch_tpu.*"]),
+    ext_modules=[
+        CppExtension(
+            "torch_tpu._C",
+            sources,
+            include_dirs=[os.path.join(here, "csrc"), pjrt_include_dir()],
+            extra_compile_args=["-O2", "-std=c++17", "-fvisibility=hidden", "-Wno-unused-parameter"],
+            libraries=["dl"],
+        )
+    ],
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+)

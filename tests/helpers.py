@@ -1,0 +1,84 @@
+"""Compare an op on tpu with PyTorch's CPU result: forward values, dtypes and gradients."""
+from __future__ import annotations
+
+import torch
+
+TPU = torch.device("tpu")
+
+
+def to_tpu(x):
+    if isinstance(x, torch.Tensor):
+        return x.detach().to(TPU).requires_grad_(x.requires_grad)
+    if isinstance(x, (list, tuple)):
+        return type(x)(to_tpu(v) for v in x)
+    return x
+
+
+def to_cpu(x):
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu()
+    if isinstance(x, (list, tuple)):
+        return type(x)(to_cpu(v) for v in x)
+    return x
+
+
+def _leaves(x):
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for v in x for t in _leaves(v)]
+    return []
+
+
+def _tol(dtype):
+    if dtype in (torch.bfloat16,):
+        return dict(atol=2e-2, rtol=2e-2)
+    if dtype == torch.float16:
+        return dict(atol=2e-3, rtol=2e-3)
+    if dtype == torch.float32:
+        return dict(atol=1e-5, rtol=1.3e-5)
+    return {}
+
+
+def check(fn, *args, grad=True, atol=None, rtol=None, no_fallback=True, **kwargs):
+    """Runs fn(*args) on CPU and on tpu, asserts equal outputs (values and dtypes) and, when some
+    float input requires grad, equal gradients of sum(outputs * fixed random weights).
+    Fails if the tpu run went through the CPU fallback (unless no_fallback=False)."""
+    import torch_tpu
+    cpu_args = [a.detach().clone().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a
+                for a in args]
+    tpu_args = [to_tpu(a) for a in args]
+    before = sum(torch_tpu.metrics.fallback_counts().values())
+    out_cpu = fn(*cpu_args, **kwargs)
+    out_tpu = fn(*tpu_args, **kwargs)
+    after = torch_tpu.metrics.fallback_counts()
+    if no_fallback:
+        assert sum(after.values()) == before, f"CPU fallback used: {after}"
+    lc, lt = _leaves(out_cpu), _leaves(out_tpu)
+    assert len(lc) == len(lt)
+    for c, t in zip(lc, lt):
+        assert t.device.type == "tpu", f"result on {t.device}"
+        tol = _tol(c.dtype) if atol is None else dict(atol=atol, rtol=rtol if rtol is not None else atol)
+        torch.testing.assert_close(t.detach().cpu(), c.detach(), equal_nan=True, **tol)
+    if not grad:
+        return out_tpu
+    need = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
+    diff = [(c, t) for c, t in zip(lc, lt) if c.requires_grad and c.dtype.is_floating_point]
+    if not need or not diff:
+        return out_tpu
+    gen = torch.Generator().manual_seed(0)
+    ws = [torch.randn(c.shape, generator=gen, dtype=torch.float32).to(c.dtype) for c, _ in diff]
+    loss_c = sum((c * w).sum() for (c, _), w in zip(diff, ws))
+    loss_t = sum((t * w.to(TPU)).sum() for (_, t), w in zip(diff, ws))
+    gc = torch.autograd.grad(loss_c, [cpu_args[i] for i in need], allow_unused=True)
+    gt = torch.autograd.grad(loss_t, [tpu_args[i] for i in need], allow_unused=True)
+    if no_fallback:
+        assert sum(torch_tpu.metrics.fallback_counts().values()) == before, \
+            f"CPU fallback used in backward: {torch_tpu.metrics.fallback_counts()}"
+    for c, t in zip(gc, gt):
+        if c is None:
+            assert t is None or not t.abs().sum().item()
+            continue
+        tol = _tol(c.dtype) if atol is None else dict(atol=atol, rtol=rtol if rtol is not None else atol)
+        torch.testing.assert_close(t.cpu(), c, equal_nan=True, **tol)
+    return out_tpu

@@ -1,0 +1,120 @@
+import math
+
+import pytest
+import torch
+
+from helpers import check
+
+FLOATS = [torch.float32, torch.bfloat16]
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("op", [torch.add, torch.sub, torch.mul, torch.div, torch.maximum, torch.minimum,
+                                torch.atan2, lambda a, b: torch.add(a, b, alpha=2.5), torch.pow])
+def test_binary_float(op, dtype):
+    a = torch.randn(3, 4, dtype=dtype).requires_grad_()
+    b = (torch.rand(4, dtype=dtype) + 0.5).requires_grad_()
+    check(op, a.abs().detach().requires_grad_() if op is torch.pow else a, b)
+
+
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "floor_divide", "remainder", "fmod", "eq", "lt", "ge",
+                                "bitwise_and", "bitwise_xor", "maximum"])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.int16])
+def test_binary_int(op, dtype):
+    a = torch.tensor([-47, 47, -7, 7, 0, 5], dtype=dtype)
+    b = torch.tensor([47, -47, 2, -2, 3, -3], dtype=dtype)
+    check(getattr(torch, op), a, b)
+
+
+def test_integer_division_modes():
+    a = torch.tensor([-47, 47, -7, 7], dtype=torch.int16)
+    b = torch.tensor([47, -47, 2, -2], dtype=torch.int16)
+    for mode in ("trunc", "floor"):
+        check(lambda x, y: torch.div(x, y, rounding_mode=mode), a, b)
+    check(torch.div, a, b)  # true division gives float
+
+
+def test_scalar_type_promotion():
+    t = torch.tensor([4.0, 5.0, 6.0])
+    i = torch.tensor([1, 2, 3], dtype=torch.int32)
+    check(lambda t: torch.copysign(t, -0.5), t)
+    check(lambda i: i * 0.5, i)
+    check(lambda i: i + torch.tensor(5), i)
+    check(lambda t: t + torch.tensor(2.0, dtype=torch.float64), t)
+    check(lambda i: torch.where(i > 1, i, 0.5), i)
+    check(lambda i: i + 2 ** 40, i.long())
+
+
+def test_bool_ops():
+    a = torch.tensor([True, False, True])
+    b = torch.tensor([True, True, False])
+    check(torch.logical_and, a, b)
+    check(torch.logical_xor, a, b)
+    check(lambda x, y: x + y, a, b)
+    check(lambda x, y: x * y, a, b)
+    check(torch.logical_not, a)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("name", ["exp", "log", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid", "neg", "abs",
+                                  "relu", "erf", "floor", "ceil", "round", "trunc", "reciprocal", "expm1",
+                                  "log1p", "sign", "atan", "log2", "exp2", "frac"])
+def test_unary(name, dtype):
+    x = torch.randn(5, 3, dtype=dtype)
+    if name in ("log", "sqrt", "rsqrt", "log2"):
+        x = x.abs() + 0.1
+    x.requires_grad_(name not in ("floor", "ceil", "round", "trunc", "sign"))
+    check(getattr(torch, name), x)
+
+
+@pytest.mark.parametrize("fn", [torch.nn.functional.gelu, lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
+                                torch.nn.functional.silu, torch.nn.functional.leaky_relu, torch.nn.functional.elu,
+                                torch.nn.functional.softplus, torch.nn.functional.hardtanh, torch.nn.functional.relu6])
+def test_activations(fn):
+    check(fn, torch.randn(4, 6).requires_grad_())
+
+
+def test_zero_dim_empty_noncontiguous_broadcast():
+    check(torch.add, torch.tensor(3.0).requires_grad_(), torch.tensor(-1.5).requires_grad_())
+    check(torch.mul, torch.randn(0, 3).requires_grad_(), torch.randn(3).requires_grad_())
+    base = torch.randn(4, 6)
+    check(lambda x: x.t().exp(), base.requires_grad_())
+    check(lambda x: x[:, ::2] * 2, torch.randn(4, 6).requires_grad_())
+    check(torch.add, torch.randn(4, 1, 3), torch.randn(5, 1))
+
+
+def test_nan_propagation():
+    x = torch.tensor([2.0, float("nan"), -1.0])
+    check(torch.maximum, x, torch.zeros(3))
+    check(torch.minimum, x, torch.zeros(3))
+    check(lambda x: x.clamp(0, 1), x)
+    check(torch.fmax, x, torch.zeros(3))
+
+
+def test_where_and_clamp():
+    c = torch.tensor([True, False, True])
+    check(torch.where, c, torch.randn(3).requires_grad_(), torch.randn(3).requires_grad_())
+    check(lambda x: torch.clamp(x, min=-0.5, max=0.5), torch.randn(10).requires_grad_())
+    check(lambda x: torch.clamp(x, min=torch.zeros(10)), torch.randn(10))
+
+
+def test_float_to_int_casts():
+    x = torch.tensor([1.7, -1.7, 0.0, 100.5])
+    check(lambda x: x.to(torch.int32), x)
+    check(lambda x: x.to(torch.bool), x)
+    check(lambda x: x.to(torch.bfloat16), x)
+
+
+def test_addcmul_lerp():
+    a, b, c = (torch.randn(5).requires_grad_() for _ in range(3))
+    check(lambda a, b, c: torch.addcmul(a, b, c, value=0.3), a, b, c)
+    check(lambda a, b, c: torch.addcdiv(a, b, c.abs() + 1, value=0.3), a, b, c)
+    check(lambda a, b: torch.lerp(a, b, 0.3), a, b)
+
+
+def test_inplace_and_out():
+    x = torch.randn(4, 4)
+    check(lambda x: x.clone().add_(1.0).mul_(2), x)
+    check(lambda x: torch.abs(x, out=torch.empty(4, 4, device=x.device)), x)
+    # out= into a non-contiguous destination
+    check(lambda x: torch.abs(x, out=torch.empty(4, 4, device=x.device).t()), x)

@@ -1,0 +1,37 @@
+"""TorchTPU: a native PyTorch backend for TPUs on the OpenXLA PJRT C API.
+
+`import torch_tpu` makes `torch.device("tpu")` an ordinary device (PyTorch's PrivateUse1 backend,
+renamed), adds `torch.tpu`, and registers the tpu kernels. It starts nothing: the PJRT client is
+created on first use. Without a TPU, the device runs on OpenXLA's CPU plugin (see
+`torch_tpu.runtime`).
+"""
+from __future__ import annotations
+
+import torch
+
+from . import _C  # noqa: F401  (registers the allocator, guard, hooks and metadata kernels)
+from . import runtime
+
+runtime.configure()
+torch.utils.rename_privateuse1_backend("tpu")
+
+from . import tpu as _tpu_module  # noqa: E402
+
+torch._register_device_module("tpu", _tpu_module)
+torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=True,
+                                                     for_packed_sequence=True)
+
+from . import lowering as _lowering  # noqa: E402,F401  (fills the registry)
+from .aten import register as _register  # noqa: E402
+
+_register.register_lowerings()
+_register.register_decompositions()
+
+from . import metrics  # noqa: E402,F401
+
+__version__ = "0.1.0"
+__all__ = ["runtime", "metrics"]
+
+
+def _autoload():
+    """Entry point for torch's device-backend autoloading (importing is all it takes)."""

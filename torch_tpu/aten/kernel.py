@@ -1,0 +1,455 @@
+"""The eager front-end: one PrivateUse1 kernel per lowered ATen overload.
+
+A call is described by a cache key built from the op and its arguments: for each tensor its
+dtype, sizes, strides, offset and which storage it lives in; for each Scalar only its python type
+(its value travels as a runtime operand, so changing a learning rate never recompiles); every
+other argument (dims, flags) by value. A hit returns the executable and how to route its outputs;
+a miss runs PyTorch's meta kernel (result types, and every shape/dtype error before anything runs),
+emits StableHLO through the lowering registry, compiles it, and caches it.
+
+The program reads each storage it needs as one 1-D buffer, reads the argument views from it
+(aten/views.py), computes the op, and returns new outputs as 1-D buffers and written storages as
+whole new buffers, which replace the old ones (donated to the program, so in-place updates do not
+double memory). Execution is asynchronous: nothing waits for the device here.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from .. import _C
+from .. import _state
+from ..lowering.builder import Builder, TensorType, Value
+from ..lowering.registry import Lowering, LoweringContext
+from .views import is_whole, read_view, write_view
+
+_NUMBER = torch._C.NumberType.get()
+_GENERATOR_KINDS = ("Generator",)
+
+
+def _arg_kind(arg) -> str:
+    t = str(arg.type)
+    if t in ("Tensor", "Tensor?"):
+        return "T"
+    if t in ("Tensor[]", "Tensor?[]", "List[Tensor]", "List[Optional[Tensor]]"):
+        return "TL"
+    if t in ("Scalar", "Scalar?", "number", "Optional[number]"):
+        return "S"
+    if t in ("Scalar[]", "List[number]"):
+        return "SL"
+    if t in ("Generator?", "Optional[Generator]"):
+        return "G"
+    return "V"
+
+
+class _Signature:
+    """Precomputed facts about one overload's schema."""
+
+    def __init__(self, overload):
+        self.overload = overload
+        schema = overload._schema
+        self.args = list(schema.arguments)
+        self.names = [a.name for a in self.args]
+        self.kinds = [_arg_kind(a) for a in self.args]
+        self.written = [i for i, a in enumerate(self.args) if a.alias_info is not None and a.alias_info.is_write]
+        self.num_returns = len(schema.returns)
+        self.is_out = bool(self.written) and any(a.kwarg_only and a.alias_info is not None and a.alias_info.is_write
+                                                  for a in self.args)
+
+    def invoke(self, vals):
+        """Calls the overload with `vals` (schema order), kwarg-only arguments by name."""
+        pos = [v for v, a in zip(vals, self.args) if not a.kwarg_only]
+        kw = {a.name: v for v, a in zip(vals, self.args) if a.kwarg_only}
+        return self.overload(*pos, **kw)
+
+    def bind(self, args, kwargs):
+        vals = list(args)
+        if len(vals) > len(self.args):
+            raise TypeError(f"{self.overload}: too many arguments")
+        for a in self.args[len(vals):]:
+            if a.name in kwargs:
+                vals.append(kwargs[a.name])
+            elif a.has_default_value():
+                vals.append(a.default_value)
+            else:
+                vals.append(None)
+        return vals
+
+
+@dataclass
+class _Entry:
+    exe: object
+    plan: list          # operand positions, in program argument order
+    new_outputs: list   # (shape, dtype) of fresh result tensors
+    sinks: list         # per program output: ("new", j) or ("arg", operand position)
+    structure: str      # "T", "tuple", "list", "none" for functional results
+    rng_draws: int = 0
+    resize: list = field(default_factory=list)  # out= args to resize first: (arg index, shape)
+
+
+_CACHE: dict = {}
+
+
+def cache_size() -> int:
+    return len(_CACHE)
+
+
+def clear_cache() -> None:
+    _CACHE.clear()
+
+
+def _same_device_error(a, b):
+    return RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
+                        f"{a} and {b}!")
+
+
+class _Call:
+    """One call's operands (what the program takes) and key parts."""
+    __slots__ = ("operands", "slots", "key", "device", "wide", "host_ok")
+
+    def __init__(self, host_ok):
+        self.operands = []   # tpu tensors (one per storage), CPU tensors, or ("S", value, dtype)/("G", gen)
+        self.slots = {}
+        self.key = []
+        self.device = None
+        self.wide = False
+        self.host_ok = host_ok
+
+    def tensor(self, t):
+        if t is None:
+            self.key.append(None)
+            return
+        if not isinstance(t, torch.Tensor):  # a wrapped number (python scalar for a Tensor argument)
+            self.scalar(t)
+            return
+        dev = t.device
+        if dev.type == "cpu":
+            if t.dim() != 0 and not self.host_ok:
+                raise _same_device_error(self.device or "tpu", "cpu")
+            self.key.append(("C", t.dtype, tuple(t.shape), len(self.operands)))
+            self.operands.append(t.contiguous())
+            return
+        if self.device is None:
+            self.device = dev
+        elif dev != self.device:
+            raise _same_device_error(self.device, dev)
+        sk = _C._storage_key(t)
+        slot = self.slots.get(sk)
+        if slot is None:
+            slot = self.slots[sk] = len(self.operands)
+            sdt, sn = _C._storage_spec(t)
+            self.operands.append(t)
+            self.key.append(("T", t.dtype, tuple(t.shape), t.stride(), t.storage_offset(), slot, sdt, sn))
+        else:
+            self.key.append(("T", t.dtype, tuple(t.shape), t.stride(), t.storage_offset(), slot))
+
+    def scalar(self, v):
+        if v is None:
+            self.key.append(None)
+            return
+        if isinstance(v, torch.Tensor):  # a Scalar given as a 0-dim tensor
+            v = v.item()
+        if isinstance(v, bool):
+            dt = torch.bool
+        elif isinstance(v, int):
+            dt = torch.int64
+        elif isinstance(v, complex):
+            dt = torch.complex128 if self.wide else torch.complex64
+        else:
+            dt = torch.float64 if self.wide else torch.float32
+        self.key.append(("S", dt, len(self.operands)))
+        self.operands.append(("S", v, dt))
+
+
+def _hashable(v):
+    if isinstance(v, list):
+        return tuple(_hashable(x) for x in v)
+    return v
+
+
+class Kernel:
+    """The PrivateUse1 kernel of one overload `K`, computing its value with the lowering of `F`
+    (F is K itself, or the functional overload whose value K writes in place / into out=)."""
+
+    def __init__(self, overload, lowering: Lowering, value_overload, host_inputs=False):
+        self.sig = _Signature(overload)
+        self.fsig = _Signature(value_overload) if value_overload is not overload else self.sig
+        self.lowering = lowering
+        self.host_inputs = host_inputs
+        self.name = str(overload)
+        # Where F's arguments are among K's (by name).
+        self.f_index = [self.sig.names.index(n) for n in self.fsig.names]
+
+    # ------------------------------------------------------------------------------------------
+    def __call__(self, *args, **kwargs):
+        sig = self.sig
+        vals = sig.bind(args, kwargs)
+        call = _Call(self.host_inputs)
+        call.wide = any(isinstance(v, torch.Tensor) and v.dtype in (torch.float64, torch.complex128)
+                        for v in vals) or any(
+            isinstance(v, (list, tuple)) and v and isinstance(v[0], torch.Tensor) and v[0].dtype in
+            (torch.float64, torch.complex128) for v in vals)
+        for v, kind in zip(vals, sig.kinds):
+            if kind == "T":
+                call.tensor(v)
+            elif kind == "TL":
+                call.key.append(len(v))
+                for t in v:
+                    call.tensor(t)
+            elif kind == "S":
+                call.scalar(v)
+            elif kind == "SL":
+                call.key.append(len(v))
+                for s in v:
+                    call.scalar(s)
+            elif kind == "G":
+                call.key.append(("G", len(call.operands)))
+                call.operands.append(("G", v))
+            else:
+                call.key.append(_hashable(v))
+        if call.device is None:
+            raise RuntimeError(f"{self.name}: no tpu tensor among the arguments")
+        key = (self.name, tuple(call.key))
+        entry = _CACHE.get(key)
+        if entry is None:
+            entry = self._build(vals, call)
+            _CACHE[key] = entry
+            _state.count("cache_misses")
+        else:
+            _state.count("cache_hits")
+        if entry.resize:  # out= tensors of the wrong shape: resize (as PyTorch does), then run anew
+            for i, shape in entry.resize:
+                vals[i].resize_(shape)
+            return self(*args, **kwargs)
+        if self.lowering.check is not None:
+            self.lowering.check(*[vals[i] for i in self.f_index])
+        return self._run(entry, vals, call)
+
+    # ------------------------------------------------------------------------------------------
+    def _run(self, entry: _Entry, vals, call: _Call):
+        dev = call.device
+        inputs = []
+        for pos in entry.plan:
+            o = call.operands[pos]
+            if isinstance(o, tuple):
+                if o[0] == "S":
+                    o = torch.tensor(o[1], dtype=o[2])
+                else:
+                    seed, offset = _C._generator_next(o[1], entry.rng_draws)
+                    o = torch.tensor([seed & 0xFFFFFFFFFFFFFFFF, offset], dtype=torch.uint64)
+            inputs.append(o)
+        new = [torch.empty(shape, dtype=dtype, device=dev) for shape, dtype in entry.new_outputs]
+        sinks = [new[j] if kind == "new" else call.operands[j] for kind, j in entry.sinks]
+        _C._execute(entry.exe, inputs, sinks, dev.index if dev.index is not None else 0)
+        _state.after_execute(self.name, sinks)
+        sig = self.sig
+        if not sig.written:
+            if entry.structure == "T":
+                return new[0]
+            if entry.structure == "list":
+                return new
+            return tuple(new)
+        if sig.num_returns == 0:
+            return None
+        outs = [vals[i] for i in sig.written]
+        return outs[0] if sig.num_returns == 1 else tuple(outs)
+
+    # ------------------------------------------------------------------------------------------
+    def _build(self, vals, call: _Call) -> _Entry:
+        sig, fsig = self.sig, self.fsig
+        # 1. Meta: result types and every error, before anything runs.
+        metas = {}
+
+        def meta(t):
+            if t is None or not isinstance(t, torch.Tensor):
+                return t
+            if t.device.type == "cpu":
+                return t
+            m = metas.get(id(t))
+            if m is None:
+                m = metas[id(t)] = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+            return m
+
+        def meta_vals(vs, kinds):
+            out = []
+            for v, kind in zip(vs, kinds):
+                if kind == "T":
+                    out.append(meta(v))
+                elif kind == "TL":
+                    out.append([meta(t) for t in v])
+                elif kind == "G":
+                    out.append(None)
+                else:
+                    out.append(v)
+            return out
+
+        k_meta = meta_vals(vals, sig.kinds)
+        resize = []
+        if sig.written:
+            sig.invoke(k_meta)  # raises what CPU would (broadcast into self, unsafe casts...)
+            if sig.is_out:
+                for i in sig.written:
+                    if sig.kinds[i] == "T" and tuple(k_meta[i].shape) != tuple(vals[i].shape):
+                        resize.append((i, tuple(k_meta[i].shape)))
+                if resize:
+                    return _Entry(None, [], [], [], "none", resize=resize)
+        f_vals = [vals[i] for i in self.f_index]
+        f_kinds = [sig.kinds[i] for i in self.f_index]
+        if fsig is sig and sig.written:
+            value_meta = [k_meta[i] for i in sig.written]
+            value_meta = [x for v in value_meta for x in (v if isinstance(v, list) else [v])]
+            structure = "none"
+        else:
+            value_meta = fsig.invoke(meta_vals(f_vals, f_kinds))
+            if isinstance(value_meta, torch.Tensor):
+                structure, value_meta = "T", [value_meta]
+            elif isinstance(value_meta, list):
+                structure = "list"
+            else:
+                structure, value_meta = "tuple", list(value_meta)
+        out_types = [TensorType(tuple(m.shape), m.dtype) for m in value_meta]
+
+        # 2. Program arguments, created on first use so that unread storages are not passed.
+        b = Builder()
+        plan = []
+        arg_of = {}
+
+        def operand_arg(pos):
+            v = arg_of.get(pos)
+            if v is None:
+                o = call.operands[pos]
+                if isinstance(o, torch.Tensor) and o.device.type != "cpu":
+                    sdt, sn = _C._storage_spec(o)
+                    v = b.arg(TensorType((sn,), sdt))
+                elif isinstance(o, torch.Tensor):
+                    v = b.arg(TensorType(tuple(o.shape), o.dtype))
+                elif o[0] == "S":
+                    v = b.arg(TensorType((), o[2]))
+                else:
+                    v = b.arg(TensorType((2,), torch.uint64))
+                arg_of[pos] = v
+                plan.append(pos)
+            return v
+
+        key_iter = iter(call.key)
+        views = {}  # id(tensor) -> Value of its view
+
+        def lower_tensor(t, kpart):
+            if t is None:
+                return None
+            if kpart[0] == "S":
+                return lower_scalar(t, kpart)
+            if t.device.type == "cpu":
+                v = operand_arg(kpart[3])
+                return Value(v.name, v.type, t if t.dim() == 0 else meta(t))
+            slot = kpart[5]
+            got = views.get(id(t))
+            if got is None:
+                base = operand_arg(slot)
+                got = read_view(b, base, t.storage_offset(), t.shape, t.stride(), t.dtype)
+                got = Value(got.name, got.type, meta(t))
+                views[id(t)] = got
+            return got
+
+        def lower_scalar(v, kpart):
+            if v is None:
+                return None
+            a = operand_arg(kpart[2])
+            py = v.item() if isinstance(v, torch.Tensor) else v
+            return Value(a.name, a.type, py)
+
+        lowered = []
+        k_to_lowered = {}
+        for i, (v, kind) in enumerate(zip(vals, sig.kinds)):
+            if kind == "T":
+                kp = next(key_iter)
+                k_to_lowered[i] = (lambda t=v, kp=kp: lower_tensor(t, kp))
+            elif kind == "TL":
+                next(key_iter)
+                kps = [next(key_iter) for _ in v]
+                k_to_lowered[i] = (lambda ts=v, kps=kps: [lower_tensor(t, kp) for t, kp in zip(ts, kps)])
+            elif kind == "S":
+                kp = next(key_iter)
+                k_to_lowered[i] = (lambda s=v, kp=kp: lower_scalar(s, kp))
+            elif kind == "SL":
+                next(key_iter)
+                kps = [next(key_iter) for _ in v]
+                k_to_lowered[i] = (lambda ss=v, kps=kps: [lower_scalar(s, kp) for s, kp in zip(ss, kps)])
+            elif kind == "G":
+                kp = next(key_iter)
+                k_to_lowered[i] = (lambda kp=kp: operand_arg(kp[1]))
+            else:
+                next(key_iter)
+                k_to_lowered[i] = (lambda v=v: v)
+        # Out tensors of out= variants are written, never read: F's arguments are what is lowered.
+        for i in self.f_index:
+            lowered.append(k_to_lowered[i]())
+
+        # 3. The op itself.
+        ctx = LoweringContext(b, out_types)
+        result = self.lowering.fn(ctx, *lowered)
+        results = [result] if isinstance(result, Value) else list(result)
+        if len(results) != len(out_types):
+            raise RuntimeError(f"lowering of {fsig.overload} returned {len(results)} values, expected {len(out_types)}")
+        fixed = []
+        for r, t in zip(results, out_types):
+            if r.dtype != t.dtype:
+                r = b.convert(r, t.dtype)
+            if r.shape != t.shape:
+                r = b.reshape(r, t.shape) if math.prod(r.shape) == t.numel else b.broadcast_to(r, t.shape)
+            fixed.append(r)
+
+        # 4. Where results go: fresh tensors, or the storages of written arguments.
+        outputs, sinks, new_outputs = [], [], []
+        if not sig.written:
+            for r, t in zip(fixed, out_types):
+                outputs.append(b.reshape(r, [t.numel]))
+                sinks.append(("new", len(new_outputs)))
+                new_outputs.append((t.shape, t.dtype))
+        else:
+            targets = []
+            kparts = {}
+            it = iter(call.key)
+            for i, kind in enumerate(sig.kinds):
+                if kind == "T":
+                    kparts[i] = [next(it)]
+                elif kind in ("TL", "SL"):
+                    n = next(it)
+                    kparts[i] = [next(it) for _ in range(n)]
+                else:
+                    next(it)
+            for i in sig.written:
+                ts = vals[i] if isinstance(vals[i], list) else [vals[i]]
+                for t, kp in zip(ts, kparts[i]):
+                    targets.append((t, kp[5]))
+            if len(targets) != len(fixed):
+                raise RuntimeError(f"{self.name}: {len(fixed)} values for {len(targets)} written tensors")
+            new_base = {}
+            for (t, slot), r in zip(targets, fixed):
+                r = b.convert(r, t.dtype)
+                r = b.broadcast_to(r, tuple(t.shape)) if r.shape != tuple(t.shape) else r
+                sdt, sn = _C._storage_spec(t)
+                if slot not in new_base and sdt == t.dtype and is_whole(sn, t.storage_offset(), t.shape, t.stride()):
+                    new_base[slot] = b.reshape(r, [sn])
+                else:
+                    base = new_base.get(slot) or operand_arg(slot)
+                    new_base[slot] = write_view(b, base, t.storage_offset(), t.shape, t.stride(), r)
+            for slot, v in new_base.items():
+                outputs.append(v)
+                sinks.append(("arg", slot))
+                # Donate the old buffer: the program's result replaces it.
+                if slot in arg_of:
+                    idx = int(arg_of[slot].name[4:])
+                    a, _ = b._args[idx]
+                    if a.type == v.type:
+                        b._args[idx] = (a, f"tf.aliasing_output = {len(outputs) - 1} : i32")
+        text = b.module(outputs)
+        _state.last_program_text = text
+        try:
+            exe = _C._compile(text)
+        except RuntimeError as e:
+            raise RuntimeError(f"tpu: compiling {self.name} failed: {e}\n--- program ---\n{text}") from None
+        draws = sum(math.prod(t.shape) for t in out_types) if self.lowering.rng else 0
+        return _Entry(exe, plan, new_outputs, sinks, structure, rng_draws=draws)

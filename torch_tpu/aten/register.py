@@ -1,0 +1,118 @@
+"""Registers the tpu (PrivateUse1) kernels of every lowered op, and the fallback chain.
+
+For each lowering of a functional overload F this registers F, its in-place variant (F's name with
+a trailing underscore, same overload) and every out= variant whose other arguments are F's: one
+lowering, three entry points. Ops without a lowering then take, in order: PyTorch's
+CompositeImplicitAutograd decomposition (the dispatcher does that by itself), a decomposition from
+PyTorch's decomposition table run on tpu tensors (registered here), or the counted CPU fallback
+(csrc/aten/cpu_fallback.cc).
+"""
+from __future__ import annotations
+
+import threading
+
+import torch
+from torch._decomp import core_aten_decompositions
+
+from ..lowering import registry
+from . import copy as copy_ops
+from .kernel import Kernel
+
+_lib = torch.library.Library("aten", "IMPL")
+_registered: dict[str, object] = {}
+copy_kernel = None
+
+
+def _overload(name: str):
+    packet, _, ov = name.partition(".")
+    return getattr(getattr(torch.ops.aten, packet), ov or "default")
+
+
+def _same_args(a, b) -> bool:
+    return [(x.name, str(x.type)) for x in a._schema.arguments] == [(x.name, str(x.type)) for x in b._schema.arguments]
+
+
+def _impl(overload, fn):
+    name = overload._schema.name.split("::")[1] + ("." + overload._overloadname if overload._overloadname != "default" else "")
+    if name in _registered:
+        return
+    _lib.impl(name, fn, "PrivateUse1")
+    _registered[name] = fn
+
+
+def _variants(f):
+    """In-place and out= overloads whose value is f's."""
+    packet_name = f._schema.name.split("::")[1]
+    out = []
+    if not packet_name.endswith("_"):
+        inplace = getattr(torch.ops.aten, packet_name + "_", None)
+        if inplace is not None and f._overloadname in inplace.overloads():
+            k = getattr(inplace, f._overloadname)
+            if _same_args(k, f):
+                out.append(k)
+    packet = getattr(torch.ops.aten, packet_name)
+    f_args = [(x.name, str(x.type)) for x in f._schema.arguments]
+    for ov in packet.overloads():
+        k = getattr(packet, ov)
+        args = k._schema.arguments
+        outs = [a for a in args if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write]
+        if outs and [(x.name, str(x.type)) for x in args if x not in outs] == f_args:
+            out.append(k)
+    return out
+
+
+def register_lowerings():
+    global copy_kernel
+    for name, low in registry.REGISTRY.items():
+        f = _overload(name)
+        host = name == "copy"
+        _impl(f, Kernel(f, low, f, host_inputs=host))
+        for k in _variants(f):
+            kern = Kernel(k, low, f, host_inputs=host)
+            if host and k._schema.name == "aten::copy_":
+                copy_kernel = kern
+                _impl(k, copy_ops.copy_)
+            else:
+                _impl(k, kern)
+    for name, fn in (("_copy_from", copy_ops._copy_from), ("_copy_from_and_resize", copy_ops._copy_from_and_resize),
+                     ("_local_scalar_dense", copy_ops._local_scalar_dense)):
+        _lib.impl(name, fn, "PrivateUse1")
+
+
+_active = threading.local()
+
+
+def _decomposed(op, decomp):
+    """Runs PyTorch's decomposition of `op` on tpu tensors; falls to the CPU fallback if the
+    decomposition calls `op` itself (some entries only normalise arguments)."""
+    def kernel(*args, **kwargs):
+        stack = getattr(_active, "ops", None)
+        if stack is None:
+            stack = _active.ops = set()
+        if op in stack:
+            raise NotImplementedError(f"{op}: its decomposition calls it again and it has no tpu lowering")
+        stack.add(op)
+        try:
+            return decomp(*args, **kwargs)
+        finally:
+            stack.discard(op)
+    return kernel
+
+
+def register_decompositions():
+    """Step 2 of the fallback chain for ops with no lowering and no composite kernel: PyTorch's
+    decompositions into core ATen (which never call the op they decompose)."""
+    for op, fn in core_aten_decompositions().items():
+        if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten":
+            continue
+        name = op._schema.name.split("::")[1] + ("." + op._overloadname if op._overloadname != "default" else "")
+        if name in _registered:
+            continue
+        if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"):
+            continue
+        if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "PrivateUse1"):
+            continue
+        if any(a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments):
+            continue  # in-place / out= decompositions go through their functional op instead
+        _lib.impl(name, _decomposed(op, fn), "PrivateUse1")
+        _registered[name] = fn

@@ -1,0 +1,134 @@
+"""Reading and writing strided views of a storage inside a program.
+
+A tpu storage is one 1-D PJRT buffer. A tensor is (storage, offset, sizes, strides, dtype) as on
+CPU, so reading it is a view read of that buffer and writing it is an update of the buffer:
+- contiguous (the common case): slice + reshape / dynamic_update_slice;
+- any strided box whose strides nest (slices with steps, transposes, select, unfold without
+  overlap): one slice of the padded buffer, reshape, slice, transpose;
+- everything else (diagonal, as_strided with overlap): gather / scatter at computed offsets.
+Stride-0 dimensions (expand) are read once and broadcast.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..lowering.builder import Builder, TensorType, Value
+
+
+def _contiguous_strides(sizes):
+    strides, acc = [], 1
+    for s in reversed(sizes):
+        strides.append(acc)
+        acc *= max(s, 1)
+    return list(reversed(strides))
+
+
+def is_whole(numel_storage, offset, sizes, strides):
+    """True when the view is the whole storage, densely in row-major order."""
+    n = math.prod(sizes)
+    return offset == 0 and n == numel_storage and (n <= 1 or _dense(sizes, strides))
+
+
+def _dense(sizes, strides):
+    return all(st == c for s, st, c in zip(sizes, strides, _contiguous_strides(sizes)) if s != 1)
+
+
+def _as_dtype(b: Builder, base: Value, dtype: torch.dtype) -> Value:
+    if base.dtype == dtype:
+        return base
+    if base.dtype.itemsize != dtype.itemsize:
+        raise NotImplementedError(f"reading a {base.dtype} storage as {dtype} (different item sizes) on tpu")
+    return b.bitcast_convert(base, dtype)
+
+
+def _flat_offsets(b: Builder, offset, sizes, strides) -> Value:
+    """i64 tensor of `sizes` holding offset + sum_k i_k * stride_k."""
+    idx = b.constant(offset, torch.int64, tuple(sizes))
+    for d, (s, st) in enumerate(zip(sizes, strides)):
+        if s > 1 and st != 0:
+            term = b.multiply(b.iota(sizes, d), b.constant(st, torch.int64, tuple(sizes)))
+            idx = b.add(idx, term)
+    return idx
+
+
+def _box_plan(sizes, strides):
+    """For a view without size-1/stride-0 dims: (order, extents) when its strides nest, else None.
+    order: dims by decreasing stride; extents: the reshape of the window that exposes the box."""
+    order = sorted(range(len(sizes)), key=lambda i: -strides[i])
+    ss = [sizes[i] for i in order]
+    st = [strides[i] for i in order]
+    for k in range(len(st) - 1):
+        if st[k] % st[k + 1] != 0 or st[k] < st[k + 1] * ss[k + 1]:
+            return None
+    extents = [ss[0]] + [st[k - 1] // st[k] for k in range(1, len(st))] + [st[-1]]
+    return order, extents
+
+
+def read_view(b: Builder, base: Value, offset: int, sizes, strides, dtype: torch.dtype) -> Value:
+    """The value of the view (offset, sizes, strides) of the 1-D `base`, as a tensor of `sizes`."""
+    sizes, strides = list(sizes), list(strides)
+    base = _as_dtype(b, base, dtype)
+    n = math.prod(sizes)
+    if n == 0:
+        return b.constant(0, dtype, tuple(sizes))
+    if _dense(sizes, strides):
+        return b.reshape(b.slice(base, [offset], [offset + n]), sizes)
+    keep = [i for i in range(len(sizes)) if sizes[i] != 1 and strides[i] != 0]
+    core_sizes = [sizes[i] for i in keep]
+    core_strides = [strides[i] for i in keep]
+    plan = _box_plan(core_sizes, core_strides) if keep else None
+    if not keep:
+        core = b.reshape(b.slice(base, [offset], [offset + 1]), [])
+    elif plan is not None:
+        order, extents = plan
+        window = math.prod(extents)
+        avail = base.shape[0] - offset
+        if window > avail:  # the box's last row may end before the window does: pad the buffer
+            base = b.pad(base, b.constant(0, dtype), [0], [window - avail])
+        box = b.reshape(b.slice(base, [offset], [offset + window]), extents)
+        ordered_sizes = [core_sizes[i] for i in order]
+        box = b.slice(box, [0] * len(extents), ordered_sizes + [1])
+        box = b.reshape(box, ordered_sizes)
+        inverse = [order.index(i) for i in range(len(order))]
+        core = b.transpose(box, inverse)
+    else:
+        core = b.gather(base, b.reshape(_flat_offsets(b, offset, core_sizes, core_strides), core_sizes + [1]),
+                        offset_dims=[], collapsed=[0], start_index_map=[0], index_vector_dim=len(core_sizes),
+                        slice_sizes=[1], out_shape=core_sizes)
+    core = b.reshape(core, [sizes[i] if i in keep else 1 for i in range(len(sizes))])
+    return b.broadcast_to(core, sizes)
+
+
+def write_view(b: Builder, base: Value, offset: int, sizes, strides, value: Value) -> Value:
+    """`base` (1-D) with the view (offset, sizes, strides) replaced by `value` (shape `sizes`).
+    Where a stride-0 dimension makes several elements one, the last one is written, as on CPU."""
+    sizes, strides = list(sizes), list(strides)
+    store_dtype = base.dtype
+    if value.dtype != store_dtype:
+        value = b.bitcast_convert(value, store_dtype) if value.dtype.itemsize == store_dtype.itemsize \
+            and value.dtype != torch.bool and store_dtype != torch.bool else b.convert(value, store_dtype)
+    n = math.prod(sizes)
+    if n == 0:
+        return base
+    if _dense(sizes, strides):
+        flat = b.reshape(value, [n])
+        if n == base.shape[0]:
+            return flat
+        return b.dynamic_update_slice(base, flat, [b.constant(offset, torch.int64)])
+    # Collapse stride-0 dims to their last element (the write that lands last on CPU).
+    for d in range(len(sizes)):
+        if strides[d] == 0 and sizes[d] > 1:
+            start = [0] * len(sizes)
+            start[d] = sizes[d] - 1
+            value = b.slice(value, start, list(value.shape))
+            sizes[d] = 1
+    keep = [i for i in range(len(sizes)) if sizes[i] != 1]
+    core_sizes = [sizes[i] for i in keep]
+    core_strides = [strides[i] for i in keep]
+    value = b.reshape(value, core_sizes)
+    idx = _flat_offsets(b, offset, core_sizes, core_strides)
+    idx = b.reshape(idx, core_sizes + [1])
+    return b.scatter(base, idx, value, update_window_dims=[], inserted_window_dims=[0],
+                     scatter_dims_to_operand_dims=[0], index_vector_dim=len(core_sizes))

@@ -1,0 +1,632 @@
+"""Elementwise ops: arithmetic, comparisons, where, unary math, activations and their backward,
+casts, fill and copy. PyTorch's semantics: type promotion from the meta result, integer division
+and rounding modes as on CPU, NaN propagation in maximum/minimum/clamp."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .builder import Value
+from .registry import register
+
+
+def _is_float(dt):
+    return dt.is_floating_point or dt.is_complex
+
+
+def operand(ctx, x, dtype, shape=None):
+    """x (Value) converted to dtype and broadcast to shape (default: the op's first output shape)."""
+    b = ctx.b
+    shape = ctx.out[0].shape if shape is None else shape
+    return b.broadcast_to(b.convert(x, dtype), shape)
+
+
+def compute_dtype(dt):
+    """Half-precision math is done in float32 and rounded once, as PyTorch's CPU kernels do."""
+    return torch.float32 if dt in (torch.float16, torch.bfloat16) else dt
+
+
+def _finish(ctx, r):
+    return ctx.b.convert(r, ctx.out[0].dtype)
+
+
+def binary(name, fn, *, promote_out=True):
+    def lower(ctx, x, y):
+        dt = ctx.out[0].dtype if promote_out else ctx.promote(x, y)
+        cd = compute_dtype(dt)
+        return _finish(ctx, fn(ctx.b, operand(ctx, x, cd), operand(ctx, y, cd)))
+    return lower
+
+
+# -- add / sub / mul / div --------------------------------------------------------------------------
+def _scaled(ctx, y, alpha, cd):
+    b = ctx.b
+    y = operand(ctx, y, cd)
+    if alpha is None:
+        return y
+    return b.multiply(y, operand(ctx, alpha, cd))
+
+
+@register("add.Tensor", "add.Scalar")
+def add(ctx, x, y, alpha=None):
+    cd = compute_dtype(ctx.out[0].dtype)
+    b = ctx.b
+    if cd == torch.bool:
+        return b.or_(operand(ctx, x, cd), _scaled(ctx, y, alpha, cd))
+    return _finish(ctx, b.add(operand(ctx, x, cd), _scaled(ctx, y, alpha, cd)))
+
+
+@register("sub.Tensor", "sub.Scalar")
+def sub(ctx, x, y, alpha=None):
+    cd = compute_dtype(ctx.out[0].dtype)
+    return _finish(ctx, ctx.b.subtract(operand(ctx, x, cd), _scaled(ctx, y, alpha, cd)))
+
+
+@register("rsub.Tensor", "rsub.Scalar")
+def rsub(ctx, x, y, alpha=None):
+    cd = compute_dtype(ctx.out[0].dtype)
+    return _finish(ctx, ctx.b.subtract(operand(ctx, y, cd), _scaled(ctx, x, alpha, cd)))
+
+
+@register("mul.Tensor", "mul.Scalar")
+def mul(ctx, x, y):
+    cd = compute_dtype(ctx.out[0].dtype)
+    b = ctx.b
+    if cd == torch.bool:
+        return b.and_(operand(ctx, x, cd), operand(ctx, y, cd))
+    return _finish(ctx, b.multiply(operand(ctx, x, cd), operand(ctx, y, cd)))
+
+
+def _floor_div_int(b, x, y):
+    """Integer division rounding toward -inf (StableHLO divide truncates)."""
+    q = b.divide(x, y)
+    r = b.subtract(x, b.multiply(q, y))
+    zero = b.zeros_like(q)
+    adjust = b.and_(b.compare(r, zero, "NE"), b.compare(b.compare(r, zero, "LT"), b.compare(y, zero, "LT"), "NE"))
+    return b.select(adjust, b.subtract(q, b.full_like(q, 1)), q)
+
+
+def _div(ctx, x, y, mode):
+    b = ctx.b
+    out = ctx.out[0].dtype
+    if _is_float(out):
+        cd = compute_dtype(out)
+        q = b.divide(operand(ctx, x, cd), operand(ctx, y, cd))
+        if mode == "trunc":
+            q = b.select(b.compare(q, b.zeros_like(q), "LT"), b.unary("ceil", q), b.unary("floor", q))
+        elif mode == "floor":
+            q = b.unary("floor", q)
+        return _finish(ctx, q)
+    # Integer inputs: true division is float (out is float then); trunc/floor stay integer.
+    xi, yi = operand(ctx, x, out), operand(ctx, y, out)
+    return b.divide(xi, yi) if mode == "trunc" else _floor_div_int(b, xi, yi)
+
+
+@register("div.Tensor", "div.Scalar")
+def div(ctx, x, y):
+    return _div(ctx, x, y, None)
+
+
+@register("div.Tensor_mode", "div.Scalar_mode")
+def div_mode(ctx, x, y, rounding_mode=None):
+    return _div(ctx, x, y, rounding_mode)
+
+
+@register("floor_divide", "floor_divide.Scalar")
+def floor_divide(ctx, x, y):
+    return _div(ctx, x, y, "floor")
+
+
+@register("remainder.Tensor", "remainder.Scalar", "remainder.Scalar_Tensor")
+def remainder(ctx, x, y):
+    """Python-style modulus: the result takes the sign of the divisor."""
+    b = ctx.b
+    cd = compute_dtype(ctx.out[0].dtype)
+    xv, yv = operand(ctx, x, cd), operand(ctx, y, cd)
+    r = b.remainder(xv, yv)
+    zero = b.zeros_like(r)
+    fix = b.and_(b.compare(r, zero, "NE"), b.compare(b.compare(r, zero, "LT"), b.compare(yv, zero, "LT"), "NE"))
+    return _finish(ctx, b.select(fix, b.add(r, yv), r))
+
+
+@register("fmod.Tensor", "fmod.Scalar")
+def fmod(ctx, x, y):
+    cd = compute_dtype(ctx.out[0].dtype)
+    return _finish(ctx, ctx.b.remainder(operand(ctx, x, cd), operand(ctx, y, cd)))
+
+
+@register("pow.Tensor_Tensor", "pow.Tensor_Scalar", "pow.Scalar")
+def pow_(ctx, x, y):
+    b = ctx.b
+    out = ctx.out[0].dtype
+    cd = compute_dtype(out)
+    return _finish(ctx, b.power(operand(ctx, x, cd), operand(ctx, y, cd)))
+
+
+def _nan_aware(b, fn_name, x, y):
+    """maximum/minimum that propagate NaN (StableHLO's do on CPU and TPU, but make it explicit)."""
+    r = b.binary(fn_name, x, y)
+    if x.dtype.is_floating_point:
+        r = b.select(b.is_nan(x), x, b.select(b.is_nan(y), y, r))
+    return r
+
+
+@register("maximum")
+def maximum(ctx, x, y):
+    cd = compute_dtype(ctx.out[0].dtype)
+    return _finish(ctx, _nan_aware(ctx.b, "maximum", operand(ctx, x, cd), operand(ctx, y, cd)))
+
+
+@register("minimum")
+def minimum(ctx, x, y):
+    cd = compute_dtype(ctx.out[0].dtype)
+    return _finish(ctx, _nan_aware(ctx.b, "minimum", operand(ctx, x, cd), operand(ctx, y, cd)))
+
+
+@register("fmax")
+def fmax(ctx, x, y):
+    b = ctx.b
+    cd = compute_dtype(ctx.out[0].dtype)
+    xv, yv = operand(ctx, x, cd), operand(ctx, y, cd)
+    r = b.maximum(xv, yv)
+    if cd.is_floating_point:
+        r = b.select(b.is_nan(xv), yv, b.select(b.is_nan(yv), xv, r))
+    return _finish(ctx, r)
+
+
+@register("fmin")
+def fmin(ctx, x, y):
+    b = ctx.b
+    cd = compute_dtype(ctx.out[0].dtype)
+    xv, yv = operand(ctx, x, cd), operand(ctx, y, cd)
+    r = b.minimum(xv, yv)
+    if cd.is_floating_point:
+        r = b.select(b.is_nan(xv), yv, b.select(b.is_nan(yv), xv, r))
+    return _finish(ctx, r)
+
+
+@register("atan2")
+def atan2(ctx, x, y):
+    cd = compute_dtype(ctx.out[0].dtype)
+    return _finish(ctx, ctx.b.binary("atan2", operand(ctx, x, cd), operand(ctx, y, cd)))
+
+
+@register("copysign.Tensor", "copysign.Scalar")
+def copysign(ctx, x, y):
+    b = ctx.b
+    cd = compute_dtype(ctx.out[0].dtype)
+    xv, yv = b.abs(operand(ctx, x, cd)), operand(ctx, y, cd)
+    # the sign bit of y, -0.0 included
+    bits = {torch.float32: torch.int32, torch.float64: torch.int64}[cd]
+    neg = b.compare(b.bitcast_convert(yv, bits), b.constant(0, bits, yv.shape), "LT")
+    return _finish(ctx, b.select(neg, b.negate(xv), xv))
+
+
+for _name, _fn in (("bitwise_and", "and_"), ("bitwise_or", "or_"), ("bitwise_xor", "xor")):
+    register(f"{_name}.Tensor", f"{_name}.Scalar")(
+        (lambda fn: lambda ctx, x, y: getattr(ctx.b, fn)(operand(ctx, x, ctx.out[0].dtype),
+                                                          operand(ctx, y, ctx.out[0].dtype)))(_fn))
+
+for _name, _fn in (("logical_and", "and_"), ("logical_or", "or_"), ("logical_xor", "xor")):
+    register(_name)((lambda fn: lambda ctx, x, y: ctx.b.convert(getattr(ctx.b, fn)(
+        operand(ctx, x, torch.bool), operand(ctx, y, torch.bool)), ctx.out[0].dtype))(_fn))
+
+
+@register("logical_not")
+def logical_not(ctx, x):
+    return ctx.b.convert(ctx.b.not_(ctx.b.convert(x, torch.bool)), ctx.out[0].dtype)
+
+
+@register("bitwise_not")
+def bitwise_not(ctx, x):
+    return ctx.b.not_(x)
+
+
+# -- comparisons ------------------------------------------------------------------------------------
+def _comparison(direction):
+    def lower(ctx, x, y):
+        cd = ctx.promote(x, y)
+        return ctx.b.compare(operand(ctx, x, cd), operand(ctx, y, cd), direction)
+    return lower
+
+
+for _name, _dir in (("eq", "EQ"), ("ne", "NE"), ("lt", "LT"), ("le", "LE"), ("gt", "GT"), ("ge", "GE")):
+    register(f"{_name}.Tensor", f"{_name}.Scalar")(_comparison(_dir))
+
+
+@register("where.self")
+def where(ctx, cond, x, y):
+    out = ctx.out[0].dtype
+    return ctx.b.select(operand(ctx, cond, torch.bool), operand(ctx, x, out), operand(ctx, y, out))
+
+
+@register("clamp", "clamp.Tensor")
+def clamp(ctx, x, lo=None, hi=None):
+    b = ctx.b
+    out = ctx.out[0].dtype
+    cd = compute_dtype(out)
+    r = operand(ctx, x, cd)
+    nan = b.is_nan(r) if cd.is_floating_point else None
+    if lo is not None:
+        lv = operand(ctx, lo, cd)
+        r = _nan_aware(b, "maximum", r, lv)
+    if hi is not None:
+        hv = operand(ctx, hi, cd)
+        r = _nan_aware(b, "minimum", r, hv)
+    return _finish(ctx, r)
+
+
+@register("clamp_min", "clamp_min.Tensor")
+def clamp_min(ctx, x, lo):
+    return clamp(ctx, x, lo, None)
+
+
+@register("clamp_max", "clamp_max.Tensor")
+def clamp_max(ctx, x, hi):
+    return clamp(ctx, x, None, hi)
+
+
+@register("lerp.Scalar", "lerp.Tensor")
+def lerp(ctx, x, end, weight):
+    b = ctx.b
+    cd = compute_dtype(ctx.out[0].dtype)
+    xv, ev, wv = operand(ctx, x, cd), operand(ctx, end, cd), operand(ctx, weight, cd)
+    # PyTorch's formula: weight < 0.5 ? x + w*(e-x) : e - (e-x)*(1-w)
+    diff = b.subtract(ev, xv)
+    lo = b.add(xv, b.multiply(wv, diff))
+    hi = b.subtract(ev, b.multiply(diff, b.subtract(b.full_like(wv, 1), wv)))
+    return _finish(ctx, b.select(b.compare(b.abs(wv), b.full_like(wv, 0.5), "LT"), lo, hi))
+
+
+@register("addcmul")
+def addcmul(ctx, x, t1, t2, value):
+    b = ctx.b
+    cd = compute_dtype(ctx.out[0].dtype)
+    return _finish(ctx, b.add(operand(ctx, x, cd), b.multiply(operand(ctx, value, cd),
+                                                              b.multiply(operand(ctx, t1, cd), operand(ctx, t2, cd)))))
+
+
+@register("addcdiv")
+def addcdiv(ctx, x, t1, t2, value):
+    b = ctx.b
+    cd = compute_dtype(ctx.out[0].dtype)
+    return _finish(ctx, b.add(operand(ctx, x, cd), b.multiply(operand(ctx, value, cd),
+                                                              b.divide(operand(ctx, t1, cd), operand(ctx, t2, cd)))))
+
+
+# -- unary math -------------------------------------------------------------------------------------
+def unary_float(op_name):
+    """Float-valued unary op; integer inputs are promoted to the float result dtype first."""
+    def lower(ctx, x):
+        cd = compute_dtype(ctx.out[0].dtype)
+        return _finish(ctx, ctx.b.op(op_name, [ctx.b.convert(x, cd)], [ctx.b.convert(x, cd).type])[0])
+    return lower
+
+
+for _name, _op in (("exp", "stablehlo.exponential"), ("expm1", "stablehlo.exponential_minus_one"),
+                   ("log", "stablehlo.log"), ("log1p", "stablehlo.log_plus_one"), ("sqrt", "stablehlo.sqrt"),
+                   ("rsqrt", "stablehlo.rsqrt"), ("sin", "stablehlo.sine"), ("cos", "stablehlo.cosine"),
+                   ("tan", "chlo.tan"), ("tanh", "stablehlo.tanh"), ("sigmoid", "stablehlo.logistic"),
+                   ("asin", "chlo.asin"), ("acos", "chlo.acos"), ("atan", "chlo.atan"), ("sinh", "chlo.sinh"),
+                   ("cosh", "chlo.cosh"), ("asinh", "chlo.asinh"), ("acosh", "chlo.acosh"),
+                   ("atanh", "chlo.atanh"), ("erf", "chlo.erf"), ("erfinv", "chlo.erf_inv"),
+                   ("lgamma", "chlo.lgamma"), ("digamma", "chlo.digamma")):
+    register(_name)(unary_float(_op))
+
+
+@register("exp2")
+def exp2(ctx, x):
+    b = ctx.b
+    cd = compute_dtype(ctx.out[0].dtype)
+    xv = b.convert(x, cd)
+    return _finish(ctx, b.power(b.full_like(xv, 2.0), xv))
+
+
+@register("log2")
+def log2(ctx, x):
+    b = ctx.b
+    cd = compute_dtype(ctx.out[0].dtype)
+    xv = b.convert(x, cd)
+    return _finish(ctx, b.divide(b.log(xv), b.full_like(xv, math.log(2.0))))
+
+
+@register("log10")
+def log10(ctx, x):
+    b = ctx.b
+    cd = compute_dtype(ctx.out[0].dtype)
+    xv = b.convert(x, cd)
+    return _finish(ctx, b.divide(b.log(xv), b.full_like(xv, math.log(10.0))))
+
+
+@register("erfc")
+def erfc(ctx, x):
+    b = ctx.b
+    cd = compute_dtype(ctx.out[0].dtype)
+    xv = b.convert(x, cd)
+    return _finish(ctx, b.subtract(b.full_like(xv, 1.0), b.unary("chlo.erf", xv) if False else
+                                   ctx.b.op("chlo.erf", [xv], [xv.type])[0]))
+
+
+@register("reciprocal")
+def reciprocal(ctx, x):
+    b = ctx.b
+    cd = compute_dtype(ctx.out[0].dtype)
+    xv = b.convert(x, cd)
+    return _finish(ctx, b.divide(b.full_like(xv, 1), xv))
+
+
+@register("neg")
+def neg(ctx, x):
+    return ctx.b.negate(x)
+
+
+@register("abs")
+def abs_(ctx, x):
+    if x.dtype == torch.bool:
+        return x
+    return ctx.b.abs(x)
+
+
+@register("sign", "sgn")
+def sign(ctx, x):
+    b = ctx.b
+    if x.dtype == torch.bool:
+        return x
+    if x.dtype.is_floating_point:
+        return b.unary("sign", x)
+    zero = b.zeros_like(x)
+    one = b.full_like(x, 1)
+    return b.select(b.compare(x, zero, "GT"), one, b.select(b.compare(x, zero, "LT"), b.negate(one), zero))
+
+
+def _int_identity_or(op_name):
+    def lower(ctx, x):
+        if not x.dtype.is_floating_point:
+            return x
+        return ctx.b.unary(op_name, x)
+    return lower
+
+
+register("floor")(_int_identity_or("floor"))
+register("ceil")(_int_identity_or("ceil"))
+register("round")(_int_identity_or("round_nearest_even"))
+
+
+@register("trunc")
+def trunc(ctx, x):
+    b = ctx.b
+    if not x.dtype.is_floating_point:
+        return x
+    return b.select(b.compare(x, b.zeros_like(x), "LT"), b.unary("ceil", x), b.unary("floor", x))
+
+
+@register("frac")
+def frac(ctx, x):
+    return ctx.b.subtract(x, trunc(ctx, x))
+
+
+@register("round.decimals")
+def round_decimals(ctx, x, decimals=0):
+    b = ctx.b
+    cd = compute_dtype(x.dtype)
+    xv = b.convert(x, cd)
+    scale = b.full_like(xv, 10.0 ** decimals)
+    return _finish(ctx, b.divide(b.unary("round_nearest_even", b.multiply(xv, scale)), scale))
+
+
+@register("isnan")
+def isnan(ctx, x):
+    if not x.dtype.is_floating_point:
+        return ctx.b.constant(False, torch.bool, x.shape)
+    return ctx.b.is_nan(x)
+
+
+@register("isinf")
+def isinf(ctx, x):
+    b = ctx.b
+    if not x.dtype.is_floating_point:
+        return b.constant(False, torch.bool, x.shape)
+    return b.compare(b.abs(x), b.full_like(x, math.inf), "EQ")
+
+
+@register("isfinite")
+def isfinite(ctx, x):
+    b = ctx.b
+    if not x.dtype.is_floating_point:
+        return b.constant(True, torch.bool, x.shape)
+    return b.unary("is_finite", x, torch.bool)
+
+
+@register("signbit")
+def signbit(ctx, x):
+    b = ctx.b
+    if x.dtype == torch.bool:
+        return b.constant(False, torch.bool, x.shape)
+    if not x.dtype.is_floating_point:
+        return b.compare(x, b.zeros_like(x), "LT")
+    xv = b.convert(x, torch.float32) if x.dtype != torch.float64 else x
+    bits = torch.int64 if xv.dtype == torch.float64 else torch.int32
+    return b.compare(b.bitcast_convert(xv, bits), b.constant(0, bits, x.shape), "LT")
+
+
+@register("nan_to_num")
+def nan_to_num(ctx, x, nan=None, posinf=None, neginf=None):
+    b = ctx.b
+    if not x.dtype.is_floating_point:
+        return x
+    fi = torch.finfo(x.dtype)
+    r = b.select(b.is_nan(x), b.full_like(x, 0.0 if nan is None else nan), x)
+    r = b.select(b.compare(r, b.full_like(x, math.inf), "EQ"), b.full_like(x, fi.max if posinf is None else posinf), r)
+    r = b.select(b.compare(r, b.full_like(x, -math.inf), "EQ"), b.full_like(x, fi.min if neginf is None else neginf), r)
+    return r
+
+
+# -- activations and their backward ---------------------------------------------------------------
+@register("relu")
+def relu(ctx, x):
+    b = ctx.b
+    if x.dtype == torch.bool:
+        return x
+    return b.select(b.compare(x, b.zeros_like(x), "GT"), x, b.select(b.is_nan(x), x, b.zeros_like(x))) \
+        if x.dtype.is_floating_point else b.maximum(x, b.zeros_like(x))
+
+
+@register("threshold")
+def threshold(ctx, x, threshold, value):
+    b = ctx.b
+    t = operand(ctx, threshold, x.dtype, x.shape)
+    return b.select(b.compare(x, t, "LE"), operand(ctx, value, x.dtype, x.shape), x)
+
+
+@register("threshold_backward")
+def threshold_backward(ctx, grad, x, threshold):
+    b = ctx.b
+    t = operand(ctx, threshold, x.dtype)
+    g = operand(ctx, grad, ctx.out[0].dtype)
+    return b.select(b.compare(operand(ctx, x, x.dtype), t, "LE"), b.zeros_like(g), g)
+
+
+@register("gelu")
+def gelu(ctx, x, approximate="none"):
+    b = ctx.b
+    cd = compute_dtype(x.dtype)
+    xv = b.convert(x, cd)
+    half = b.full_like(xv, 0.5)
+    one = b.full_like(xv, 1.0)
+    if approximate == "tanh":
+        inner = b.multiply(b.full_like(xv, math.sqrt(2 / math.pi)),
+                           b.add(xv, b.multiply(b.full_like(xv, 0.044715), b.multiply(xv, b.multiply(xv, xv)))))
+        r = b.multiply(b.multiply(half, xv), b.add(one, b.tanh(inner)))
+    else:
+        erf = b.op("chlo.erf", [b.multiply(xv, b.full_like(xv, 1 / math.sqrt(2)))], [xv.type])[0]
+        r = b.multiply(b.multiply(half, xv), b.add(one, erf))
+    return _finish(ctx, r)
+
+
+@register("gelu_backward")
+def gelu_backward(ctx, grad, x, approximate="none"):
+    b = ctx.b
+    cd = compute_dtype(x.dtype)
+    xv, g = b.convert(x, cd), operand(ctx, grad, cd)
+    one, half = b.full_like(xv, 1.0), b.full_like(xv, 0.5)
+    if approximate == "tanh":
+        k = math.sqrt(2 / math.pi)
+        x2 = b.multiply(xv, xv)
+        inner = b.multiply(b.full_like(xv, k), b.add(xv, b.multiply(b.full_like(xv, 0.044715), b.multiply(xv, x2))))
+        t = b.tanh(inner)
+        dinner = b.multiply(b.full_like(xv, k), b.add(one, b.multiply(b.full_like(xv, 3 * 0.044715), x2)))
+        d = b.add(b.multiply(half, b.add(one, t)),
+                  b.multiply(b.multiply(half, xv), b.multiply(b.subtract(one, b.multiply(t, t)), dinner)))
+    else:
+        cdf = b.multiply(half, b.add(one, b.op("chlo.erf", [b.multiply(xv, b.full_like(xv, 1 / math.sqrt(2)))],
+                                               [xv.type])[0]))
+        pdf = b.multiply(b.full_like(xv, 1 / math.sqrt(2 * math.pi)),
+                         b.exp(b.multiply(b.full_like(xv, -0.5), b.multiply(xv, xv))))
+        d = b.add(cdf, b.multiply(xv, pdf))
+    return _finish(ctx, b.multiply(g, d))
+
+
+@register("silu")
+def silu(ctx, x):
+    b = ctx.b
+    cd = compute_dtype(x.dtype)
+    xv = b.convert(x, cd)
+    return _finish(ctx, b.multiply(xv, b.unary("logistic", xv)))
+
+
+@register("silu_backward")
+def silu_backward(ctx, grad, x):
+    b = ctx.b
+    cd = compute_dtype(x.dtype)
+    xv, g = b.convert(x, cd), operand(ctx, grad, cd)
+    s = b.unary("logistic", xv)
+    one = b.full_like(xv, 1.0)
+    return _finish(ctx, b.multiply(g, b.multiply(s, b.add(one, b.multiply(xv, b.subtract(one, s))))))
+
+
+@register("sigmoid_backward")
+def sigmoid_backward(ctx, grad, y):
+    b = ctx.b
+    cd = compute_dtype(y.dtype)
+    yv, g = b.convert(y, cd), operand(ctx, grad, cd)
+    return _finish(ctx, b.multiply(g, b.multiply(yv, b.subtract(b.full_like(yv, 1.0), yv))))
+
+
+@register("tanh_backward")
+def tanh_backward(ctx, grad, y):
+    b = ctx.b
+    cd = compute_dtype(y.dtype)
+    yv, g = b.convert(y, cd), operand(ctx, grad, cd)
+    return _finish(ctx, b.multiply(g, b.subtract(b.full_like(yv, 1.0), b.multiply(yv, yv))))
+
+
+@register("hardtanh")
+def hardtanh(ctx, x, min_val=-1, max_val=1):
+    return clamp(ctx, x, min_val, max_val)
+
+
+@register("hardtanh_backward")
+def hardtanh_backward(ctx, grad, x, min_val, max_val):
+    b = ctx.b
+    g = operand(ctx, grad, ctx.out[0].dtype)
+    lo, hi = operand(ctx, min_val, x.dtype), operand(ctx, max_val, x.dtype)
+    inside = b.and_(b.compare(x, lo, "GT"), b.compare(x, hi, "LT"))
+    return b.select(inside, g, b.zeros_like(g))
+
+
+@register("leaky_relu")
+def leaky_relu(ctx, x, negative_slope=0.01):
+    b = ctx.b
+    s = operand(ctx, negative_slope, x.dtype)
+    return b.select(b.compare(x, b.zeros_like(x), "GT"), x, b.multiply(x, s))
+
+
+@register("leaky_relu_backward")
+def leaky_relu_backward(ctx, grad, x, negative_slope, self_is_result):
+    b = ctx.b
+    g = operand(ctx, grad, ctx.out[0].dtype)
+    s = operand(ctx, negative_slope, g.dtype)
+    return b.select(b.compare(x, b.zeros_like(x), "GT"), g, b.multiply(g, s))
+
+
+@register("elu")
+def elu(ctx, x, alpha=1, scale=1, input_scale=1):
+    b = ctx.b
+    cd = compute_dtype(x.dtype)
+    xv = b.convert(x, cd)
+    a, s, i = operand(ctx, alpha, cd), operand(ctx, scale, cd), operand(ctx, input_scale, cd)
+    neg = b.multiply(a, b.unary("exponential_minus_one", b.multiply(xv, i)))
+    return _finish(ctx, b.multiply(s, b.select(b.compare(xv, b.zeros_like(xv), "GT"), xv, neg)))
+
+
+@register("softplus")
+def softplus(ctx, x, beta=1, threshold=20):
+    b = ctx.b
+    cd = compute_dtype(x.dtype)
+    xv = b.convert(x, cd)
+    bv, tv = operand(ctx, beta, cd), operand(ctx, threshold, cd)
+    bx = b.multiply(xv, bv)
+    soft = b.divide(b.unary("log_plus_one", b.exp(bx)), bv)
+    return _finish(ctx, b.select(b.compare(bx, tv, "GT"), xv, soft))
+
+
+# -- fill and copy ----------------------------------------------------------------------------------
+@register("fill.Scalar", "fill.Tensor")
+def fill(ctx, x, value):
+    return operand(ctx, value, ctx.out[0].dtype)
+
+
+@register("zero")
+def zero(ctx, x):
+    return ctx.b.zeros_like(x) if x.dtype == ctx.out[0].dtype else ctx.b.constant(0, ctx.out[0].dtype, x.shape)
+
+
+@register("copy")
+def copy(ctx, x, src, non_blocking=False):
+    return operand(ctx, src, ctx.out[0].dtype)
+
+
+@register("clone")
+def clone(ctx, x, memory_format=None):
+    return x

@@ -1,0 +1,72 @@
+"""The one lowering registry: ATen op overload -> emitter of StableHLO.
+
+Eager execution (one op per program), and later fused eager and torch.compile, all go through it.
+A lowering is registered under the overload whose *value* it computes, normally the functional
+one ("add.Tensor"); the eager front-end derives the in-place ("add_.Tensor") and out=
+("add.out") variants from it, so each op is written once.
+
+A lowering is called as ``fn(ctx, *args)`` with the overload's arguments in schema order: tensors
+and Scalars as `Value`s of the program, everything else (ints, lists, dtypes, bools) as python
+values. It returns one Value per tensor output, of the types in ``ctx.out`` (from PyTorch's meta
+kernels), as a single Value, a tuple, or a list (for Tensor[] results).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+
+from .builder import Builder, TensorType, Value
+
+
+@dataclass
+class Lowering:
+    name: str                       # overload, e.g. "add.Tensor"
+    fn: Callable
+    # Runs with the real arguments before the program executes (e.g. index bounds); raises to
+    # refuse the call with every tensor unchanged.
+    check: Callable | None = None
+    # Number of random draws the op consumes, given its output types (random ops only).
+    rng: bool = False
+
+
+REGISTRY: dict[str, Lowering] = {}
+
+
+def register(*names: str, check: Callable | None = None, rng: bool = False):
+    """Decorator: registers `fn` as the lowering of each named overload ("aten::" omitted)."""
+    def deco(fn):
+        for n in names:
+            if n in REGISTRY:
+                raise RuntimeError(f"two lowerings registered for aten::{n}")
+            REGISTRY[n] = Lowering(n, fn, check, rng)
+        return fn
+    return deco
+
+
+class LoweringContext:
+    """What a lowering sees besides its arguments: the builder and the result types."""
+
+    def __init__(self, b: Builder, out: list[TensorType]):
+        self.b = b
+        self.out = out
+
+    def promote(self, *args) -> torch.dtype:
+        """PyTorch's result dtype of Values / python numbers, with its category rules (a dimensioned
+        tensor outranks a 0-dim one, which outranks a python number); torch._prims_common's
+        elementwise_dtypes is the reference implementation used here."""
+        examples = []
+        for a in args:
+            if isinstance(a, Value):
+                examples.append(a.example if a.example is not None
+                                else torch.empty(a.shape, dtype=a.dtype, device="meta"))
+            elif a is not None:
+                examples.append(a)
+        if len(examples) == 2 and (isinstance(examples[0], torch.Tensor) or isinstance(examples[1], torch.Tensor)):
+            return torch.result_type(*examples)
+        if len(examples) == 1:
+            return examples[0].dtype if isinstance(examples[0], torch.Tensor) else torch.tensor(examples[0]).dtype
+        return elementwise_dtypes(*examples, type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)[1]

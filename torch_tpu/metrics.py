@@ -1,0 +1,36 @@
+"""Counters of what the tpu device did: compiles, cache hits, executions, transfers, fallbacks."""
+from __future__ import annotations
+
+from . import _C, _state
+
+
+def fallback_counts() -> dict:
+    """Per op overload ("aten::name.overload"): how many times it ran through the CPU fallback."""
+    return dict(_C._fallback_counts())
+
+
+def counters() -> dict:
+    """All counters: compiles, executions, cache_hits, cache_misses, host/device transfers and
+    bytes (h2d/d2h), host_syncs, and fallbacks (total)."""
+    d = dict(_C._counters())
+    d["cache_hits"] = _state.counts["cache_hits"]
+    d["cache_misses"] = _state.counts["cache_misses"]
+    d["fallbacks"] = sum(fallback_counts().values())
+    return d
+
+
+def report() -> str:
+    """A readable summary of counters() and fallback_counts()."""
+    lines = [f"{k}: {v}" for k, v in counters().items()]
+    fb = fallback_counts()
+    if fb:
+        lines.append("CPU fallbacks by op:")
+        lines += [f"  {k}: {v}" for k, v in sorted(fb.items(), key=lambda kv: -kv[1])]
+    return "\n".join(lines)
+
+
+def reset() -> None:
+    """Sets every counter to zero."""
+    _C._reset_counters()
+    _C._reset_fallback_counts()
+    _state.counts.clear()

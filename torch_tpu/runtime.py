@@ -1,0 +1,122 @@
+"""Which PJRT plugin runs the tpu device, and facts about it.
+
+`TORCH_TPU_PJRT_PLUGIN` chooses the plugin: `cpu` (OpenXLA's CPU plugin, package xla-cpu-pjrt),
+`cuda` (package jax-cuda13-pjrt), `tpu` (package libtpu), or the path of a plugin .so. Unset, it
+is: libtpu where a TPU is present, else the CUDA plugin where a GPU is present, else the CPU
+plugin. Choosing does not start the device: the PJRT client is created on first use.
+`TORCH_TPU_CPU_DEVICE_COUNT` sets how many devices the CPU plugin exposes (its default: 4).
+"""
+from __future__ import annotations
+
+import glob
+import importlib.util
+import os
+
+from . import _C
+
+ENV = "TORCH_TPU_PJRT_PLUGIN"
+
+
+def _package_file(package: str, *names: str) -> str | None:
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for d in spec.submodule_search_locations:
+        for n in names:
+            p = os.path.join(d, n)
+            if os.path.exists(p):
+                return p
+    return None
+
+
+def _cpu_plugin():
+    return _package_file("xla_plugins.xla_cpu_pjrt", "xla_cpu_pjrt.so")
+
+
+def _cuda_plugin():
+    return (_package_file("jax_plugins.xla_cuda13", "xla_cuda_plugin.so")
+            or _package_file("jax_plugins.xla_cuda12", "xla_cuda_plugin.so"))
+
+
+def _tpu_plugin():
+    return os.environ.get("TPU_LIBRARY_PATH") or _package_file("libtpu", "libtpu.so")
+
+
+def _has_tpu() -> bool:
+    return bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
+
+
+def _has_gpu() -> bool:
+    return os.path.exists("/dev/nvidia0")
+
+
+def resolve_plugin() -> tuple[str, str]:
+    """(path, error): the plugin to load, or why there is none (raised on first use)."""
+    choice = os.environ.get(ENV, "").strip()
+    named = {"cpu": (_cpu_plugin, "xla-cpu-pjrt"), "cuda": (_cuda_plugin, "jax-cuda13-pjrt"),
+             "tpu": (_tpu_plugin, "libtpu")}
+    if choice in named:
+        find, package = named[choice]
+        path = find()
+        if path:
+            return path, ""
+        return "", (f"{ENV}={choice}, but its PJRT plugin is not installed: `pip install {package}`, "
+                    f"or set {ENV} to another plugin (cpu, cuda, tpu or a path to a plugin .so).")
+    if choice:
+        return os.path.abspath(os.path.expanduser(choice)), ""
+    if _has_tpu() and _tpu_plugin():
+        return _tpu_plugin(), ""
+    if _has_gpu() and _cuda_plugin():
+        return _cuda_plugin(), ""
+    if _cpu_plugin():
+        return _cpu_plugin(), ""
+    return "", (f"No PJRT plugin found for the tpu device: `pip install xla-cpu-pjrt` (CPU), libtpu (TPU) "
+                f"or jax-cuda13-pjrt (GPU), or set {ENV} to the path of a plugin .so.")
+
+
+def configure() -> None:
+    """Tells the core which plugin to load when the device is first used (does not start it)."""
+    path, error = resolve_plugin()
+    options = []
+    if "xla_cpu_pjrt" in os.path.basename(path) and os.environ.get("TORCH_TPU_CPU_DEVICE_COUNT"):
+        options.append(("cpu_device_count", int(os.environ["TORCH_TPU_CPU_DEVICE_COUNT"])))
+    _C._configure(path, error, options)
+
+
+def start() -> None:
+    """Starts the PJRT client if needed (the first start on a machine without a TPU warns once
+    that the tpu device runs on the XLA CPU plugin)."""
+    _C._start()
+
+
+def platform() -> str:
+    """The PJRT platform that runs the tpu device: "tpu", "cuda" or "cpu" (starts the device)."""
+    start()
+    return _C._platform_name()
+
+
+def platform_version() -> str:
+    start()
+    return _C._platform_version()
+
+
+def api_version() -> tuple[int, int]:
+    """(major, minor) PJRT C API version the plugin reports."""
+    start()
+    return tuple(_C._api_version())
+
+
+def plugin_path() -> str:
+    start()
+    return _C._plugin_path()
+
+
+def cache_stats() -> dict:
+    """Executable cache statistics of this process: entries, hits, misses, compiles."""
+    from . import _state
+    from .aten import kernel
+    return {"entries": kernel.cache_size(), "hits": _state.counts["cache_hits"],
+            "misses": _state.counts["cache_misses"], "compiles": _C._counters()["compiles"]}
