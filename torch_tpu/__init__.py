@@ -27,6 +27,7 @@ from .aten import register as _register  # noqa: E402
 _register.register_lowerings()
 _register.register_decompositions()
 
+from . import _printing  # noqa: E402,F401
 from . import metrics  # noqa: E402,F401
 
 __version__ = "0.1.0"

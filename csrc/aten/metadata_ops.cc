@@ -9,6 +9,7 @@
 #include <ATen/ops/unfold_native.h>
 #include <ATen/ops/set_native.h>
 #include <ATen/ops/alias_native.h>
+#include <ATen/ops/is_set_to_native.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
@@ -77,6 +78,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("unfold", at::native::unfold);
   m.impl("alias", at::native::alias);
   m.impl("resize_", resize_);
+  m.impl("is_set_to", at::native::is_set_to);
   m.impl("set_", set_empty);
   m.impl("set_.source_Storage", at::native::set_);
   m.impl("set_.source_Storage_storage_offset", at::native::set_storage_cpu_);

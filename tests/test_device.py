@@ -1,0 +1,109 @@
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import torch_tpu
+
+
+def test_device_basics():
+    assert torch.tpu.is_available()
+    assert torch.tpu.device_count() >= 1
+    x = torch.ones(3).tpu()
+    assert x.is_tpu and x.device == torch.device("tpu", 0)
+    assert not torch.ones(1).is_tpu
+    assert torch_tpu.runtime.platform() == "cpu"
+    assert torch_tpu.runtime.api_version() >= (0, 57)
+    assert torch.accelerator.current_accelerator().type == "tpu"
+    torch.tpu.synchronize()
+
+
+def test_device_index_and_guard():
+    n = torch.tpu.device_count()
+    assert n >= 2  # the CPU plugin exposes several devices
+    y = torch.ones(2, device="tpu:1")
+    assert y.device.index == 1
+    assert (y + 1).device.index == 1
+    with torch.tpu.device(1):
+        assert torch.tpu.current_device() == 1
+        z = torch.zeros(2, device="tpu")
+        assert z.device.index == 1
+    assert torch.tpu.current_device() == 0
+    torch.testing.assert_close(y.cpu(), torch.ones(2))
+
+
+def test_bad_device_index():
+    with pytest.raises((IndexError, RuntimeError), match="tpu device index|invalid tpu device index"):
+        torch.empty(2, device="tpu:99")
+    with pytest.raises((IndexError, RuntimeError)):
+        torch.tpu.set_device(99)
+    assert torch.tpu.current_device() == 0
+
+
+def test_mixed_devices_error():
+    a = torch.ones(2, device="tpu:0")
+    b = torch.ones(2, device="tpu:1")
+    with pytest.raises(RuntimeError, match="same device"):
+        a + b
+    with pytest.raises(RuntimeError, match="same device"):
+        a + torch.ones(2)
+    torch.testing.assert_close(a.cpu(), torch.ones(2))
+
+
+def test_memory_stats_and_generator():
+    stats = torch.tpu.memory_stats()
+    assert set(stats) >= {"bytes_in_use", "peak_bytes_in_use"}
+    g = torch.tpu.default_generator()
+    assert g.device.type == "tpu"
+    torch.tpu.manual_seed(5)
+    assert torch.tpu.initial_seed() == 5
+    state = torch.tpu.get_rng_state()
+    torch.tpu.set_rng_state(state)
+
+
+def _run(code, env):
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **env},
+                          timeout=120)
+
+
+def test_lazy_start_and_plugin_errors(tmp_path):
+    r = _run("import torch, torch_tpu; from torch_tpu import _C; print(_C._runtime_started())", {})
+    assert r.returncode == 0 and r.stdout.strip() == "False", r.stderr
+    bad = tmp_path / "not_a_plugin.so"
+    bad.write_text("hello")
+    r = _run("import torch, torch_tpu; print(torch.tpu.is_available()); torch.ones(1, device='tpu')",
+             {"TORCH_TPU_PJRT_PLUGIN": str(bad)})
+    assert r.stdout.strip() == "False"
+    assert str(bad) in r.stderr and "TORCH_TPU_PJRT_PLUGIN" in r.stderr
+    r = _run("import torch, torch_tpu; torch.ones(1, device='tpu')", {"TORCH_TPU_PJRT_PLUGIN": "/nonexistent/p.so"})
+    assert r.returncode != 0 and "not found" in r.stderr and "/nonexistent/p.so" in r.stderr
+    r = _run("import torch, torch_tpu; torch.ones(1, device='tpu')", {"TORCH_TPU_PJRT_PLUGIN": "tpu"})
+    assert r.returncode != 0 and "libtpu" in r.stderr
+
+
+def test_cpu_platform_warning_once():
+    r = _run("import warnings, torch, torch_tpu\n"
+             "with warnings.catch_warnings(record=True) as w:\n"
+             "    warnings.simplefilter('always')\n"
+             "    torch.ones(1, device='tpu'); torch.ones(1, device='tpu')\n"
+             "print(sum('CPU PJRT plugin' in str(x.message) for x in w))", {})
+    assert r.stdout.strip() == "1", r.stderr
+
+
+def test_fallback_disabled_names_op(monkeypatch):
+    monkeypatch.setenv("TORCH_TPU_CPU_FALLBACK", "0")
+    x = torch.ones(3, device="tpu")
+    with pytest.raises(NotImplementedError, match="aten::"):
+        torch.ops.aten._fft_r2c(x, [0], 0, True)
+    torch.testing.assert_close(x.cpu(), torch.ones(3))
+
+
+def test_fallback_counted():
+    torch_tpu.metrics.reset()
+    x = torch.ones(4, device="tpu")
+    y = torch.ops.aten._fft_r2c(x, [0], 0, True)  # no lowering: runs on CPU, counted
+    assert y.device.type == "tpu"
+    assert torch_tpu.metrics.fallback_counts().get("aten::_fft_r2c", 0) == 1
+    torch.testing.assert_close(y.cpu(), torch.ops.aten._fft_r2c(torch.ones(4), [0], 0, True))
