@@ -269,6 +269,22 @@ std::shared_ptr<Executable> Client::compile(const std::string& mlir) const {
   auto no = PJRT_ARGS(PJRT_Executable_NumOutputs_Args);
   no.executable = ge.executable;
   PJRT_Error* err = api->PJRT_Executable_NumOutputs(&no);
+  auto et = PJRT_ARGS(PJRT_Executable_OutputElementTypes_Args);
+  et.executable = ge.executable;
+  if (!err) err = api->PJRT_Executable_OutputElementTypes(&et);
+  auto od = PJRT_ARGS(PJRT_Executable_OutputDimensions_Args);
+  od.executable = ge.executable;
+  if (!err) err = api->PJRT_Executable_OutputDimensions(&od);
+  std::vector<PJRT_Buffer_Type> types;
+  std::vector<std::vector<int64_t>> dims;
+  if (!err) {
+    types.assign(et.output_types, et.output_types + et.num_output_types);
+    size_t at = 0;
+    for (size_t i = 0; i < od.num_outputs; ++i) {
+      dims.emplace_back(od.dims + at, od.dims + at + od.dim_sizes[i]);
+      at += od.dim_sizes[i];
+    }
+  }
   auto ed = PJRT_ARGS(PJRT_Executable_Destroy_Args);
   ed.executable = ge.executable;
   api->PJRT_Executable_Destroy(&ed);
@@ -277,6 +293,8 @@ std::shared_ptr<Executable> Client::compile(const std::string& mlir) const {
       std::const_pointer_cast<Client>(shared_from_this()), loaded, 0);
   plugin_->check(err, "PJRT_Executable_NumOutputs");
   exe_owner->set_num_outputs(no.num_outputs);
+  exe_owner->output_types = std::move(types);
+  exe_owner->output_dims = std::move(dims);
   return exe_owner;
 }
 
@@ -294,6 +312,27 @@ std::shared_ptr<Buffer> Client::buffer_from_host(const void* data, PJRT_Buffer_T
   plugin_->check(api->PJRT_Client_BufferFromHostBuffer(&a), "PJRT_Client_BufferFromHostBuffer");
   auto buf = std::make_shared<Buffer>(shared_from_this(), a.buffer);
   await_and_destroy(*plugin_, a.done_with_host_buffer, "host-to-device transfer");
+  return buf;
+}
+
+std::shared_ptr<Buffer> Client::small_buffer_from_host(const void* data, PJRT_Buffer_Type type,
+                                                       const std::vector<int64_t>& dims, int64_t index) {
+  const PJRT_Api* api = plugin_->api();
+  auto a = PJRT_ARGS(PJRT_Client_BufferFromHostBuffer_Args);
+  a.client = client_;
+  a.data = data;
+  a.type = type;
+  a.dims = dims.data();
+  a.num_dims = dims.size();
+  a.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableOnlyDuringCall;
+  a.device = device(index);
+  plugin_->check(api->PJRT_Client_BufferFromHostBuffer(&a), "PJRT_Client_BufferFromHostBuffer");
+  auto buf = std::make_shared<Buffer>(shared_from_this(), a.buffer);
+  if (a.done_with_host_buffer) {  // already done: the data was copied during the call
+    auto d = PJRT_ARGS(PJRT_Event_Destroy_Args);
+    d.event = a.done_with_host_buffer;
+    plugin_->check(api->PJRT_Event_Destroy(&d), "PJRT_Event_Destroy");
+  }
   return buf;
 }
 

@@ -89,6 +89,9 @@ class Executable {
   PJRT_LoadedExecutable* get() const { return exe_; }
   size_t num_outputs() const { return num_outputs_; }
   void set_num_outputs(size_t n) { num_outputs_ = n; }
+  // Element type and dimensions of each output, read once at compile time.
+  std::vector<PJRT_Buffer_Type> output_types;
+  std::vector<std::vector<int64_t>> output_dims;
 
  private:
   std::shared_ptr<Client> client_;
@@ -123,6 +126,9 @@ class Client : public std::enable_shared_from_this<Client> {
   // longer needed, so the caller may free it on return.
   std::shared_ptr<Buffer> buffer_from_host(const void* data, PJRT_Buffer_Type type,
                                            const std::vector<int64_t>& dims, int64_t index);
+  // The same for a few bytes (a scalar operand): the plugin copies them during the call.
+  std::shared_ptr<Buffer> small_buffer_from_host(const void* data, PJRT_Buffer_Type type,
+                                                 const std::vector<int64_t>& dims, int64_t index);
 
   // Runs `exe` on device `index` with `args`; returns its outputs. Does not wait for the result.
   // `donated` lists argument positions whose buffers the program may reuse (they become deleted).

@@ -5,6 +5,11 @@
 #include <torch/csrc/Exceptions.h>
 #include <ATen/Tensor.h>
 #include <c10/core/DeviceGuard.h>
+#include <ATen/EmptyTensor.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/Dtype.h>
+#include <torch/csrc/DynamicTypes.h>
+#include <complex>
 
 #include "aten/device.h"
 #include "aten/fallback.h"
@@ -126,6 +131,96 @@ PYBIND11_MODULE(_C, m) {
     Runtime::get().execute(exe, args, out_cells, device);
   }, "Runs exe on tpu:device. inputs: tpu tensors (their storages' buffers are passed) or CPU tensors "
      "(uploaded); output i becomes the buffer of sinks[i]'s storage.");
+  m.def("_launch", [](const torch_tpu::pjrt::Executable& exe, py::list inputs, py::list sinks,
+                      py::list new_specs, int device) {
+    auto& rt = Runtime::get();
+    std::vector<PJRT_Buffer*> args;
+    std::vector<std::shared_ptr<torch_tpu::pjrt::Buffer>> keep;  // host operands live until launched
+    args.reserve(inputs.size());
+    for (py::handle h : inputs) {
+      if (THPVariable_Check(h.ptr())) {
+        const at::Tensor& t = THPVariable_Unpack(h.ptr());
+        if (t.is_cpu()) {  // a host tensor operand (0-dim CPU tensor, copy_ source)
+          at::Tensor c = t.contiguous();
+          std::vector<int64_t> dims(c.sizes().begin(), c.sizes().end());
+          keep.push_back(rt.client().buffer_from_host(
+              c.data_ptr(), torch_tpu::runtime::to_pjrt_type(c.scalar_type()), dims, device));
+          torch_tpu::runtime::counters().h2d_transfers++;
+          args.push_back(keep.back()->get());
+        } else {
+          args.push_back(rt.materialize(*cell_of(t)).get());
+        }
+        continue;
+      }
+      // (python number, torch.dtype): a Scalar operand, 0-dim.
+      auto tup = h.cast<py::tuple>();
+      auto st = reinterpret_cast<THPDtype*>(tup[1].ptr())->scalar_type;
+      alignas(16) unsigned char bytes[16] = {0};
+      py::handle v = tup[0];
+      switch (st) {
+        case c10::ScalarType::Bool: { bool x = v.cast<bool>(); std::memcpy(bytes, &x, 1); break; }
+        case c10::ScalarType::Long: { int64_t x = v.cast<int64_t>(); std::memcpy(bytes, &x, 8); break; }
+        case c10::ScalarType::Float: { float x = v.cast<float>(); std::memcpy(bytes, &x, 4); break; }
+        case c10::ScalarType::Double: { double x = v.cast<double>(); std::memcpy(bytes, &x, 8); break; }
+        case c10::ScalarType::UInt64: {
+          auto pair = v.cast<std::pair<uint64_t, uint64_t>>();
+          std::memcpy(bytes, &pair.first, 8);
+          std::memcpy(bytes + 8, &pair.second, 8);
+          break;
+        }
+        case c10::ScalarType::ComplexFloat: {
+          auto c = v.cast<std::complex<double>>();
+          float x[2] = {static_cast<float>(c.real()), static_cast<float>(c.imag())};
+          std::memcpy(bytes, x, 8);
+          break;
+        }
+        case c10::ScalarType::ComplexDouble: {
+          auto c = v.cast<std::complex<double>>();
+          std::memcpy(bytes, &c, 16);
+          break;
+        }
+        default: TORCH_CHECK(false, "unsupported scalar operand dtype ", st);
+      }
+      std::vector<int64_t> dims;
+      if (st == c10::ScalarType::UInt64) dims.push_back(2);  // an RNG (seed, offset) pair
+      keep.push_back(rt.client().small_buffer_from_host(bytes, torch_tpu::runtime::to_pjrt_type(st), dims, device));
+      args.push_back(keep.back()->get());
+    }
+    std::vector<at::Tensor> fresh;
+    fresh.reserve(new_specs.size());
+    {
+      c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, device));
+      auto* alloc = c10::GetAllocator(c10::DeviceType::PrivateUse1);
+      for (py::handle h : new_specs) {
+        auto spec = h.cast<py::tuple>();
+        auto shape = spec[0].cast<std::vector<int64_t>>();
+        auto st = reinterpret_cast<THPDtype*>(spec[1].ptr())->scalar_type;
+        fresh.push_back(at::detail::empty_generic(shape, alloc, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                                  st, std::nullopt));
+      }
+    }
+    std::vector<Cell*> out_cells;
+    out_cells.reserve(sinks.size());
+    size_t next_new = 0;
+    for (py::handle h : sinks) {
+      if (h.is_none()) {
+        out_cells.push_back(cell_of(fresh.at(next_new++)));
+      } else {
+        out_cells.push_back(cell_of(THPVariable_Unpack(h.ptr())));
+      }
+    }
+    rt.execute(exe, args, out_cells, device);
+    return fresh;
+  }, "Runs exe on tpu:device. inputs: tpu tensors (their storages' buffers), CPU tensors (uploaded) or "
+     "(number, dtype) scalar operands. sinks: per output, the tensor whose storage receives it, or None "
+     "for a new tensor of the next (shape, dtype) in new_specs. Returns the new tensors.");
+  m.def("_describe", [](const at::Tensor& t) {
+    Cell* c = cell_of(t);
+    Runtime::get().ensure_typed(*c, t.scalar_type());
+    return py::make_tuple(t.device().index(), c->addr, py::cast(t.sizes().vec()), py::cast(t.strides().vec()),
+                          t.storage_offset(), py::reinterpret_borrow<py::object>(
+                              reinterpret_cast<PyObject*>(torch::getTHPDtype(*c->dtype))), c->numel);
+  }, "(device index, storage key, sizes, strides, offset, storage dtype, storage numel) of a tpu tensor.");
   m.def("_synchronize", [](int device) {
     py::gil_scoped_release nogil;
     Runtime::get().synchronize(device);

@@ -179,10 +179,10 @@ void Runtime::execute(const pjrt::Executable& exe, const std::vector<PJRT_Buffer
     pending_.swap(live);
   }
   for (size_t i = 0; i < outs.size(); ++i) {
-    auto dims = outs[i]->dims();
+    const auto& dims = exe.output_dims[i];
     Cell* c = sinks[i];
     c->numel = dims.empty() ? 1 : dims[0];
-    c->dtype = from_pjrt_type(outs[i]->element_type());
+    c->dtype = from_pjrt_type(exe.output_types[i]);
     c->buffer = outs[i];
     pending_.push_back(outs[i]);
   }

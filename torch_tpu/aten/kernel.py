@@ -31,7 +31,7 @@ _GENERATOR_KINDS = ("Generator",)
 
 def _arg_kind(arg) -> str:
     t = str(arg.type)
-    if t in ("Tensor", "Tensor?"):
+    if t in ("Tensor", "Tensor?", "Optional[Tensor]"):
         return "T"
     if t in ("Tensor[]", "Tensor?[]", "List[Tensor]", "List[Optional[Tensor]]"):
         return "TL"
@@ -87,6 +87,7 @@ class _Entry:
     structure: str      # "T", "tuple", "list", "none" for functional results
     rng_draws: int = 0
     resize: list = field(default_factory=list)  # out= args to resize first: (arg index, shape)
+    absent: tuple = ()  # positions of undefined (None) results, e.g. convolution_backward's output_mask
 
 
 _CACHE: dict = {}
@@ -105,15 +106,28 @@ def _same_device_error(a, b):
                         f"{a} and {b}!")
 
 
+class _Gen:
+    """A Generator? argument: becomes the (seed, offset) operand of a random program."""
+    __slots__ = ("gen",)
+
+    def __init__(self, gen):
+        self.gen = gen
+
+
+# Scalar values baked into programs instead of passed as operands (design: 0, 1 and -1).
+_BAKED = (0, 1, -1)
+
+
 class _Call:
-    """One call's operands (what the program takes) and key parts."""
+    """One call's operands (what the program may take) and cache-key parts."""
     __slots__ = ("operands", "slots", "key", "device", "wide", "host_ok")
 
     def __init__(self, host_ok):
-        self.operands = []   # tpu tensors (one per storage), CPU tensors, or ("S", value, dtype)/("G", gen)
+        # tpu tensors (one per storage), CPU tensors, (value, dtype) scalars, or _Gen
+        self.operands = []
         self.slots = {}
         self.key = []
-        self.device = None
+        self.device = None   # index of the tpu device
         self.wide = False
         self.host_ok = host_ok
 
@@ -124,26 +138,24 @@ class _Call:
         if not isinstance(t, torch.Tensor):  # a wrapped number (python scalar for a Tensor argument)
             self.scalar(t)
             return
-        dev = t.device
-        if dev.type == "cpu":
+        if t.device.type == "cpu":
             if t.dim() != 0 and not self.host_ok:
-                raise _same_device_error(self.device or "tpu", "cpu")
+                raise _same_device_error(f"tpu:{self.device or 0}", "cpu")
             self.key.append(("C", t.dtype, tuple(t.shape), len(self.operands)))
             self.operands.append(t.contiguous())
             return
+        dev, sk, shape, stride, offset, sdt, sn = _C._describe(t)
         if self.device is None:
             self.device = dev
         elif dev != self.device:
-            raise _same_device_error(self.device, dev)
-        sk = _C._storage_key(t)
+            raise _same_device_error(f"tpu:{self.device}", f"tpu:{dev}")
         slot = self.slots.get(sk)
         if slot is None:
             slot = self.slots[sk] = len(self.operands)
-            sdt, sn = _C._storage_spec(t)
             self.operands.append(t)
-            self.key.append(("T", t.dtype, tuple(t.shape), t.stride(), t.storage_offset(), slot, sdt, sn))
+            self.key.append(("T", t.dtype, tuple(shape), tuple(stride), offset, slot, sdt, sn))
         else:
-            self.key.append(("T", t.dtype, tuple(t.shape), t.stride(), t.storage_offset(), slot))
+            self.key.append(("T", t.dtype, tuple(shape), tuple(stride), offset, slot))
 
     def scalar(self, v):
         if v is None:
@@ -159,8 +171,11 @@ class _Call:
             dt = torch.complex128 if self.wide else torch.complex64
         else:
             dt = torch.float64 if self.wide else torch.float32
+        if v in _BAKED and dt in (torch.bool, torch.int64):
+            self.key.append(("K", dt, v))
+            return
         self.key.append(("S", dt, len(self.operands)))
-        self.operands.append(("S", v, dt))
+        self.operands.append((v, dt))
 
 
 def _hashable(v):
@@ -181,11 +196,26 @@ class Kernel:
         self.name = str(overload)
         # Where F's arguments are among K's (by name).
         self.f_index = [self.sig.names.index(n) for n in self.fsig.names]
+        # An out= op lowered directly whose result size can depend on Scalar values (arange,
+        # linspace): the key holds the size meta computes, since Scalar values are not in it.
+        self.sized_by_scalars = self.sig.is_out and self.fsig is self.sig and "S" in self.sig.kinds and \
+            all(self.sig.kinds[i] == "T" for i in self.sig.written)
+
+    def _meta_out_shapes(self, vals):
+        metas = [torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta")
+                 if kind == "T" and isinstance(v, torch.Tensor) and v.device.type != "cpu" else
+                 v.item() if kind == "S" and isinstance(v, torch.Tensor) else v
+                 for v, kind in zip(vals, self.sig.kinds)]
+        self.sig.invoke(metas)
+        return tuple(tuple(metas[i].shape) for i in self.sig.written)
 
     # ------------------------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
         sig = self.sig
         vals = sig.bind(args, kwargs)
+        if self.lowering.prepare is not None:
+            for i, v in zip(self.f_index, self.lowering.prepare(*[vals[i] for i in self.f_index])):
+                vals[i] = v
         call = _Call(self.host_inputs)
         call.wide = any(isinstance(v, torch.Tensor) and v.dtype in (torch.float64, torch.complex128)
                         for v in vals) or any(
@@ -206,12 +236,19 @@ class Kernel:
                     call.scalar(s)
             elif kind == "G":
                 call.key.append(("G", len(call.operands)))
-                call.operands.append(("G", v))
+                call.operands.append(_Gen(v))
             else:
                 call.key.append(_hashable(v))
+        if self.lowering.rng and "G" not in sig.kinds:  # e.g. native_dropout: the default generator
+            call.key.append(("G", len(call.operands)))
+            call.operands.append(_Gen(None))
         if call.device is None:
             raise RuntimeError(f"{self.name}: no tpu tensor among the arguments")
+        if call.device < 0:
+            call.device = 0
         key = (self.name, tuple(call.key))
+        if self.sized_by_scalars:
+            key += (self._meta_out_shapes(vals),)
         entry = _CACHE.get(key)
         if entry is None:
             entry = self._build(vals, call)
@@ -229,21 +266,15 @@ class Kernel:
 
     # ------------------------------------------------------------------------------------------
     def _run(self, entry: _Entry, vals, call: _Call):
-        dev = call.device
         inputs = []
         for pos in entry.plan:
             o = call.operands[pos]
-            if isinstance(o, tuple):
-                if o[0] == "S":
-                    o = torch.tensor(o[1], dtype=o[2])
-                else:
-                    seed, offset = _C._generator_next(o[1], entry.rng_draws)
-                    o = torch.tensor([seed & 0xFFFFFFFFFFFFFFFF, offset], dtype=torch.uint64)
+            if o.__class__ is _Gen:
+                o = (_C._generator_next(o.gen, entry.rng_draws), torch.uint64)
             inputs.append(o)
-        new = [torch.empty(shape, dtype=dtype, device=dev) for shape, dtype in entry.new_outputs]
-        sinks = [new[j] if kind == "new" else call.operands[j] for kind, j in entry.sinks]
-        _C._execute(entry.exe, inputs, sinks, dev.index if dev.index is not None else 0)
-        _state.after_execute(self.name, sinks)
+        sinks = [None if kind == "new" else call.operands[j] for kind, j in entry.sinks]
+        new = _C._launch(entry.exe, inputs, sinks, entry.new_outputs, call.device)
+        _state.after_execute(self.name, new or sinks)
         sig = self.sig
         if not sig.written:
             if entry.structure == "T":
@@ -309,7 +340,7 @@ class Kernel:
                 structure = "list"
             else:
                 structure, value_meta = "tuple", list(value_meta)
-        out_types = [TensorType(tuple(m.shape), m.dtype) for m in value_meta]
+        out_types = [None if m is None else TensorType(tuple(m.shape), m.dtype) for m in value_meta]
 
         # 2. Program arguments, created on first use so that unread storages are not passed.
         b = Builder()
@@ -325,8 +356,8 @@ class Kernel:
                     v = b.arg(TensorType((sn,), sdt))
                 elif isinstance(o, torch.Tensor):
                     v = b.arg(TensorType(tuple(o.shape), o.dtype))
-                elif o[0] == "S":
-                    v = b.arg(TensorType((), o[2]))
+                elif isinstance(o, tuple):
+                    v = b.arg(TensorType((), o[1]))
                 else:
                     v = b.arg(TensorType((2,), torch.uint64))
                 arg_of[pos] = v
@@ -339,7 +370,7 @@ class Kernel:
         def lower_tensor(t, kpart):
             if t is None:
                 return None
-            if kpart[0] == "S":
+            if kpart[0] in ("S", "K"):
                 return lower_scalar(t, kpart)
             if t.device.type == "cpu":
                 v = operand_arg(kpart[3])
@@ -356,8 +387,11 @@ class Kernel:
         def lower_scalar(v, kpart):
             if v is None:
                 return None
-            a = operand_arg(kpart[2])
             py = v.item() if isinstance(v, torch.Tensor) else v
+            if kpart[0] == "K":  # baked constant
+                c = b.constant(kpart[2], kpart[1])
+                return Value(c.name, c.type, py)
+            a = operand_arg(kpart[2])
             return Value(a.name, a.type, py)
 
         lowered = []
@@ -386,6 +420,8 @@ class Kernel:
         # Out tensors of out= variants are written, never read: F's arguments are what is lowered.
         for i in self.f_index:
             lowered.append(k_to_lowered[i]())
+        if self.lowering.rng and "G" not in sig.kinds:  # its state comes last
+            lowered.append(operand_arg(call.key[-1][1]))
 
         # 3. The op itself.
         ctx = LoweringContext(b, out_types)
@@ -395,6 +431,9 @@ class Kernel:
             raise RuntimeError(f"lowering of {fsig.overload} returned {len(results)} values, expected {len(out_types)}")
         fixed = []
         for r, t in zip(results, out_types):
+            if t is None:  # an undefined result: the lowering returns None for it
+                fixed.append(None)
+                continue
             if r.dtype != t.dtype:
                 r = b.convert(r, t.dtype)
             if r.shape != t.shape:
@@ -405,9 +444,11 @@ class Kernel:
         outputs, sinks, new_outputs = [], [], []
         if not sig.written:
             for r, t in zip(fixed, out_types):
+                if t is None:
+                    continue
                 outputs.append(b.reshape(r, [t.numel]))
                 sinks.append(("new", len(new_outputs)))
-                new_outputs.append((t.shape, t.dtype))
+                new_outputs.append((tuple(t.shape), t.dtype))
         else:
             targets = []
             kparts = {}
@@ -451,5 +492,6 @@ class Kernel:
             exe = _C._compile(text)
         except RuntimeError as e:
             raise RuntimeError(f"tpu: compiling {self.name} failed: {e}\n--- program ---\n{text}") from None
-        draws = sum(math.prod(t.shape) for t in out_types) if self.lowering.rng else 0
-        return _Entry(exe, plan, new_outputs, sinks, structure, rng_draws=draws)
+        draws = sum(math.prod(t.shape) for t in out_types if t is not None) if self.lowering.rng else 0
+        absent = tuple(i for i, t in enumerate(out_types) if t is None)
+        return _Entry(exe, plan, new_outputs, sinks, structure, rng_draws=draws, absent=absent)
