@@ -1,0 +1,62 @@
+"""Bad input: a clear error, raised before anything runs, and every tensor keeps its value."""
+import pytest
+import torch
+
+
+def _snap(*ts):
+    return [t.cpu().clone() for t in ts]
+
+
+def _same(ts, snaps):
+    for t, s in zip(ts, snaps):
+        torch.testing.assert_close(t.cpu(), s)
+
+
+def test_mismatched_shapes():
+    a = torch.randn(3, 4, device="tpu")
+    b = torch.randn(5, device="tpu")
+    before = _snap(a, b)
+    with pytest.raises(RuntimeError, match="size of tensor a|broadcast"):
+        a + b
+    with pytest.raises(RuntimeError):
+        a.add_(b)
+    with pytest.raises(RuntimeError, match="cannot be multiplied|same reduction dim"):
+        a @ torch.randn(5, 2, device="tpu")
+    _same((a, b), before)
+
+
+def test_inplace_broadcast_into_self_refused():
+    a = torch.randn(4, device="tpu")
+    b = torch.randn(3, 4, device="tpu")
+    before = _snap(a)
+    with pytest.raises(RuntimeError, match="doesn't match the broadcast shape"):
+        a.add_(b)
+    _same((a,), before)
+
+
+def test_unsafe_inplace_cast_refused():
+    i = torch.ones(3, dtype=torch.int64, device="tpu")
+    with pytest.raises(RuntimeError, match="can't be cast|Promotion"):
+        i.add_(torch.randn(3, device="tpu"))
+    torch.testing.assert_close(i.cpu(), torch.ones(3, dtype=torch.int64))
+
+
+def test_out_wrong_dtype_refused():
+    x = torch.randn(3, device="tpu")
+    out = torch.zeros(3, dtype=torch.int64, device="tpu")
+    with pytest.raises(RuntimeError):
+        torch.add(x, x, out=out)
+    torch.testing.assert_close(out.cpu(), torch.zeros(3, dtype=torch.int64))
+
+
+def test_out_resized_like_cpu():
+    x = torch.randn(2, 3, device="tpu")
+    out = torch.empty(0, device="tpu")
+    torch.exp(x, out=out)
+    assert out.shape == (2, 3)
+    torch.testing.assert_close(out.cpu(), x.cpu().exp())
+
+
+def test_unsupported_dtype_message():
+    with pytest.raises((TypeError, RuntimeError)):
+        torch.ones(2, dtype=torch.quint8, device="tpu")
