@@ -260,7 +260,11 @@ std::shared_ptr<Executable> Client::compile(const std::string& mlir) const {
   a.compile_options = kCompileOptions;
   a.compile_options_size = sizeof(kCompileOptions);
   plugin_->check(api->PJRT_Client_Compile(&a), "PJRT_Client_Compile");
-  PJRT_LoadedExecutable* loaded = a.executable;
+  return wrap_loaded(a.executable);
+}
+
+std::shared_ptr<Executable> Client::wrap_loaded(PJRT_LoadedExecutable* loaded) const {
+  const PJRT_Api* api = plugin_->api();
 
   // Number of outputs: through the (unloaded) executable.
   auto ge = PJRT_ARGS(PJRT_LoadedExecutable_GetExecutable_Args);
@@ -296,6 +300,34 @@ std::shared_ptr<Executable> Client::compile(const std::string& mlir) const {
   exe_owner->output_types = std::move(types);
   exe_owner->output_dims = std::move(dims);
   return exe_owner;
+}
+
+std::string Client::serialize(const Executable& exe) const {
+  const PJRT_Api* api = plugin_->api();
+  auto ge = PJRT_ARGS(PJRT_LoadedExecutable_GetExecutable_Args);
+  ge.loaded_executable = exe.get();
+  plugin_->check(api->PJRT_LoadedExecutable_GetExecutable(&ge), "PJRT_LoadedExecutable_GetExecutable");
+  auto a = PJRT_ARGS(PJRT_Executable_Serialize_Args);
+  a.executable = ge.executable;
+  PJRT_Error* err = api->PJRT_Executable_Serialize(&a);
+  std::string bytes;
+  if (!err) bytes.assign(a.serialized_bytes, a.serialized_bytes_size);
+  if (!err && a.serialized_executable_deleter) a.serialized_executable_deleter(a.serialized_executable);
+  auto ed = PJRT_ARGS(PJRT_Executable_Destroy_Args);
+  ed.executable = ge.executable;
+  api->PJRT_Executable_Destroy(&ed);
+  plugin_->check(err, "PJRT_Executable_Serialize");
+  return bytes;
+}
+
+std::shared_ptr<Executable> Client::deserialize(const std::string& bytes) const {
+  const PJRT_Api* api = plugin_->api();
+  auto a = PJRT_ARGS(PJRT_Executable_DeserializeAndLoad_Args);
+  a.client = client_;
+  a.serialized_executable = bytes.data();
+  a.serialized_executable_size = bytes.size();
+  plugin_->check(api->PJRT_Executable_DeserializeAndLoad(&a), "PJRT_Executable_DeserializeAndLoad");
+  return wrap_loaded(a.loaded_executable);
 }
 
 std::shared_ptr<Buffer> Client::buffer_from_host(const void* data, PJRT_Buffer_Type type,

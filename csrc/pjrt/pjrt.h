@@ -121,6 +121,9 @@ class Client : public std::enable_shared_from_this<Client> {
   // Compiles StableHLO (MLIR text or bytecode, format "mlir") for one replica and one partition,
   // as a portable executable that runs on any addressable device.
   std::shared_ptr<Executable> compile(const std::string& mlir) const;
+  // The plugin's serialized form of `exe` (loads only on the same plugin build), and back.
+  std::string serialize(const Executable& exe) const;
+  std::shared_ptr<Executable> deserialize(const std::string& bytes) const;
 
   // Copies `data` (dense row-major, `dims`) to device `index`. Waits until the host data is no
   // longer needed, so the caller may free it on return.
@@ -140,6 +143,8 @@ class Client : public std::enable_shared_from_this<Client> {
 
  private:
   Client(std::shared_ptr<Plugin> plugin) : plugin_(std::move(plugin)) {}
+  // Takes ownership of `loaded` and reads its output count, types and dimensions.
+  std::shared_ptr<Executable> wrap_loaded(PJRT_LoadedExecutable* loaded) const;
   std::shared_ptr<Plugin> plugin_;
   PJRT_Client* client_ = nullptr;
   std::vector<PJRT_Device*> devices_;

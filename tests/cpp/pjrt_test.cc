@@ -82,6 +82,20 @@ TEST(Client, CompileErrorCarriesPluginMessage) {
   }
 }
 
+TEST(Client, SerializedExecutableRunsAfterLoading) {
+  auto c = client();
+  std::string bytes = c->serialize(*c->compile(kAdd));
+  ASSERT_FALSE(bytes.empty());
+  auto exe = c->deserialize(bytes);
+  ASSERT_EQ(exe->num_outputs(), 1u);
+  float x[4] = {1, 2, 3, 4}, z[4];
+  auto bx = c->buffer_from_host(x, PJRT_Buffer_Type_F32, {4}, 0);
+  auto out = c->execute(*exe, {bx->get(), bx->get()}, 0);
+  out.at(0)->to_host(z, sizeof z);
+  EXPECT_EQ(z[3], 8.0f);
+  EXPECT_THROW(c->deserialize("garbage bytes"), PjrtError);
+}
+
 TEST(Client, BadDeviceIndex) {
   float x = 1;
   EXPECT_THROW(client()->buffer_from_host(&x, PJRT_Buffer_Type_F32, {}, 1000), PjrtError);
