@@ -1,11 +1,14 @@
 import os
 import sys
+import tempfile
 import warnings
 
 import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
+# The tests' executable cache lives in a fresh directory, not in the user's cache.
+os.environ.setdefault("TORCH_TPU_CACHE_DIR", tempfile.mkdtemp(prefix="torch_tpu_test_cache_"))
 import torch_tpu  # noqa: E402,F401
 
 warnings.filterwarnings("ignore", message="No TPU here")

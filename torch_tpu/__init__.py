@@ -13,6 +13,7 @@ from . import _C  # noqa: F401  (registers the allocator, guard, hooks and metad
 from . import runtime
 
 runtime.configure()
+runtime.configure_cache()
 torch.utils.rename_privateuse1_backend("tpu")
 
 from . import tpu as _tpu_module  # noqa: E402

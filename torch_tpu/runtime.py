@@ -9,6 +9,7 @@ plugin. Choosing does not start the device: the PJRT client is created on first 
 from __future__ import annotations
 
 import glob
+import hashlib
 import importlib.util
 import os
 
@@ -114,9 +115,51 @@ def plugin_path() -> str:
     return _C._plugin_path()
 
 
+# -- the compilation cache ----------------------------------------------------------------------
+# Bump when what torch_tpu puts into programs or compile options changes meaning.
+_CACHE_FORMAT = "torch_tpu-0.1.0/compile-options-v1"
+
+
+def _default_cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "torch_tpu", "xla")
+
+
+def configure_cache(cache_dir: str | None = None, disk: bool | None = None, max_bytes: int | None = None) -> None:
+    """Sets the on-disk executable cache: its directory (env TORCH_TPU_CACHE_DIR, default
+    ~/.cache/torch_tpu/xla), whether the disk tier is used (TORCH_TPU_DISK_CACHE=0 turns it off) and
+    its size cap in bytes (TORCH_TPU_CACHE_MAX_BYTES, default 2 GiB; least recently used go first)."""
+    cache_dir = cache_dir or os.environ.get("TORCH_TPU_CACHE_DIR") or _default_cache_dir()
+    if disk is None:
+        disk = os.environ.get("TORCH_TPU_DISK_CACHE", "1") != "0"
+    if max_bytes is None:
+        max_bytes = int(os.environ.get("TORCH_TPU_CACHE_MAX_BYTES", str(2 << 30)))
+    _C._cache_configure(cache_dir, bool(disk), int(max_bytes))
+
+
+_identity: str | None = None
+
+
+def compile(program: str):
+    """The executable of a StableHLO program (text with a public @main), through the cache shared
+    by eager and torch.compile. Its key covers the program text, the plugin's identity (path,
+    platform, version, API version), the compile options and the torch_tpu version."""
+    global _identity
+    if _identity is None:
+        start()
+        _identity = "\0".join([_C._plugin_path(), _C._platform_name(), _C._platform_version(),
+                               "%d.%d" % tuple(_C._api_version()), _CACHE_FORMAT])
+    key = hashlib.sha256((_identity + "\0" + program).encode()).hexdigest()
+    return _C._compile_cached(key, program)
+
+
 def cache_stats() -> dict:
-    """Executable cache statistics of this process: entries, hits, misses, compiles."""
+    """Executable cache statistics of this process: op-signature entries and hits (the eager fast
+    path), and the program cache's memory hits, disk hits, misses (compiles), compile seconds spent
+    and compile seconds saved by disk hits."""
     from . import _state
     from .aten import kernel
-    return {"entries": kernel.cache_size(), "hits": _state.counts["cache_hits"],
-            "misses": _state.counts["cache_misses"], "compiles": _C._counters()["compiles"]}
+    d = {"op_entries": kernel.cache_size(), "op_hits": _state.counts["cache_hits"],
+         "op_misses": _state.counts["cache_misses"]}
+    d.update(_C._cache_stats())
+    return d

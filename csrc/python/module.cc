@@ -13,6 +13,7 @@
 
 #include "aten/device.h"
 #include "aten/fallback.h"
+#include "runtime/compile_cache.h"
 #include "runtime/runtime.h"
 
 namespace py = pybind11;
@@ -104,33 +105,34 @@ PYBIND11_MODULE(_C, m) {
   }, "Copies the whole storage of src into the contiguous CPU tensor dst and waits.");
 
   // Programs.
-  m.def("_compile", [](const std::string& mlir) {
-    py::gil_scoped_release nogil;
-    return Runtime::get().compile(mlir);
-  }, "Compiles StableHLO text (a module with a public @main) with the PJRT plugin.");
-  m.def("_execute", [](const torch_tpu::pjrt::Executable& exe, const std::vector<at::Tensor>& inputs,
-                       const std::vector<at::Tensor>& sinks, int device) {
-    std::vector<PJRT_Buffer*> args;
-    std::vector<std::shared_ptr<torch_tpu::pjrt::Buffer>> keep;  // host operands live until launched
-    args.reserve(inputs.size());
-    for (const auto& t : inputs) {
-      if (t.is_cpu()) {  // a 0-dim CPU tensor or host scalar: a runtime operand
-        at::Tensor c = t.contiguous();
-        std::vector<int64_t> dims(c.sizes().begin(), c.sizes().end());
-        auto b = Runtime::get().client().buffer_from_host(
-            c.data_ptr(), torch_tpu::runtime::to_pjrt_type(c.scalar_type()), dims, device);
-        args.push_back(b->get());
-        keep.push_back(std::move(b));
-      } else {
-        args.push_back(Runtime::get().materialize(*cell_of(t)).get());
-      }
+  m.def("_compile_cached", [](const std::string& key, const std::string& mlir) {
+    torch::PyWarningHandler warnings;  // e.g. "ignoring compilation cache entry": a Python warning
+    std::shared_ptr<torch_tpu::pjrt::Executable> exe;
+    {
+      py::gil_scoped_release nogil;
+      exe = torch_tpu::runtime::compile_cache().get_or_compile(Runtime::get().client(), key, mlir);
     }
-    std::vector<Cell*> out_cells;
-    out_cells.reserve(sinks.size());
-    for (const auto& t : sinks) out_cells.push_back(cell_of(t));
-    Runtime::get().execute(exe, args, out_cells, device);
-  }, "Runs exe on tpu:device. inputs: tpu tensors (their storages' buffers are passed) or CPU tensors "
-     "(uploaded); output i becomes the buffer of sinks[i]'s storage.");
+    return exe;
+  }, "The executable of `mlir` from the compilation cache (memory, then disk), compiling on a miss. "
+     "`key` must be a hex digest covering everything the executable depends on.");
+  m.def("_cache_configure", [](const std::string& dir, bool disk, int64_t max_bytes) {
+    torch_tpu::runtime::compile_cache().configure(dir, disk, max_bytes);
+  });
+  m.def("_cache_stats", [] {
+    auto s = torch_tpu::runtime::compile_cache().stats();
+    py::dict d;
+    d["memory_hits"] = s.memory_hits;
+    d["disk_hits"] = s.disk_hits;
+    d["misses"] = s.misses;
+    d["disk_writes"] = s.disk_writes;
+    d["disk_rejected"] = s.disk_rejected;
+    d["evictions"] = s.evictions;
+    d["compile_seconds"] = s.compile_seconds;
+    d["compile_seconds_saved"] = s.saved_seconds;
+    return d;
+  });
+  m.def("_cache_reset_stats", [] { torch_tpu::runtime::compile_cache().reset_stats(); });
+  m.def("_cache_clear_memory", [] { torch_tpu::runtime::compile_cache().clear_memory(); });
   m.def("_launch", [](const torch_tpu::pjrt::Executable& exe, py::list inputs, py::list sinks,
                       py::list new_specs, int device) {
     auto& rt = Runtime::get();

@@ -161,11 +161,6 @@ void Runtime::copy_bytes(Cell& dst, const Cell& src, size_t count) {
   upload(dst, bytes.data(), t, static_cast<int64_t>(dst.nbytes / item));
 }
 
-std::shared_ptr<pjrt::Executable> Runtime::compile(const std::string& mlir) {
-  counters().compiles++;
-  return client().compile(mlir);
-}
-
 void Runtime::execute(const pjrt::Executable& exe, const std::vector<PJRT_Buffer*>& args,
                       const std::vector<Cell*>& sinks, int device) {
   TORCH_CHECK(sinks.size() == exe.num_outputs(), "program has ", exe.num_outputs(),

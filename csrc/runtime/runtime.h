@@ -75,7 +75,6 @@ class Runtime {
   // Host-side byte copy between cells (resize_ growth, Allocator::copy_data).
   void copy_bytes(Cell& dst, const Cell& src, size_t count);
 
-  std::shared_ptr<pjrt::Executable> compile(const std::string& mlir);
   // Runs `exe` on `device`; output i replaces sinks[i]'s buffer.
   void execute(const pjrt::Executable& exe, const std::vector<PJRT_Buffer*>& args,
                const std::vector<Cell*>& sinks, int device);

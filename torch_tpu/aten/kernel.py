@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import _C
-from .. import _state
+from .. import _state, runtime
 from ..lowering.builder import Builder, TensorType, Value
 from ..lowering.registry import Lowering, LoweringContext
 from .views import is_whole, read_view, write_view
@@ -275,6 +275,10 @@ class Kernel:
         sinks = [None if kind == "new" else call.operands[j] for kind, j in entry.sinks]
         new = _C._launch(entry.exe, inputs, sinks, entry.new_outputs, call.device)
         _state.after_execute(self.name, new or sinks)
+        if entry.absent:  # a python kernel cannot return an undefined tensor: an empty one stands in
+            new = list(new)  # (autograd drops the grads of inputs that need none)
+            for i in entry.absent:
+                new.insert(i, torch.empty(0, device=call.device))
         sig = self.sig
         if not sig.written:
             if entry.structure == "T":
@@ -489,7 +493,7 @@ class Kernel:
         text = b.module(outputs)
         _state.last_program_text = text
         try:
-            exe = _C._compile(text)
+            exe = runtime.compile(text)
         except RuntimeError as e:
             raise RuntimeError(f"tpu: compiling {self.name} failed: {e}\n--- program ---\n{text}") from None
         draws = sum(math.prod(t.shape) for t in out_types if t is not None) if self.lowering.rng else 0

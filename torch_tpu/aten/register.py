@@ -112,6 +112,8 @@ def register_decompositions():
             continue
         if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "PrivateUse1"):
             continue
+        if getattr(fn, "__name__", "") == "nop_decomposition":
+            continue  # e.g. detach: returning the input itself breaks nn.Parameter (needs a new TensorImpl)
         if any(a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments):
             continue  # in-place / out= decompositions go through their functional op instead
         _lib.impl(name, _decomposed(op, fn), "PrivateUse1")

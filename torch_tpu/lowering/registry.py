@@ -29,20 +29,24 @@ class Lowering:
     # Runs with the real arguments before the program executes (e.g. index bounds); raises to
     # refuse the call with every tensor unchanged.
     check: Callable | None = None
-    # Number of random draws the op consumes, given its output types (random ops only).
+    # Random op: its Generator? argument arrives as the (seed, offset) state, a tensor<2xui64> Value;
+    # an op with no Generator argument (native_dropout) gets the default one's as a last argument.
     rng: bool = False
+    # Rewrites the real arguments (functional overload's, in schema order) before anything else,
+    # for arguments no meta kernel can type (bool masks -> long indices, a host sync). Returns the list.
+    prepare: Callable | None = None
 
 
 REGISTRY: dict[str, Lowering] = {}
 
 
-def register(*names: str, check: Callable | None = None, rng: bool = False):
+def register(*names: str, check: Callable | None = None, rng: bool = False, prepare: Callable | None = None):
     """Decorator: registers `fn` as the lowering of each named overload ("aten::" omitted)."""
     def deco(fn):
         for n in names:
             if n in REGISTRY:
                 raise RuntimeError(f"two lowerings registered for aten::{n}")
-            REGISTRY[n] = Lowering(n, fn, check, rng)
+            REGISTRY[n] = Lowering(n, fn, check, rng, prepare)
         return fn
     return deco
 

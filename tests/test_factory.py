@@ -1,0 +1,114 @@
+import pytest
+import torch
+
+import torch_tpu
+from helpers import check
+
+TPU = torch.device("tpu")
+
+
+def _cmp(fn, exact=True, **tol):
+    """fn(device) on CPU and tpu: same dtype/shape, equal (or close) values, no fallback."""
+    before = sum(torch_tpu.metrics.fallback_counts().values())
+    c, t = fn("cpu"), fn(TPU)
+    assert sum(torch_tpu.metrics.fallback_counts().values()) == before, torch_tpu.metrics.fallback_counts()
+    assert t.device.type == "tpu" and t.dtype == c.dtype and t.shape == c.shape
+    if exact:
+        assert torch.equal(t.cpu(), c)
+    else:
+        torch.testing.assert_close(t.cpu(), c, **tol)
+
+
+@pytest.mark.parametrize("args,kw", [
+    ((5,), {}), ((2, 9), {}), ((-3, 10, 3), dict(dtype=torch.bfloat16)), ((0.5, 5, 1.5), dict(dtype=torch.int64)),
+    ((10, 0, -1.5), {}), ((0, 1, 0.25), {}), ((7, 3, -1), dict(dtype=torch.int32)), ((0,), {}),
+    ((2 ** 40, 2 ** 40 + 5), {}), ((1, 4), dict(dtype=torch.float64)), ((0, 3, 0.5), dict(dtype=torch.float16)),
+])
+def test_arange_exact(args, kw):
+    _cmp(lambda d: torch.arange(*args, device=d, **kw))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_arange_fractional_step(dtype):
+    _cmp(lambda d: torch.arange(0, 100, 0.37, device=d, dtype=dtype), exact=False,
+         **(dict(atol=0.5, rtol=1e-2) if dtype == torch.bfloat16 else {}))
+
+
+def test_arange_sizes_change_with_values():
+    # Scalar values are runtime operands: the result size must still follow them.
+    for n in (3, 5, 2, 5, 9):
+        assert torch.equal(torch.arange(n, device=TPU).cpu(), torch.arange(n))
+    for start, end in ((0, 5), (1, 6), (2, 12)):
+        assert torch.equal(torch.arange(start, end, device=TPU).cpu(), torch.arange(start, end))
+    out = torch.empty(5, device=TPU)
+    torch.arange(0, 10, out=out)
+    assert out.shape == (10,) and torch.equal(out.cpu(), torch.arange(0.0, 10))
+
+
+def test_arange_errors():
+    for args in ((0, 5, 0), (5, 0, 1), (0, float("inf"))):
+        with pytest.raises(RuntimeError):
+            torch.arange(*args)
+        with pytest.raises(RuntimeError):
+            torch.arange(*args, device=TPU)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("args", [(0, 1, 5), (-3, 7, 100), (5, -5, 33), (2, 2, 1), (0, 1, 0)])
+def test_linspace(args, dtype):
+    tol = dict(atol=2e-2, rtol=2e-2) if dtype in (torch.bfloat16, torch.float16) else dict(atol=1e-6, rtol=1e-6)
+    _cmp(lambda d: torch.linspace(*args, device=d, dtype=dtype), exact=False, **tol)
+    out = torch.empty(0, device=TPU, dtype=dtype)
+    torch.linspace(*args, out=out)
+    torch.testing.assert_close(out.cpu(), torch.linspace(*args, dtype=dtype), **tol)
+
+
+def test_linspace_int():
+    _cmp(lambda d: torch.linspace(0, 24, 13, device=d, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32, torch.bool, torch.bfloat16])
+def test_eye(dtype):
+    _cmp(lambda d: torch.eye(3, device=d, dtype=dtype))
+    _cmp(lambda d: torch.eye(3, 5, device=d, dtype=dtype))
+    _cmp(lambda d: torch.eye(4, 2, device=d, dtype=dtype))
+    _cmp(lambda d: torch.eye(0, device=d, dtype=dtype))
+    out = torch.empty(1, device=TPU, dtype=dtype)
+    torch.eye(2, 3, out=out)
+    assert torch.equal(out.cpu(), torch.eye(2, 3, dtype=dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool, torch.float64])
+def test_fills(dtype):
+    _cmp(lambda d: torch.zeros(2, 3, device=d, dtype=dtype))
+    _cmp(lambda d: torch.ones(4, device=d, dtype=dtype))
+    _cmp(lambda d: torch.full((2, 2), 1, device=d, dtype=dtype))
+    _cmp(lambda d: torch.zeros((), device=d, dtype=dtype))
+    _cmp(lambda d: torch.ones(0, 3, device=d, dtype=dtype))
+    _cmp(lambda d: torch.empty(2, 3, device=d, dtype=dtype).shape and torch.zeros_like(
+        torch.empty(2, 3, device=d), dtype=dtype))
+    _cmp(lambda d: torch.ones_like(torch.empty(2, 3, device=d, dtype=dtype)))
+    _cmp(lambda d: torch.full_like(torch.empty(3, device=d, dtype=dtype), 1))
+    _cmp(lambda d: torch.empty(1, device=d, dtype=dtype).new_zeros((2, 2)))
+    _cmp(lambda d: torch.empty(1, device=d, dtype=dtype).new_ones(3))
+
+
+def test_full_and_scalars():
+    _cmp(lambda d: torch.full((2, 3), 7, device=d))
+    _cmp(lambda d: torch.full((2, 3), 2.5, device=d))
+    _cmp(lambda d: torch.full((3,), True, device=d))
+    _cmp(lambda d: torch.full((3,), float("-inf"), device=d))
+    _cmp(lambda d: torch.full_like(torch.empty(2, device=d), 2.5))
+    _cmp(lambda d: torch.empty(2, device=d).new_full((4,), -1))
+    _cmp(lambda d: torch.scalar_tensor(3, device=d))
+    _cmp(lambda d: torch.scalar_tensor(3.5, device=d, dtype=torch.float64))
+    _cmp(lambda d: torch.tensor(3.5, device=d))
+    _cmp(lambda d: torch.tensor([[1, 2], [3, 4]], device=d))
+    e = torch.empty(3, 4, device=TPU, dtype=torch.bfloat16)
+    assert e.shape == (3, 4) and e.dtype == torch.bfloat16
+    assert torch.empty_like(e).shape == (3, 4)
+
+
+def test_factories_in_autograd_graph():
+    x = torch.randn(5, requires_grad=True)
+    check(lambda x: x * torch.arange(5, device=x.device) + torch.ones_like(x), x)

@@ -1,0 +1,70 @@
+"""Factory ops that compute their values: arange, linspace, eye (out= overloads, which the
+composite torch.arange / torch.linspace / torch.eye call; the meta kernel resizes `out` first).
+zeros/ones/full/*_like/scalar_tensor need nothing here: they are empty + fill_/zero_."""
+from __future__ import annotations
+
+import torch
+
+from .registry import register
+
+
+def _acc_dtype(dt):
+    """CPU's accumulation type for range factories: int64 for integers, float64 for float32/64,
+    float32 for half precision."""
+    if dt in (torch.float16, torch.bfloat16):
+        return torch.float32
+    if dt.is_floating_point:
+        return torch.float64
+    return torch.int64
+
+
+@register("arange.start_out")
+def arange_start_out(ctx, start, end, step, out):
+    """start + i * step in the accumulation type (Scalars truncated to it, as Scalar.to<acc>)."""
+    b, o = ctx.b, ctx.out[0]
+    acc = _acc_dtype(o.dtype)
+    shape = o.shape
+    s = b.broadcast_to(b.convert(start, acc), shape)
+    st = b.broadcast_to(b.convert(step, acc), shape)
+    i = b.iota(shape, 0, acc)
+    return b.convert(b.add(s, b.multiply(st, i)), o.dtype)
+
+
+@register("linspace.out")
+def linspace_out(ctx, start, end, steps, out):
+    """CPU's formula: start + step*i for the first half, end - step*(steps-1-i) for the rest, with
+    step = (end - start) / (steps - 1); float types compute in their own precision, integers in
+    float64 then truncate."""
+    b, o = ctx.b, ctx.out[0]
+    shape = o.shape
+    if steps == 0:
+        return b.constant(0, o.dtype, shape)
+    cd = torch.float64 if not o.dtype.is_floating_point else o.dtype
+    s = b.broadcast_to(b.convert(b.convert(start, o.dtype), cd), shape)
+    if steps == 1:
+        return b.convert(s, o.dtype)
+    e = b.broadcast_to(b.convert(b.convert(end, o.dtype), cd), shape)
+    step = b.divide(b.subtract(e, s), b.constant(steps - 1, cd, shape))
+    i = b.iota(shape, 0, cd)
+    lo = b.add(s, b.multiply(step, i))
+    hi = b.subtract(e, b.multiply(step, b.subtract(b.constant(steps - 1, cd, shape), i)))
+    first = b.compare(b.iota(shape, 0, torch.int64), b.constant(steps // 2, torch.int64, shape), "LT")
+    return b.convert(b.select(first, lo, hi), o.dtype)
+
+
+def _eye(ctx):
+    b, o = ctx.b, ctx.out[0]
+    if len(o.shape) != 2:
+        return b.constant(0, o.dtype, o.shape)
+    diag = b.compare(b.iota(o.shape, 0, torch.int64), b.iota(o.shape, 1, torch.int64), "EQ")
+    return b.convert(diag, o.dtype)
+
+
+@register("eye.out")
+def eye_out(ctx, n, out):
+    return _eye(ctx)
+
+
+@register("eye.m_out")
+def eye_m_out(ctx, n, m, out):
+    return _eye(ctx)

@@ -1,0 +1,589 @@
+"""Indexing ops: index_select, gather, scatter (all reduce modes), embedding and its backward,
+advanced indexing (index.Tensor, index_put), index_add/copy/fill, masked_fill, nonzero.
+
+StableHLO gather/scatter clamp or drop out-of-range indices silently, so every op that takes
+indices has a `check` that downloads them (a host sync) and raises what CPU raises before anything
+runs. Bool masks in index/index_put make shapes data-dependent: `prepare` turns them into long
+indices with `nonzero`, which counts the mask on the host (download) and computes the indices on
+the device (nonzero_static).
+"""
+from __future__ import annotations
+
+import torch
+
+from .elementwise import compute_dtype
+from .registry import register
+
+_lib = torch.library.Library("aten", "IMPL")  # kernels whose result shape depends on data
+
+
+# -- helpers ------------------------------------------------------------------------------------
+def _empty_out(ctx, i=0):
+    t = ctx.out[i]
+    return ctx.b.constant(0, t.dtype, t.shape) if t.numel == 0 else None
+
+
+def _i64(b, x):
+    return b.convert(x, torch.int64)
+
+
+def _wrap(b, idx, size):
+    """Negative indices count from the end (as CPU does where it allows them)."""
+    zero = b.zeros_like(idx)
+    return b.select(b.compare(idx, zero, "LT"), b.add(idx, b.full_like(idx, size)), idx)
+
+
+def _coords(b, idx, dim, rank):
+    """Full coordinates (idx.shape + (rank,)) of a gather/scatter along `dim`: iota elsewhere."""
+    shape = idx.shape
+    cols = [idx if d == dim else b.iota(shape, d) for d in range(rank)]
+    return b.concatenate([b.reshape(c, shape + (1,)) for c in cols], len(shape))
+
+
+def _point_gather(b, x, coords):
+    r = x.rank
+    return b.gather(x, coords, offset_dims=[], collapsed=list(range(r)), start_index_map=list(range(r)),
+                    index_vector_dim=coords.rank - 1, slice_sizes=[1] * r, out_shape=coords.shape[:-1])
+
+
+def _point_scatter(b, x, coords, upd, combine=None):
+    r = x.rank
+    return b.scatter(x, coords, upd, update_window_dims=[], inserted_window_dims=list(range(r)),
+                     scatter_dims_to_operand_dims=list(range(r)), index_vector_dim=coords.rank - 1,
+                     combine=combine)
+
+
+def _host(idx):
+    return idx.detach().cpu().long().reshape(-1)
+
+
+def _bounds(idx, size, dim, negative_ok, error):
+    """Raises error(value, dim, size) for the first index outside [-size, size) or [0, size)."""
+    if idx is None or idx.numel() == 0:
+        return
+    h = _host(idx)
+    bad = (h >= size) | (h < (-size if negative_ok else 0))
+    if bool(bad.any()):
+        raise error(int(h[bad.nonzero()[0, 0]]), dim, size)
+
+
+def _oob(v, d, n):
+    return RuntimeError(f"index {v} is out of bounds for dimension {d} with size {n}")
+
+
+def _oob_index(v, d, n):
+    return IndexError(f"index {v} is out of bounds for dimension {d} with size {n}")
+
+
+def _dim(d, rank):
+    return d % rank if rank else 0
+
+
+def _combine_fn(name, dtype):
+    def fn(b, old, new):
+        if name in ("sum", "add"):
+            return b.or_(old, new) if dtype == torch.bool else b.add(old, new)
+        if name in ("prod", "multiply"):
+            return b.and_(old, new) if dtype == torch.bool else b.multiply(old, new)
+        if name == "amax":
+            r = b.maximum(old, new)
+            return b.select(b.is_nan(new), new, r) if dtype.is_floating_point else r
+        if name == "amin":
+            r = b.minimum(old, new)
+            return b.select(b.is_nan(new), new, r) if dtype.is_floating_point else r
+        return new
+    return fn
+
+
+_IDENTITY = {"sum": 0, "mean": 0, "prod": 1, "amax": "-inf", "amin": "inf"}
+
+
+def _identity(name, dtype):
+    v = _IDENTITY[name]
+    if isinstance(v, str):
+        if dtype.is_floating_point:
+            return float(v)
+        if dtype == torch.bool:
+            return v == "inf"
+        info = torch.iinfo(dtype)
+        return info.max if v == "inf" else info.min
+    return v
+
+
+# -- index_select / gather / scatter -----------------------------------------------------------------
+def _check_index_select(x, dim, index):
+    d = _dim(dim, x.dim())
+    size = x.shape[d] if x.dim() else 1
+    if x.dim() <= 1 or d == 0:
+        _bounds(index, size, d, False, lambda v, dd, n: IndexError("index out of range in self"))
+    else:
+        _bounds(index, size, d, False,
+                lambda v, dd, n: RuntimeError(f"INDICES element is out of DATA bounds, id={v} axis_dim={n}"))
+
+
+@register("index_select", check=_check_index_select)
+def index_select(ctx, x, dim, index):
+    b = ctx.b
+    e = _empty_out(ctx)
+    if e is not None:
+        return e
+    if x.rank == 0:
+        x = b.reshape(x, [1])
+    d = _dim(dim, x.rank)
+    n = index.type.numel
+    idx = b.reshape(_i64(b, index), [n, 1])
+    sizes = list(x.shape)
+    sizes[d] = 1
+    out = list(x.shape)
+    out[d] = n
+    return b.gather(x, idx, offset_dims=[i for i in range(x.rank) if i != d], collapsed=[d], start_index_map=[d],
+                    index_vector_dim=1, slice_sizes=sizes, out_shape=out)
+
+
+def _check_gather(x, dim, index, sparse_grad=False):
+    d = _dim(dim, x.dim())
+    _bounds(index, x.shape[d] if x.dim() else 1, d, False, _oob)
+
+
+def _as_rank1(b, x, index):
+    if x.rank == 0:
+        x = b.reshape(x, [1])
+    if index.rank == 0:
+        index = b.reshape(index, [1])
+    return x, index
+
+
+@register("gather", check=_check_gather)
+def gather(ctx, x, dim, index, sparse_grad=False):
+    b = ctx.b
+    e = _empty_out(ctx)
+    if e is not None:
+        return e
+    x, index = _as_rank1(b, x, index)
+    return _point_gather(b, x, _coords(b, _i64(b, index), _dim(dim, x.rank), x.rank))
+
+
+def _check_scatter(x, dim, index, *rest, **kw):
+    _check_gather(x, dim, index)
+
+
+def _scatter(ctx, x, dim, index, src, reduce=None, include_self=True):
+    """Scatter of src (a tensor at least index's shape, or a 0-dim value) into x along dim."""
+    b = ctx.b
+    out = ctx.out[0]
+    if index.type.numel == 0 or out.numel == 0:
+        return x
+    dt = out.dtype
+    x, index = _as_rank1(b, b.convert(x, dt), index)
+    d = _dim(dim, x.rank)
+    coords = _coords(b, _i64(b, index), d, x.rank)
+    shape = index.shape
+    src = b.convert(src, dt)
+    if src.rank == 0:
+        upd = b.broadcast_to(src, shape)
+    else:
+        upd = b.slice(src, [0] * src.rank, list(shape)) if src.shape != shape else src
+    if reduce is None:
+        return _point_scatter(b, x, coords, upd)
+    cd = compute_dtype(dt)
+    xc, uc = b.convert(x, cd), b.convert(upd, cd)
+    if not include_self:
+        ident = b.constant(_identity(reduce, cd), cd, shape)
+        xc = _point_scatter(b, xc, coords, ident)
+    if reduce == "mean":
+        total = _point_scatter(b, xc, coords, uc, _combine_fn("sum", cd))
+        ones = b.constant(1, cd, shape)
+        count = b.constant(1 if include_self else 0, cd, x.shape)
+        count = _point_scatter(b, count, coords, ones, _combine_fn("sum", cd))
+        count = b.maximum(count, b.constant(1, cd, x.shape))
+        if cd.is_floating_point:
+            r = b.divide(total, count)
+        else:
+            from .elementwise import _floor_div_int
+            r = _floor_div_int(b, total, count)
+    else:
+        r = _point_scatter(b, xc, coords, uc, _combine_fn(reduce, cd))
+    return b.convert(r, dt)
+
+
+@register("scatter.src", "scatter.value", check=_check_scatter)
+def scatter(ctx, x, dim, index, src):
+    return _scatter(ctx, x, dim, index, src)
+
+
+@register("scatter.reduce", "scatter.value_reduce", check=_check_scatter)
+def scatter_reduce_old(ctx, x, dim, index, src, reduce):
+    return _scatter(ctx, x, dim, index, src, {"add": "sum", "multiply": "prod"}[reduce])
+
+
+@register("scatter_add", check=_check_scatter)
+def scatter_add(ctx, x, dim, index, src):
+    return _scatter(ctx, x, dim, index, src, "sum")
+
+
+@register("scatter_reduce.two", check=_check_scatter)
+def scatter_reduce(ctx, x, dim, index, src, reduce, include_self=True):
+    return _scatter(ctx, x, dim, index, src, reduce, include_self)
+
+
+# -- embedding ------------------------------------------------------------------------------------------
+def _check_embedding(weight, indices, *rest):
+    _bounds(indices, weight.shape[0], 0, False, lambda v, d, n: IndexError("index out of range in self"))
+
+
+@register("embedding", check=_check_embedding)
+def embedding(ctx, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    b = ctx.b
+    e = _empty_out(ctx)
+    if e is not None:
+        return e
+    idx = b.reshape(_i64(b, indices), indices.shape + (1,))
+    dims = list(range(indices.rank, indices.rank + weight.rank - 1))
+    return b.gather(weight, idx, offset_dims=dims, collapsed=[0], start_index_map=[0],
+                    index_vector_dim=indices.rank, slice_sizes=[1] + list(weight.shape[1:]),
+                    out_shape=ctx.out[0].shape)
+
+
+@register("embedding_dense_backward")
+def embedding_dense_backward(ctx, grad, indices, num_weights, padding_idx, scale_grad_by_freq):
+    b = ctx.b
+    out = ctx.out[0]
+    cd = compute_dtype(out.dtype)
+    n = indices.type.numel
+    if n == 0 or out.numel == 0:
+        return b.constant(0, out.dtype, out.shape)
+    row = out.shape[1:]
+    g = b.reshape(b.convert(grad, cd), (n,) + row)
+    idx = b.reshape(_i64(b, indices), [n, 1])
+    if padding_idx is not None and padding_idx >= 0:  # its rows get no gradient: send them out of range
+        idx = b.select(b.compare(idx, b.full_like(idx, padding_idx), "EQ"), b.full_like(idx, num_weights), idx)
+    add = _combine_fn("sum", cd)
+    if scale_grad_by_freq:
+        counts = b.scatter(b.constant(0, cd, (num_weights,)), idx, b.constant(1, cd, (n,)), [], [0], [0], 1, add)
+        mine = b.gather(counts, b.clamp(b.constant(0, torch.int64), idx, b.constant(num_weights - 1, torch.int64)),
+                        [], [0], [0], 1, [1], (n,))
+        g = b.divide(g, b.broadcast_in_dim(mine, g.shape, [0]))
+    r = b.scatter(b.constant(0, cd, out.shape), idx, g, update_window_dims=list(range(1, len(out.shape))),
+                  inserted_window_dims=[0], scatter_dims_to_operand_dims=[0], index_vector_dim=1, combine=add)
+    return b.convert(r, out.dtype)
+
+
+# -- nonzero (host sync for the count) ----------------------------------------------------------------
+@register("nonzero_static")
+def nonzero_static(ctx, x, size, fill_value=-1):
+    """The first `size` nonzero coordinates in row-major order, then rows of fill_value: a stable
+    sort of (is_zero, position) brings the nonzero positions first, in order."""
+    b = ctx.b
+    out = ctx.out[0]
+    if out.numel == 0:
+        return b.constant(0, out.dtype, out.shape)
+    n = x.type.numel
+    if n == 0:
+        return b.constant(fill_value, torch.int64, out.shape)
+    flat = b.reshape(x, [n])
+    zero = b.compare(flat, b.zeros_like(flat), "EQ") if flat.dtype != torch.bool else b.not_(flat)
+    key = b.convert(zero, torch.int32)
+    pos = b.iota((n,), 0)
+
+    def less(sb, a0, a1, p0, p1):
+        return sb.compare(a0, a1, "LT")
+    skey, spos = b.sort([key, pos], 0, less, stable=True)
+    if size <= n:
+        skey, spos = b.slice(skey, [0], [size]), b.slice(spos, [0], [size])
+    else:
+        skey = b.pad(skey, b.constant(1, torch.int32), [0], [size - n])
+        spos = b.pad(spos, b.constant(0, torch.int64), [0], [size - n])
+    cols = []
+    stride = 1
+    for s in reversed(x.shape):
+        c = b.divide(spos, b.constant(stride, torch.int64, (size,)))
+        cols.append(b.remainder(c, b.constant(s, torch.int64, (size,))))
+        stride *= s
+    coords = b.concatenate([b.reshape(c, [size, 1]) for c in reversed(cols)], 1)
+    filled = b.broadcast_in_dim(b.compare(skey, b.constant(0, torch.int32, (size,)), "NE"), coords.shape, [0])
+    return b.select(filled, b.constant(fill_value, torch.int64, coords.shape), coords)
+
+
+def nonzero(x):
+    mask = x if x.dtype == torch.bool else torch.ne(x, 0)
+    count = int(mask.cpu().sum())  # the data-dependent size: a host sync
+    return torch.ops.aten.nonzero_static(x, size=count, fill_value=-1)
+
+
+_lib.impl("nonzero", nonzero, "PrivateUse1")
+
+
+def masked_select(x, mask):
+    if mask.dtype != torch.bool:
+        raise RuntimeError("masked_select: expected BoolTensor for mask")
+    xb, mb = torch.broadcast_tensors(x, mask)
+    return torch.ops.aten.index.Tensor(xb, [mb])
+
+
+_lib.impl("masked_select", masked_select, "PrivateUse1")
+
+
+# -- advanced indexing -----------------------------------------------------------------------------------
+def _prepare_indices(x, indices):
+    """Bool/byte masks -> one long index per masked dim (nonzero); CPU index tensors move to x's
+    device (as CUDA allows)."""
+    out = []
+    d = 0
+    for i in indices:
+        if i is None:
+            out.append(None)
+            d += 1
+            continue
+        if i.device != x.device:
+            i = i.to(x.device)
+        if i.dtype in (torch.bool, torch.uint8):
+            for k in range(i.dim()):
+                if d + k >= x.dim() or i.shape[k] != x.shape[d + k]:
+                    raise IndexError(f"The shape of the mask {list(i.shape)} at index {k} does not match the "
+                                     f"shape of the indexed tensor {list(x.shape)} at index {d + k}")
+            nz = nonzero(i)
+            out.extend(nz.select(1, k) for k in range(i.dim()))
+            d += i.dim()
+        else:
+            out.append(i)
+            d += 1
+    return out
+
+
+def _prepare_index(x, indices):
+    return [x, _prepare_indices(x, indices)]
+
+
+def _prepare_index_put(x, indices, values, accumulate=False, *rest):
+    if values.device != x.device and values.dim() == 0:
+        values = values.to(x.device)
+    return [x, _prepare_indices(x, indices), values, accumulate, *rest]
+
+
+def _check_index(x, indices, *rest):
+    if len(indices) > x.dim():
+        raise IndexError(f"too many indices for tensor of dimension {x.dim()} (got {len(indices)})")
+    for d, i in enumerate(indices):
+        if i is not None:
+            if i.dtype not in (torch.int64, torch.int32):
+                raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
+            _bounds(i, x.shape[d], d, True, _oob_index)
+
+
+def _advanced(ctx, x, indices):
+    """(indices tensor B+(k,), advanced dims, gather/scatter window dims in the result, result shape)."""
+    b = ctx.b
+    indices = list(indices) + [None] * (x.rank - len(indices))
+    adv = [d for d, i in enumerate(indices) if i is not None]
+    bshape = tuple(torch.broadcast_shapes(*[indices[d].shape for d in adv]))
+    cols = []
+    for d in adv:
+        i = b.broadcast_to(_i64(b, indices[d]), bshape)
+        cols.append(b.reshape(_wrap(b, i, x.shape[d]), bshape + (1,)))
+    idx = b.concatenate(cols, len(bshape))
+    rest = [d for d in range(x.rank) if d not in adv]
+    adjacent = adv == list(range(adv[0], adv[-1] + 1))
+    first = adv[0] if adjacent else 0
+    before = [d for d in rest if d < first]
+    window = list(range(len(before))) + [len(before) + len(bshape) + j for j in range(len(rest) - len(before))]
+    shape = tuple(x.shape[d] for d in before) + bshape + tuple(x.shape[d] for d in rest[len(before):])
+    return idx, adv, window, shape
+
+
+@register("index.Tensor", check=_check_index, prepare=_prepare_index)
+def index(ctx, x, indices):
+    b = ctx.b
+    e = _empty_out(ctx)
+    if e is not None:
+        return e
+    idx, adv, window, shape = _advanced(ctx, x, indices)
+    sizes = [1 if d in adv else s for d, s in enumerate(x.shape)]
+    return b.gather(x, idx, offset_dims=window, collapsed=adv, start_index_map=adv,
+                    index_vector_dim=idx.rank - 1, slice_sizes=sizes, out_shape=shape)
+
+
+@register("index_put", "_index_put_impl", check=_check_index, prepare=_prepare_index_put)
+def index_put(ctx, x, indices, values, accumulate=False, unsafe=False):
+    """Duplicate indices: accumulate=True sums them; otherwise one of the values wins (unspecified
+    which, as on CPU/CUDA)."""
+    b = ctx.b
+    out = ctx.out[0]
+    if out.numel == 0:
+        return x
+    idx, adv, window, shape = _advanced(ctx, x, indices)
+    if 0 in shape:
+        return x
+    dt = out.dtype
+    upd = b.broadcast_to(b.convert(values, dt), shape)
+    combine = _combine_fn("sum", dt) if accumulate else None
+    return b.scatter(x, idx, upd, update_window_dims=window, inserted_window_dims=adv,
+                     scatter_dims_to_operand_dims=adv, index_vector_dim=idx.rank - 1, combine=combine)
+
+
+# -- index_add / index_copy / index_fill / masked_fill --------------------------------------------------
+def _along(ctx, x, dim, index, src, combine):
+    """Scatter of src's slices along dim at positions index (1-D)."""
+    b = ctx.b
+    if x.rank == 0:
+        x = b.reshape(x, [1])
+        src = b.reshape(src, [1])
+    d = _dim(dim, x.rank)
+    n = index.type.numel
+    if n == 0 or ctx.out[0].numel == 0:
+        return x
+    idx = b.reshape(_i64(b, index), [n, 1])
+    src = b.reshape(src, x.shape[:d] + (n,) + x.shape[d + 1:])
+    return b.scatter(x, idx, src, update_window_dims=[i for i in range(x.rank) if i != d], inserted_window_dims=[d],
+                     scatter_dims_to_operand_dims=[d], index_vector_dim=1, combine=combine)
+
+
+def _check_index_add(x, dim, index, source, alpha=1):
+    d = _dim(dim, x.dim())
+    _bounds(index, x.shape[d] if x.dim() else 1, d, False, _oob)
+
+
+@register("index_add", check=_check_index_add)
+def index_add(ctx, x, dim, index, source, alpha=None):
+    b = ctx.b
+    dt = ctx.out[0].dtype
+    cd = compute_dtype(dt)
+    src = b.convert(source, cd)
+    if alpha is not None:
+        src = b.multiply(src, b.broadcast_to(b.convert(alpha, cd), src.shape))
+    return b.convert(_along(ctx, b.convert(x, cd), dim, index, src, _combine_fn("sum", cd)), dt)
+
+
+def _check_index_copy(x, dim, index, source):
+    d = _dim(dim, x.dim())
+    _bounds(index, x.shape[d] if x.dim() else 1, d, False,
+            lambda v, dd, n: IndexError(f"index_copy_(): index {v} is out of bounds for dimension {dd} with size {n}"))
+
+
+@register("index_copy", check=_check_index_copy)
+def index_copy(ctx, x, dim, index, source):
+    return _along(ctx, x, dim, index, ctx.b.convert(source, x.dtype), None)
+
+
+def _check_index_fill(x, dim, index, value):
+    d = _dim(dim, x.dim())
+    _bounds(index, x.shape[d] if x.dim() else 1, d, True, _oob_index)
+
+
+@register("index_fill.int_Scalar", "index_fill.int_Tensor", check=_check_index_fill)
+def index_fill(ctx, x, dim, index, value):
+    """A select with the mask `position along dim is among index` (no scatter needed)."""
+    b = ctx.b
+    out = ctx.out[0]
+    n = index.type.numel
+    if n == 0 or out.numel == 0:
+        return x
+    d = _dim(dim, x.rank)
+    size = x.shape[d] if x.rank else 1
+    idx = _wrap(b, b.reshape(_i64(b, index), [1, n]), size)
+    hit = b.compare(b.iota((size, n), 0), b.broadcast_in_dim(idx, (size, n), [0, 1]), "EQ")
+    hit = b.reduce([hit], [b.constant(False, torch.bool)], [1], lambda sb, a, c: sb.or_(a, c))[0]
+    mask = b.broadcast_in_dim(hit, x.shape, [d]) if x.rank else b.reshape(hit, [])
+    return b.select(mask, b.broadcast_to(b.convert(value, out.dtype), x.shape), x)
+
+
+@register("masked_fill.Scalar", "masked_fill.Tensor")
+def masked_fill(ctx, x, mask, value):
+    b = ctx.b
+    shape = ctx.out[0].shape
+    dt = ctx.out[0].dtype
+    return b.select(b.broadcast_to(b.convert(mask, torch.bool), shape),
+                    b.broadcast_to(b.convert(value, dt), shape), b.broadcast_to(b.convert(x, dt), shape))
+
+
+# -- take / put / masked_scatter ----------------------------------------------------------------------
+def _check_flat(x, index, *rest):
+    n = x.numel()
+    if index.numel():
+        h = _host(index)
+        bad = (h >= n) | (h < -n)
+        if bool(bad.any()):
+            raise IndexError(f"out of range: tried to access index {int(h[bad.nonzero()[0, 0]])} on a tensor of "
+                             f"{n} elements.")
+
+
+def _flat_index(b, index, n):
+    return b.reshape(_wrap(b, _i64(b, index), n), index.shape + (1,))
+
+
+@register("take", check=_check_flat)
+def take(ctx, x, index):
+    b = ctx.b
+    e = _empty_out(ctx)
+    if e is not None:
+        return e
+    n = x.type.numel
+    return b.gather(b.reshape(x, [n]), _flat_index(b, index, n), [], [0], [0], index.rank, [1], index.shape)
+
+
+@register("put", check=_check_flat)
+def put(ctx, x, index, source, accumulate=False):
+    b = ctx.b
+    n = x.type.numel
+    k = index.type.numel
+    if k == 0 or n == 0:
+        return x
+    idx = b.reshape(_wrap(b, _i64(b, index), n), [k, 1])
+    upd = b.reshape(b.convert(source, x.dtype), [k])
+    r = b.scatter(b.reshape(x, [n]), idx, upd, [], [0], [0], 1, _combine_fn("sum", x.dtype) if accumulate else None)
+    return b.reshape(r, x.shape)
+
+
+def _check_masked_scatter(x, mask, source):
+    if source.numel() < int(mask.expand(torch.broadcast_shapes(x.shape, mask.shape)).cpu().sum()):
+        raise RuntimeError("Number of elements of source < number of ones in mask")
+
+
+@register("masked_scatter", check=_check_masked_scatter)
+def masked_scatter(ctx, x, mask, source):
+    """The i-th masked position (row-major) takes source.flatten()[i]: a stable sort of
+    (not mask, position) lists masked positions in order; scattering back its iota gives each
+    position its rank."""
+    b = ctx.b
+    out = ctx.out[0]
+    n, k = out.numel, source.type.numel
+    if n == 0 or k == 0:
+        return b.broadcast_to(b.convert(x, out.dtype), out.shape)
+    m = b.reshape(b.broadcast_to(b.convert(mask, torch.bool), out.shape), [n])
+    key = b.convert(b.not_(m), torch.int32)
+    pos = b.iota((n,), 0)
+    _, spos = b.sort([key, pos], 0, lambda sb, a0, a1, p0, p1: sb.compare(a0, a1, "LT"), stable=True)
+    rank = b.scatter(b.zeros_like(pos), b.reshape(spos, [n, 1]), pos, [], [0], [0], 1)
+    rank = b.clamp(b.constant(0, torch.int64), rank, b.constant(k - 1, torch.int64))
+    src = b.reshape(b.convert(source, out.dtype), [k])
+    picked = b.gather(src, b.reshape(rank, [n, 1]), [], [0], [0], 1, [1], (n,))
+    flat = b.reshape(b.broadcast_to(b.convert(x, out.dtype), out.shape), [n])
+    return b.reshape(b.select(m, picked, flat), out.shape)
+
+
+def _check_index_reduce(x, dim, index, source, reduce, include_self=True):
+    d = _dim(dim, x.dim())
+    _bounds(index, x.shape[d] if x.dim() else 1, d, False, lambda v, dd, n: IndexError("index out of range in self"))
+
+
+@register("index_reduce", check=_check_index_reduce)
+def index_reduce(ctx, x, dim, index, source, reduce, include_self=True):
+    """scatter_reduce's rules (identity reset when not include_self, mean floors for ints) on slices."""
+    b = ctx.b
+    dt = ctx.out[0].dtype
+    cd = compute_dtype(dt)
+    xc, src = b.convert(x, cd), b.convert(source, cd)
+    if not include_self:
+        xc = _along(ctx, xc, dim, index, b.constant(_identity(reduce, cd), cd, src.shape), None)
+    if reduce != "mean":
+        return b.convert(_along(ctx, xc, dim, index, src, _combine_fn(reduce, cd)), dt)
+    add = _combine_fn("sum", cd)
+    total = _along(ctx, xc, dim, index, src, add)
+    count = _along(ctx, b.constant(1 if include_self else 0, cd, xc.shape), dim, index,
+                   b.constant(1, cd, src.shape), add)
+    count = b.maximum(count, b.constant(1, cd, count.shape))
+    if cd.is_floating_point:
+        r = b.divide(total, count)
+    else:
+        from .elementwise import _floor_div_int
+        r = _floor_div_int(b, total, count)
+    return b.convert(r, dt)

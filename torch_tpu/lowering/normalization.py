@@ -1,0 +1,266 @@
+"""Batch, layer and group normalization with their backward ops. Statistics are computed in
+float32 for half-precision inputs (as PyTorch's CPU kernels do); variance is biased for
+normalization and unbiased for the running variance.
+
+native_batch_norm updates running_mean/running_var in place although its schema does not say so;
+the generic kernel only writes schema-marked arguments, so native_batch_norm (and
+_native_batch_norm_legit, whose outputs mix fresh and written tensors) get small Python kernels that
+run the functional lowering and copy the new running statistics back."""
+from __future__ import annotations
+
+import torch
+
+from .elementwise import compute_dtype
+from .reduction import reduce_sum
+from .registry import register
+
+
+def _chan(b, v, x, cd):
+    """A per-channel (dim 1) vector broadcast to x's shape."""
+    return b.broadcast_in_dim(b.convert(v, cd), x.shape, [1])
+
+
+def _bcast_reduced(b, r, x, dims):
+    keep = [1 if i in dims else d for i, d in enumerate(x.shape)]
+    return b.broadcast_to(b.reshape(r, keep), x.shape)
+
+
+def _mean(b, x, dims):
+    s = reduce_sum(b, x, dims)
+    n = 1
+    for d in dims:
+        n *= x.shape[d]
+    return b.divide(s, b.full_like(s, n))
+
+
+def _affine(b, y, w, bias, x, cd, bcast):
+    if w is not None:
+        y = b.multiply(y, bcast(b, w, x, cd))
+    if bias is not None:
+        y = b.add(y, bcast(b, bias, x, cd))
+    return y
+
+
+# -- batch norm --------------------------------------------------------------------------------------
+def _bn_dims(x):
+    return [0] + list(range(2, x.rank))
+
+
+def _bn_train(ctx, x, w, bias, eps):
+    """(out, mean, invstd, biased var, count) over all dims but the channel one."""
+    b = ctx.b
+    cd = compute_dtype(x.dtype)
+    xv = b.convert(x, cd)
+    dims = _bn_dims(x)
+    mean = _mean(b, xv, dims)
+    centered = b.subtract(xv, _chan(b, mean, xv, cd))
+    var = _mean(b, b.multiply(centered, centered), dims)
+    invstd = b.rsqrt(b.add(var, b.full_like(var, eps)))
+    y = b.multiply(centered, _chan(b, invstd, xv, cd))
+    y = _affine(b, y, w, bias, xv, cd, _chan)
+    n = xv.type.numel // max(x.shape[1], 1)
+    return b.convert(y, ctx.out[0].dtype), mean, invstd, var, n
+
+
+def _bn_eval(ctx, x, w, bias, rm, rv, eps):
+    b = ctx.b
+    cd = compute_dtype(x.dtype)
+    xv = b.convert(x, cd)
+    rvv = b.convert(rv, cd)
+    invstd = b.rsqrt(b.add(rvv, b.full_like(rvv, eps)))
+    y = b.multiply(b.subtract(xv, _chan(b, rm, xv, cd)), _chan(b, invstd, xv, cd))
+    return b.convert(_affine(b, y, w, bias, xv, cd, _chan), ctx.out[0].dtype)
+
+
+@register("_native_batch_norm_legit_functional")
+def batch_norm_functional(ctx, x, w, bias, rm, rv, training, momentum, eps):
+    b = ctx.b
+    if not training:
+        out = _bn_eval(ctx, x, w, bias, rm, rv, eps)
+        empty = [b.constant(0, t.dtype, t.shape) for t in ctx.out[1:3]]
+        return out, *empty, rm, rv
+    out, mean, invstd, var, n = _bn_train(ctx, x, w, bias, eps)
+    cd = mean.dtype
+    keep = b.full_like(mean, 1 - momentum)
+    mom = b.full_like(mean, momentum)
+    new_rm = b.add(b.multiply(keep, b.convert(rm, cd)), b.multiply(mom, mean))
+    unbiased = b.multiply(var, b.full_like(var, n / (n - 1) if n > 1 else float("inf")))
+    new_rv = b.add(b.multiply(keep, b.convert(rv, cd)), b.multiply(mom, unbiased))
+    return out, mean, invstd, new_rm, new_rv
+
+
+@register("_native_batch_norm_legit.no_stats")
+def batch_norm_no_stats(ctx, x, w, bias, training, momentum, eps):
+    out, mean, invstd, _, _ = _bn_train(ctx, x, w, bias, eps)
+    return out, mean, invstd
+
+
+@register("_native_batch_norm_legit_no_training")
+def batch_norm_no_training(ctx, x, w, bias, rm, rv, momentum, eps):
+    b = ctx.b
+    out = _bn_eval(ctx, x, w, bias, rm, rv, eps)
+    return out, *[b.constant(0, t.dtype, t.shape) for t in ctx.out[1:3]]
+
+
+@register("native_batch_norm_backward")
+def batch_norm_backward(ctx, grad, x, w, rm, rv, save_mean, save_invstd, train, eps, output_mask):
+    b = ctx.b
+    cd = compute_dtype(x.dtype)
+    xv, g = b.convert(x, cd), b.convert(grad, cd)
+    dims = _bn_dims(x)
+    if train:
+        mean, invstd = b.convert(save_mean, cd), b.convert(save_invstd, cd)
+    else:
+        mean = b.convert(rm, cd)
+        rvv = b.convert(rv, cd)
+        invstd = b.rsqrt(b.add(rvv, b.full_like(rvv, eps)))
+    xhat = b.multiply(b.subtract(xv, _chan(b, mean, xv, cd)), _chan(b, invstd, xv, cd))
+    results = [None, None, None]
+    if ctx.out[0] is not None:
+        scale = _chan(b, invstd, xv, cd)
+        if w is not None:
+            scale = b.multiply(scale, _chan(b, w, xv, cd))
+        if train:
+            dg = b.subtract(b.subtract(g, _chan(b, _mean(b, g, dims), xv, cd)),
+                            b.multiply(xhat, _chan(b, _mean(b, b.multiply(g, xhat), dims), xv, cd)))
+        else:
+            dg = g
+        results[0] = b.multiply(dg, scale)
+    if ctx.out[1] is not None:
+        results[1] = reduce_sum(b, b.multiply(g, xhat), dims)
+    if ctx.out[2] is not None:
+        results[2] = reduce_sum(b, g, dims)
+    return [None if r is None else b.convert(r, t.dtype) for r, t in zip(results, ctx.out)]
+
+
+def _param_dtype(x, *params):
+    """CPU's dtype of save_mean/save_invstd: float32 when any parameter is float32 with a
+    half-precision input (mixed type), else the input's."""
+    if any(p is not None and p.dtype != x.dtype for p in params):
+        return torch.float32
+    return x.dtype
+
+
+def _native_batch_norm(x, w, bias, rm, rv, training, momentum, eps):
+    aten = torch.ops.aten
+    pdt = _param_dtype(x, w, bias, rm, rv)
+    if training and rm is not None and rv is not None:
+        out, mean, invstd, new_rm, new_rv = aten._native_batch_norm_legit_functional(
+            x, w, bias, rm, rv, True, momentum, eps)
+        rm.copy_(new_rm)
+        rv.copy_(new_rv)
+    elif training:
+        out, mean, invstd = aten._native_batch_norm_legit.no_stats(x, w, bias, True, momentum, eps)
+    else:
+        out = aten._native_batch_norm_legit_no_training(x, w, bias, rm, rv, momentum, eps)[0]
+        return out, x.new_empty((0,), dtype=pdt), x.new_empty((0,), dtype=pdt)
+    return out, mean.to(pdt), invstd.to(pdt)
+
+
+def _native_batch_norm_legit(x, w, bias, rm, rv, training, momentum, eps):
+    return _native_batch_norm(x, w, bias, rm, rv, training, momentum, eps)
+
+
+_lib = torch.library.Library("aten", "IMPL")
+_lib.impl("native_batch_norm", _native_batch_norm, "PrivateUse1")
+_lib.impl("_native_batch_norm_legit", _native_batch_norm_legit, "PrivateUse1")
+
+
+# -- layer norm --------------------------------------------------------------------------------------
+def _trailing(b, v, x, cd):
+    return b.broadcast_to(b.convert(v, cd), x.shape)
+
+
+@register("native_layer_norm")
+def layer_norm(ctx, x, normalized_shape, w, bias, eps):
+    b = ctx.b
+    cd = compute_dtype(x.dtype)
+    xv = b.convert(x, cd)
+    dims = list(range(x.rank - len(normalized_shape), x.rank))
+    mean = _mean(b, xv, dims)
+    centered = b.subtract(xv, _bcast_reduced(b, mean, xv, dims))
+    var = _mean(b, b.multiply(centered, centered), dims)
+    rstd = b.rsqrt(b.add(var, b.full_like(var, eps)))
+    y = b.multiply(centered, _bcast_reduced(b, rstd, xv, dims))
+    y = _affine(b, y, w, bias, xv, cd, _trailing)
+    return (b.convert(y, ctx.out[0].dtype), b.reshape(b.convert(mean, ctx.out[1].dtype), ctx.out[1].shape),
+            b.reshape(b.convert(rstd, ctx.out[2].dtype), ctx.out[2].shape))
+
+
+@register("native_layer_norm_backward")
+def layer_norm_backward(ctx, grad, x, normalized_shape, mean, rstd, w, bias, output_mask):
+    b = ctx.b
+    cd = compute_dtype(x.dtype)
+    xv, g = b.convert(x, cd), b.convert(grad, cd)
+    axis = x.rank - len(normalized_shape)
+    dims, outer = list(range(axis, x.rank)), list(range(axis))
+    rs = b.broadcast_to(b.convert(rstd, cd), x.shape)
+    xhat = b.multiply(b.subtract(xv, b.broadcast_to(b.convert(mean, cd), x.shape)), rs)
+    results = [None, None, None]
+    if ctx.out[0] is not None:
+        gw = g if w is None else b.multiply(g, _trailing(b, w, xv, cd))
+        dx = b.subtract(b.subtract(gw, _bcast_reduced(b, _mean(b, gw, dims), xv, dims)),
+                        b.multiply(xhat, _bcast_reduced(b, _mean(b, b.multiply(gw, xhat), dims), xv, dims)))
+        results[0] = b.multiply(dx, rs)
+    if ctx.out[1] is not None:
+        results[1] = reduce_sum(b, b.multiply(g, xhat), outer)
+    if ctx.out[2] is not None:
+        results[2] = reduce_sum(b, g, outer)
+    return [None if r is None else b.reshape(b.convert(r, t.dtype), t.shape) for r, t in zip(results, ctx.out)]
+
+
+# -- group norm --------------------------------------------------------------------------------------
+def _grouped(b, v, n, group, cd):
+    """(N, C, *) -> (N, group, C/group * HxW)."""
+    return b.reshape(b.convert(v, cd), [n, group, v.type.numel // max(n * group, 1)])
+
+
+def _per_channel(b, v, n, c, hxw, cd):
+    """A (C,) vector broadcast to (N, C, HxW)."""
+    return b.broadcast_in_dim(b.convert(v, cd), (n, c, hxw), [1])
+
+
+@register("native_group_norm")
+def group_norm(ctx, x, w, bias, N, C, HxW, group, eps):
+    b = ctx.b
+    cd = compute_dtype(x.dtype)
+    xg = _grouped(b, x, N, group, cd)
+    mean = _mean(b, xg, [2])
+    centered = b.subtract(xg, _bcast_reduced(b, mean, xg, [2]))
+    var = _mean(b, b.multiply(centered, centered), [2])
+    rstd = b.rsqrt(b.add(var, b.full_like(var, eps)))
+    y = b.reshape(b.multiply(centered, _bcast_reduced(b, rstd, xg, [2])), [N, C, HxW])
+    if w is not None:
+        y = b.multiply(y, _per_channel(b, w, N, C, HxW, cd))
+    if bias is not None:
+        y = b.add(y, _per_channel(b, bias, N, C, HxW, cd))
+    return (b.reshape(b.convert(y, ctx.out[0].dtype), ctx.out[0].shape), b.convert(mean, ctx.out[1].dtype),
+            b.convert(rstd, ctx.out[2].dtype))
+
+
+@register("native_group_norm_backward")
+def group_norm_backward(ctx, grad, x, mean, rstd, w, N, C, HxW, group, output_mask):
+    b = ctx.b
+    cd = compute_dtype(x.dtype)
+    shape3 = (N, C, HxW)
+    xv, g = b.reshape(b.convert(x, cd), shape3), b.reshape(b.convert(grad, cd), shape3)
+    cpg = C // group if group else 0
+
+    def per_group(v):  # (N, group) -> (N, C, HxW)
+        v = b.broadcast_in_dim(b.convert(v, cd), (N, group, cpg, HxW), [0, 1])
+        return b.reshape(v, shape3)
+
+    rs = per_group(rstd)
+    xhat = b.multiply(b.subtract(xv, per_group(mean)), rs)
+    results = [None, None, None]
+    if ctx.out[0] is not None:
+        gw = g if w is None else b.multiply(g, _per_channel(b, w, N, C, HxW, cd))
+        gg, xg = _grouped(b, gw, N, group, cd), _grouped(b, xhat, N, group, cd)
+        m1 = b.reshape(_bcast_reduced(b, _mean(b, gg, [2]), gg, [2]), shape3)
+        m2 = b.reshape(_bcast_reduced(b, _mean(b, b.multiply(gg, xg), [2]), gg, [2]), shape3)
+        results[0] = b.multiply(b.subtract(b.subtract(gw, m1), b.multiply(xhat, m2)), rs)
+    if ctx.out[1] is not None:
+        results[1] = reduce_sum(b, b.multiply(g, xhat), [0, 2])
+    if ctx.out[2] is not None:
+        results[2] = reduce_sum(b, g, [0, 2])
+    return [None if r is None else b.reshape(b.convert(r, t.dtype), t.shape) for r, t in zip(results, ctx.out)]

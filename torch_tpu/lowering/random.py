@@ -1,0 +1,329 @@
+"""Random ops: uniform_, normal_, bernoulli, random_, exponential_, normal, native_dropout.
+
+Bits come from stablehlo.rng_bit_generator (Threefry) keyed by the tpu Generator's (seed, offset),
+so torch.manual_seed makes every op reproducible and successive calls draw fresh counters. Bits are
+turned into values on the device: floats in float32 (float64 for float64 outputs) from the top
+mantissa bits, then rounded once to the output dtype. Argument errors are CPU's, raised by `check`
+before anything runs (PyTorch's meta kernels miss most of them).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .elementwise import compute_dtype, operand
+from .registry import register
+
+_TYPE_NAME = {torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char",
+              torch.uint8: "Byte", torch.bool: "Bool", torch.uint16: "UInt16", torch.uint32: "UInt32",
+              torch.uint64: "UInt64", torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble"}
+_DTYPE_TEXT = {torch.float32: "float", torch.float64: "double", torch.float16: "c10::Half",
+               torch.bfloat16: "c10::BFloat16"}
+
+
+def _float_dtype(dt):
+    """Math dtype of random floats for an output of dtype dt."""
+    return torch.float64 if dt == torch.float64 else torch.float32
+
+
+def uniform01(b, state, shape, dt, open_low=False):
+    """Uniform floats of dtype dt (float32/float64) in [0, 1), or (0, 1) when open_low: the top
+    mantissa-width bits as an integer m, times 2^-mant (exact), plus half a step when open."""
+    wide = dt == torch.float64
+    ui, mant = (torch.uint64, 52) if wide else (torch.uint32, 23)
+    _, bits = b.rng_bit_generator(state, shape, ui)
+    m = b.binary("shift_right_logical", bits, b.constant(64 - mant if wide else 32 - mant, ui, shape))
+    u = b.multiply(b.convert(m, dt), b.constant(2.0 ** -mant, dt, shape))
+    if open_low:
+        u = b.add(u, b.constant(2.0 ** -(mant + 1), dt, shape))
+    return u
+
+
+def _std_normal(b, state, shape, dt):
+    """Standard normal samples by inversion: sqrt(2) * erfinv(2u - 1), u in (0, 1)."""
+    u = uniform01(b, state, shape, dt, open_low=True)
+    x = b.subtract(b.multiply(u, b.constant(2.0, dt, shape)), b.constant(1.0, dt, shape))
+    z = b.op("chlo.erf_inv", [x], [x.type])[0]
+    return b.multiply(z, b.constant(math.sqrt(2.0), dt, shape))
+
+
+def _float_only(name, t):
+    if not t.dtype.is_floating_point:
+        raise NotImplementedError(f'"{name}" not implemented for \'{_TYPE_NAME.get(t.dtype, t.dtype)}\'')
+
+
+# -- uniform_ -------------------------------------------------------------------------------------
+def _check_uniform(self, frm=0.0, to=1.0, generator=None):
+    _float_only("check_uniform_bounds", self)
+    fi = torch.finfo(self.dtype)
+    for v, n in ((frm, "from"), (to, "to")):
+        if not (fi.min <= v <= fi.max):
+            raise RuntimeError(f"{n} is out of bounds for {_DTYPE_TEXT[self.dtype]}")
+    if frm > to:
+        raise RuntimeError(f"uniform_ expects to return a [from, to) range, but found from={frm:g} > to={to:g}")
+    if to - frm > fi.max:
+        raise RuntimeError(f"uniform_ expects to-from <= std::numeric_limits<{str(self.dtype)[6:].capitalize()}>"
+                           f"::max(), but found to={to:g} and from={frm:g} which result in to-from to exceed "
+                           f"the limit")
+
+
+@register("uniform_", rng=True, check=_check_uniform)
+def uniform_(ctx, self, frm=0.0, to=1.0, state=None):
+    b, out = ctx.b, ctx.out[0]
+    dt = _float_dtype(out.dtype)
+    u = uniform01(b, state, out.shape, dt)
+    lo = b.constant(frm, dt, out.shape)
+    v = b.convert(b.add(b.multiply(u, b.constant(to - frm, dt, out.shape)), lo), out.dtype)
+    # Rounding can reach `to`; the range is half-open, so map it back to `from` (as CUDA does).
+    hit = b.compare(v, b.constant(to, out.dtype, out.shape), "EQ")
+    return b.select(hit, b.constant(frm, out.dtype, out.shape), v)
+
+
+# -- normal ---------------------------------------------------------------------------------------
+def _check_normal_(self, mean=0.0, std=1.0, generator=None):
+    _float_only("normal_kernel_cpu", self)
+    if std < 0:
+        raise RuntimeError(f"normal expects std >= 0.0, but found std {std:g}")
+
+
+@register("normal_", rng=True, check=_check_normal_)
+def normal_(ctx, self, mean=0.0, std=1.0, state=None):
+    b, out = ctx.b, ctx.out[0]
+    dt = _float_dtype(out.dtype)
+    z = _std_normal(b, state, out.shape, dt)
+    return b.convert(b.add(b.multiply(z, b.constant(std, dt, out.shape)), b.constant(mean, dt, out.shape)), out.dtype)
+
+
+def _check_std_tensor(std):
+    if std.numel() and bool((std.detach().cpu() < 0).any()):
+        raise RuntimeError("normal expects all elements of std >= 0.0")
+
+
+def _normal_tensors(ctx, mean, std, state):
+    """mean + std * z with either of mean/std a tensor (Value) or a python float."""
+    b, out = ctx.b, ctx.out[0]
+    dt = _float_dtype(out.dtype)
+    z = _std_normal(b, state, out.shape, dt)
+    s = operand(ctx, std, dt) if not isinstance(std, float) else b.constant(std, dt, out.shape)
+    m = operand(ctx, mean, dt) if not isinstance(mean, float) else b.constant(mean, dt, out.shape)
+    return b.convert(b.add(b.multiply(z, s), m), out.dtype)
+
+
+@register("normal.Tensor_float", rng=True,
+          check=lambda mean, std=1.0, generator=None: _check_normal_(mean, 0.0, std))
+def normal_tensor_float(ctx, mean, std=1.0, state=None):
+    return _normal_tensors(ctx, mean, float(std), state)
+
+
+@register("normal.float_Tensor", rng=True, check=lambda mean, std, generator=None: _check_std_tensor(std))
+def normal_float_tensor(ctx, mean, std, state=None):
+    return _normal_tensors(ctx, float(mean), std, state)
+
+
+@register("normal.Tensor_Tensor", rng=True, check=lambda mean, std, generator=None: _check_std_tensor(std))
+def normal_tensor_tensor(ctx, mean, std, state=None):
+    return _normal_tensors(ctx, mean, std, state)
+
+
+# -- bernoulli ------------------------------------------------------------------------------------
+def _bernoulli(ctx, p, state):
+    """1 where u < p, u uniform in [0, 1); p a Value (broadcast to the output) or python float."""
+    b, out = ctx.b, ctx.out[0]
+    dt = torch.float64 if out.dtype == torch.float64 or (not isinstance(p, float) and p.dtype == torch.float64) \
+        else torch.float32
+    u = uniform01(b, state, out.shape, dt)
+    pv = b.constant(p, dt, out.shape) if isinstance(p, float) else operand(ctx, p, dt)
+    return b.convert(b.compare(u, pv, "LT"), out.dtype)
+
+
+def _check_p(p, generator=None):
+    if not 0 <= p <= 1:
+        raise RuntimeError(f"bernoulli_ expects p to be in [0, 1], but got p={p:g}")
+
+
+def _check_p_tensor(p):
+    if p.numel():
+        pc = p.detach().cpu()
+        if not bool(((pc >= 0) & (pc <= 1)).all()):
+            raise RuntimeError("Expected p_in >= 0 && p_in <= 1 to be true, but got false.  (Could this error "
+                               "message be improved?  If so, please report an enhancement request to PyTorch.)")
+
+
+@register("bernoulli_.float", rng=True, check=lambda self, p=0.5, generator=None: _check_p(p))
+def bernoulli_float_(ctx, self, p=0.5, state=None):
+    return _bernoulli(ctx, float(p), state)
+
+
+@register("bernoulli.p", rng=True, check=lambda self, p=0.5, generator=None: _check_p(p))
+def bernoulli_p(ctx, self, p=0.5, state=None):
+    return _bernoulli(ctx, float(p), state)
+
+
+@register("bernoulli_.Tensor", rng=True, check=lambda self, p, generator=None: _check_p_tensor(p))
+def bernoulli_tensor_(ctx, self, p, state=None):
+    return _bernoulli(ctx, p, state)
+
+
+@register("bernoulli", rng=True, check=lambda self, generator=None: _check_p_tensor(self))
+def bernoulli(ctx, self, state=None):
+    """Each element of self is the probability of a 1."""
+    return _bernoulli(ctx, self, state)
+
+
+# -- exponential_ ---------------------------------------------------------------------------------
+def _check_exponential(self, lambd=1.0, generator=None):
+    _float_only("exponential_cpu", self)
+    if not lambd > 0:
+        raise RuntimeError(f"exponential_ expects lambda > 0.0, but found lambda={lambd:g}")
+
+
+@register("exponential_", rng=True, check=_check_exponential)
+def exponential_(ctx, self, lambd=1.0, state=None):
+    """-log(u) / lambda with u in (0, 1]: never 0 nor inf."""
+    b, out = ctx.b, ctx.out[0]
+    dt = _float_dtype(out.dtype)
+    u = uniform01(b, state, out.shape, dt, open_low=True)
+    return b.convert(b.divide(b.negate(b.log(u)), b.constant(lambd, dt, out.shape)), out.dtype)
+
+
+# -- random_ --------------------------------------------------------------------------------------
+def _digits(dt):
+    return {torch.float32: 24, torch.float64: 53, torch.float16: 11, torch.bfloat16: 8}[dt]
+
+
+def _cast_int(v, dt):
+    """int64 -> dt -> int64, as C++'s static_cast round trip."""
+    return int(torch.tensor(v, dtype=torch.int64).to(dt).to(torch.int64).item())
+
+
+def _update_from(frm, dt):
+    """PyTorch's update_from: the smallest value >= from that dt represents (large |from| only)."""
+    fp1 = _cast_int(frm + 1, dt)
+    if fp1 < frm:
+        n = abs(frm + 1).bit_length() - 1
+        frm = fp1 + (1 << (n - _digits(dt) + 1))
+    return frm
+
+
+def _update_to(to, dt):
+    tm1 = _cast_int(to - 1, dt)
+    if tm1 >= to:
+        n = abs(to - 1).bit_length() - 1
+        to = tm1 - (1 << (n - _digits(dt) + 1))
+    return to
+
+
+def _check_in_range(frm, last, dt):
+    if dt.is_floating_point:
+        d = _digits(dt)
+        fi = torch.finfo(dt)
+        for v, n in ((frm, "from"), (last, "to - 1")):
+            if not fi.min <= v <= fi.max:
+                raise RuntimeError(f"{n} is out of bounds for {str(dt)[6:]}")
+        # CPU only warns when |value| > 2^digits (precision), which is not an error.
+    elif dt != torch.bool:
+        ii = torch.iinfo(dt)
+        names = {torch.uint8: "unsigned char", torch.int8: "signed char", torch.int16: "short", torch.int32: "int",
+                 torch.int64: "long int"}
+        for v, n in ((frm, "from"), (last, "to - 1")):
+            if not ii.min <= v <= ii.max:
+                raise RuntimeError(f"{n} is out of bounds for {names.get(dt, str(dt)[6:])}")
+
+
+def _random_range(dt, frm, to):
+    """(base, range) of random_'s integers: base + (bits % range); range None means all 64 bits."""
+    if to is not None:
+        if frm >= to:
+            raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={frm} >= to={to}")
+        if dt.is_floating_point:
+            frm, to = _update_from(frm, dt), _update_to(to, dt)
+            if frm >= to:
+                raise RuntimeError(f"random_ expects 'from' casted to dtype to be less than 'to' casted to dtype, "
+                                   f"but got from={frm} >= to={to}")
+        _check_in_range(frm, to - 1, dt)
+        return frm, to - frm
+    if frm == -2 ** 63:
+        return frm, None
+    if dt.is_floating_point:
+        to_inc = min(1 << _digits(dt), 2 ** 63 - 1)
+        frm = _update_from(frm, dt)
+        if frm >= to_inc:
+            raise RuntimeError(f"random_ expects 'from' casted to dtype to be less than or equal to 'to_inc' casted "
+                               f"to dtype, but got from={frm} > to_inc={to_inc}")
+    elif dt == torch.bool:
+        to_inc = 1
+    elif dt in _TYPE_NAME and not dt.is_complex:
+        to_inc = torch.iinfo(dt).max
+    else:
+        raise RuntimeError("random_from_to_impl handles only integral, floating-point and boolean types")
+    _check_in_range(frm, to_inc, dt)
+    return frm, to_inc - frm + 1
+
+
+def _random_values(ctx, state, base, rng):
+    b, out = ctx.b, ctx.out[0]
+    shape = out.shape
+    if rng is None:  # the whole int64 range
+        _, bits = b.rng_bit_generator(state, shape, torch.uint64)
+        return b.convert(b.bitcast_convert(bits, torch.int64), out.dtype)
+    ui = torch.uint64 if rng >= 2 ** 32 else torch.uint32
+    _, bits = b.rng_bit_generator(state, shape, ui)
+    r = b.remainder(bits, b.constant(rng, ui, shape))
+    r = b.bitcast_convert(r, torch.int64) if ui == torch.uint64 else b.convert(r, torch.int64)
+    v = b.add(r, b.constant(base, torch.int64, shape))  # wraps like CPU's uint64 arithmetic
+    return b.convert(v, out.dtype)
+
+
+@register("random_.from", rng=True,
+          check=lambda self, frm, to=None, generator=None: _random_range(self.dtype, frm, to))
+def random_from(ctx, self, frm, to=None, state=None):
+    base, rng = _random_range(ctx.out[0].dtype, frm, to)
+    return _random_values(ctx, state, base, rng)
+
+
+@register("random_.to", rng=True, check=lambda self, to, generator=None: _random_range(self.dtype, 0, to))
+def random_to(ctx, self, to, state=None):
+    base, rng = _random_range(ctx.out[0].dtype, 0, to)
+    return _random_values(ctx, state, base, rng)
+
+
+@register("random_", rng=True)
+def random_(ctx, self, state=None):
+    """[0, 2^digits] for floats, [0, max] for integers, {False, True} for bool."""
+    dt = ctx.out[0].dtype
+    if dt == torch.bool:
+        rng = 2
+    elif dt.is_floating_point:
+        rng = (1 << _digits(dt)) + 1
+    else:
+        rng = torch.iinfo(dt).max + 1
+    return _random_values(ctx, state, 0, rng)
+
+
+# -- dropout --------------------------------------------------------------------------------------
+@register("native_dropout", rng=True)
+def native_dropout(ctx, x, p, train, state):
+    """(x * mask * 1/(1-p), mask) with mask ~ Bernoulli(1-p); identity and all-true mask when not
+    training. The state is the default generator's (the op takes no Generator)."""
+    b = ctx.b
+    out, mask_t = ctx.out
+    if train is False:
+        return x, b.constant(True, mask_t.dtype, mask_t.shape)
+    keep = 1.0 - p
+    scale = 0.0 if keep == 0 else 1.0 / keep
+    u = uniform01(b, state, out.shape, _float_dtype(out.dtype))
+    mask = b.compare(u, b.constant(keep, u.dtype, out.shape), "LT")
+    cd = compute_dtype(out.dtype)
+    xv = b.convert(x, cd)
+    y = b.multiply(b.select(mask, xv, b.zeros_like(xv)), b.constant(scale, cd, out.shape))
+    return b.convert(y, out.dtype), b.convert(mask, mask_t.dtype)
+
+
+@register("native_dropout_backward")
+def native_dropout_backward(ctx, grad, mask, scale):
+    b, out = ctx.b, ctx.out[0]
+    cd = compute_dtype(out.dtype)
+    g = operand(ctx, grad, cd)
+    g = b.select(operand(ctx, mask, torch.bool), g, b.zeros_like(g))
+    return b.convert(b.multiply(g, b.constant(scale, cd, out.shape)), out.dtype)

@@ -1,0 +1,145 @@
+"""Shape-producing ops: cat, constant_pad_nd, flip, roll, repeat, tril/triu, sort, topk.
+(stack, argsort, where with scalars, masked_select's broadcast are PyTorch composites over these.)"""
+from __future__ import annotations
+
+import torch
+
+from .registry import register
+
+
+def _norm(d, rank):
+    return d % rank if rank else 0
+
+
+@register("cat")
+def cat(ctx, tensors, dim=0):
+    """Inputs are promoted to the result dtype; empty ones (legacy 1-D `(0,)` too) add nothing."""
+    b = ctx.b
+    out = ctx.out[0]
+    parts = [b.convert(t, out.dtype) for t in tensors if t.type.numel != 0]
+    if out.numel == 0 or not parts:
+        return b.constant(0, out.dtype, out.shape)
+    return b.concatenate(parts, _norm(dim, len(out.shape)))
+
+
+@register("constant_pad_nd")
+def constant_pad_nd(ctx, x, pad, value=0):
+    """pad lists (low, high) pairs from the last dim backwards; negative amounts crop."""
+    b = ctx.b
+    out = ctx.out[0]
+    v = b.convert(value, out.dtype) if value is not None else b.constant(0, out.dtype)
+    if out.numel == 0:
+        return b.constant(0, out.dtype, out.shape)
+    if x.type.numel == 0:
+        return b.broadcast_to(v, out.shape)
+    low, high = [0] * x.rank, [0] * x.rank
+    for i in range(len(pad) // 2):
+        d = x.rank - 1 - i
+        low[d], high[d] = pad[2 * i], pad[2 * i + 1]
+    return b.pad(x, v, low, high)
+
+
+@register("flip")
+def flip(ctx, x, dims):
+    dims = sorted({_norm(d, x.rank) for d in dims})
+    if x.rank == 0 or not dims or x.type.numel == 0:
+        return x
+    return ctx.b.reverse(x, dims)
+
+
+@register("roll")
+def roll(ctx, x, shifts, dims=()):
+    b = ctx.b
+    if x.type.numel == 0:
+        return x
+    if not dims:  # roll of the flattened tensor
+        flat = b.reshape(x, [x.type.numel])
+        return b.reshape(_roll1(b, flat, shifts[0], 0), x.shape)
+    for s, d in zip(shifts, dims):
+        x = _roll1(b, x, s, _norm(d, x.rank))
+    return x
+
+
+def _roll1(b, x, shift, d):
+    n = x.shape[d]
+    s = shift % n
+    if s == 0:
+        return x
+    start, limit = [0] * x.rank, list(x.shape)
+    tail_start = list(start)
+    tail_start[d] = n - s
+    head_limit = list(limit)
+    head_limit[d] = n - s
+    return b.concatenate([b.slice(x, tail_start, limit), b.slice(x, start, head_limit)], d)
+
+
+@register("repeat")
+def repeat(ctx, x, repeats):
+    """Broadcast to (r0, s0, r1, s1, ...) then merge each pair: one broadcast, one reshape."""
+    b = ctx.b
+    out = ctx.out[0]
+    if out.numel == 0:
+        return b.constant(0, out.dtype, out.shape)
+    lead = len(repeats) - x.rank
+    sizes = [1] * lead + list(x.shape)
+    x = b.reshape(x, sizes)
+    wide = [v for r, s in zip(repeats, sizes) for v in (r, s)]
+    return b.reshape(b.broadcast_in_dim(x, wide, list(range(1, 2 * len(sizes), 2))), out.shape)
+
+
+def _triangle(lower):
+    def lower_fn(ctx, x, diagonal=0):
+        b = ctx.b
+        if x.type.numel == 0:
+            return x
+        r, c = x.shape[-2:]
+        diff = b.subtract(b.iota((r, c), 1), b.iota((r, c), 0))  # col - row
+        keep = b.compare(diff, b.constant(diagonal, torch.int64, (r, c)), "LE" if lower else "GE")
+        keep = b.broadcast_in_dim(keep, x.shape, [x.rank - 2, x.rank - 1])
+        return b.select(keep, x, b.zeros_like(x))
+    return lower_fn
+
+
+register("tril")(_triangle(True))
+register("triu")(_triangle(False))
+
+
+def _nan_last_less(descending):
+    """Sort comparator on (value, index) pairs: NaN is the largest value, as on CPU."""
+    def less(sb, a, c, i, j):
+        if a.dtype.is_floating_point:
+            if descending:
+                return sb.or_(sb.compare(a, c, "GT"), sb.and_(sb.is_nan(a), sb.not_(sb.is_nan(c))))
+            return sb.or_(sb.compare(a, c, "LT"), sb.and_(sb.not_(sb.is_nan(a)), sb.is_nan(c)))
+        return sb.compare(a, c, "GT" if descending else "LT")
+    return less
+
+
+def _sort(b, x, dim, descending):
+    """Stable sort along dim: (values, int64 indices)."""
+    if x.rank == 0:
+        return x, b.constant(0, torch.int64)
+    d = _norm(dim, x.rank)
+    if x.type.numel == 0:
+        return x, b.constant(0, torch.int64, x.shape)
+    return tuple(b.sort([x, b.iota(x.shape, d)], d, _nan_last_less(descending), stable=True))
+
+
+@register("sort.stable")
+def sort(ctx, x, stable=None, dim=-1, descending=False):
+    return _sort(ctx.b, x, dim, descending)
+
+
+@register("topk")
+def topk(ctx, x, k, dim=-1, largest=True, sorted=True):
+    """The first k of a stable sort (largest first when largest=True); NaN counts as largest."""
+    b = ctx.b
+    if ctx.out[0].numel == 0 or x.rank == 0:
+        vals, idx = _sort(b, x, dim, largest)
+        return (vals, idx) if ctx.out[0].numel else (b.constant(0, x.dtype, ctx.out[0].shape),
+                                                      b.constant(0, torch.int64, ctx.out[1].shape))
+    d = _norm(dim, x.rank)
+    vals, idx = _sort(b, x, d, largest)
+    limit = list(x.shape)
+    limit[d] = k
+    return b.slice(vals, [0] * x.rank, limit), b.slice(idx, [0] * x.rank, limit)
