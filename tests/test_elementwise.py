@@ -95,7 +95,7 @@ def test_where_and_clamp():
     c = torch.tensor([True, False, True])
     check(torch.where, c, torch.randn(3).requires_grad_(), torch.randn(3).requires_grad_())
     check(lambda x: torch.clamp(x, min=-0.5, max=0.5), torch.randn(10).requires_grad_())
-    check(lambda x: torch.clamp(x, min=torch.zeros(10)), torch.randn(10))
+    check(lambda x: torch.clamp(x, min=torch.zeros(10, device=x.device)), torch.randn(10))
 
 
 def test_float_to_int_casts():
