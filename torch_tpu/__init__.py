@@ -29,10 +29,12 @@ _register.register_lowerings()
 _register.register_decompositions()
 
 from . import _printing  # noqa: E402,F401
+from .eager import eager_mode, get_eager_mode, set_eager_mode  # noqa: E402,F401
 from . import metrics  # noqa: E402,F401
+from . import dynamo  # noqa: E402,F401  (registers torch.compile(backend="tpu"))
 
 __version__ = "0.1.0"
-__all__ = ["runtime", "metrics"]
+__all__ = ["runtime", "metrics", "set_eager_mode", "get_eager_mode", "eager_mode"]
 
 
 def _autoload():

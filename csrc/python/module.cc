@@ -30,6 +30,12 @@ Cell* cell_of(const at::Tensor& t) {
   return c;
 }
 
+Cell* cell_by_key(uintptr_t key) {
+  Cell* c = Runtime::get().cell_at(reinterpret_cast<void*>(key));
+  TORCH_CHECK(c && c->addr == key, "no live tpu storage has key ", key);
+  return c;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -134,12 +140,16 @@ PYBIND11_MODULE(_C, m) {
   m.def("_cache_reset_stats", [] { torch_tpu::runtime::compile_cache().reset_stats(); });
   m.def("_cache_clear_memory", [] { torch_tpu::runtime::compile_cache().clear_memory(); });
   m.def("_launch", [](const torch_tpu::pjrt::Executable& exe, py::list inputs, py::list sinks,
-                      py::list new_specs, int device) {
+                      py::list new_specs, int device, const std::string& producer) {
     auto& rt = Runtime::get();
     std::vector<PJRT_Buffer*> args;
     std::vector<std::shared_ptr<torch_tpu::pjrt::Buffer>> keep;  // host operands live until launched
     args.reserve(inputs.size());
     for (py::handle h : inputs) {
+      if (PyLong_Check(h.ptr())) {  // a storage by its key (fused eager replays by address)
+        args.push_back(rt.materialize(*cell_by_key(h.cast<uintptr_t>())).get());
+        continue;
+      }
       if (THPVariable_Check(h.ptr())) {
         const at::Tensor& t = THPVariable_Unpack(h.ptr());
         if (t.is_cpu()) {  // a host tensor operand (0-dim CPU tensor, copy_ source)
@@ -207,11 +217,13 @@ PYBIND11_MODULE(_C, m) {
     for (py::handle h : sinks) {
       if (h.is_none()) {
         out_cells.push_back(cell_of(fresh.at(next_new++)));
+      } else if (PyLong_Check(h.ptr())) {
+        out_cells.push_back(cell_by_key(h.cast<uintptr_t>()));
       } else {
         out_cells.push_back(cell_of(THPVariable_Unpack(h.ptr())));
       }
     }
-    rt.execute(exe, args, out_cells, device);
+    rt.execute(exe, args, out_cells, device, producer);
     return fresh;
   }, "Runs exe on tpu:device. inputs: tpu tensors (their storages' buffers), CPU tensors (uploaded) or "
      "(number, dtype) scalar operands. sinks: per output, the tensor whose storage receives it, or None "
@@ -223,6 +235,33 @@ PYBIND11_MODULE(_C, m) {
                           t.storage_offset(), py::reinterpret_borrow<py::object>(
                               reinterpret_cast<PyObject*>(torch::getTHPDtype(*c->dtype))), c->numel);
   }, "(device index, storage key, sizes, strides, offset, storage dtype, storage numel) of a tpu tensor.");
+  m.def("_sole_owner", [](const at::Tensor& t) {
+    return t.use_count() == 1 && t.storage().use_count() == 1;
+  }, "True when no other tensor (view, autograd's saved tensors, ...) shares t's TensorImpl or storage.");
+  m.def("_set_host_read_hook", [](py::object fn) {
+    if (fn.is_none()) {
+      Runtime::get().set_host_read_hook(nullptr);
+      return;
+    }
+    auto holder = std::make_shared<py::object>(std::move(fn));
+    Runtime::get().set_host_read_hook([holder] {
+      py::gil_scoped_acquire gil;
+      (*holder)();
+    });
+  }, "fn() runs before the host reads device data (fused eager flushes there); None removes it.");
+  m.def("_empty_like_specs", [](py::list specs, int device) {
+    std::vector<at::Tensor> out;
+    c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, device));
+    auto* alloc = c10::GetAllocator(c10::DeviceType::PrivateUse1);
+    for (py::handle h : specs) {
+      auto spec = h.cast<py::tuple>();
+      out.push_back(at::detail::empty_generic(spec[0].cast<std::vector<int64_t>>(), alloc,
+                                              c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                              reinterpret_cast<THPDtype*>(spec[1].ptr())->scalar_type,
+                                              std::nullopt));
+    }
+    return out;
+  }, "New tpu tensors (storage not yet written) of the given (shape, dtype) specs.");
   m.def("_synchronize", [](int device) {
     py::gil_scoped_release nogil;
     Runtime::get().synchronize(device);

@@ -137,15 +137,24 @@ void Runtime::upload(Cell& cell, const void* data, c10::ScalarType dtype, int64_
 }
 
 void Runtime::download(Cell& cell, void* dst, size_t size) {
+  run_hook();
   pjrt::Buffer& b = materialize(cell);
   counters().d2h_transfers++;
   counters().d2h_bytes += size;
   counters().host_syncs++;
-  b.to_host(dst, size);
+  try {
+    b.to_host(dst, size);
+  } catch (const pjrt::PjrtError& e) {
+    if (cell.producer.empty()) throw;
+    throw pjrt::PjrtError(std::string(e.what()) + "\n(raised by the asynchronous tpu op " + cell.producer +
+                              "; run with TPU_LAUNCH_BLOCKING=1 to raise it where it is called)",
+                          e.code());
+  }
 }
 
 void Runtime::copy_bytes(Cell& dst, const Cell& src, size_t count) {
   if (count == 0) return;
+  run_hook();
   std::vector<char> bytes(std::max(dst.nbytes, src.nbytes), 0);
   if (src.buffer) download(const_cast<Cell&>(src), bytes.data(), src.numel * c10::elementSize(*src.dtype));
   if (dst.buffer && count < dst.nbytes) {  // keep the destination's bytes past `count`
@@ -162,15 +171,15 @@ void Runtime::copy_bytes(Cell& dst, const Cell& src, size_t count) {
 }
 
 void Runtime::execute(const pjrt::Executable& exe, const std::vector<PJRT_Buffer*>& args,
-                      const std::vector<Cell*>& sinks, int device) {
+                      const std::vector<Cell*>& sinks, int device, const std::string& producer) {
   TORCH_CHECK(sinks.size() == exe.num_outputs(), "program has ", exe.num_outputs(),
               " outputs but ", sinks.size(), " destinations were given");
   auto outs = client().execute(exe, args, device);
   counters().executions++;
   std::lock_guard<std::mutex> g(mu_);
   if (pending_.size() > 4096) {  // forget outputs that are already gone
-    std::vector<std::weak_ptr<pjrt::Buffer>> live;
-    for (auto& w : pending_) if (!w.expired()) live.push_back(w);
+    decltype(pending_) live;
+    for (auto& w : pending_) if (!w.first.expired()) live.push_back(w);
     pending_.swap(live);
   }
   for (size_t i = 0; i < outs.size(); ++i) {
@@ -179,20 +188,31 @@ void Runtime::execute(const pjrt::Executable& exe, const std::vector<PJRT_Buffer
     c->numel = dims.empty() ? 1 : dims[0];
     c->dtype = from_pjrt_type(exe.output_types[i]);
     c->buffer = outs[i];
-    pending_.push_back(outs[i]);
+    c->producer = producer;
+    pending_.emplace_back(outs[i], producer);
   }
 }
 
 void Runtime::synchronize(int device) {
-  std::vector<std::shared_ptr<pjrt::Buffer>> todo;
+  run_hook();
+  std::vector<std::pair<std::shared_ptr<pjrt::Buffer>, std::string>> todo;
   {
     std::lock_guard<std::mutex> g(mu_);
-    for (auto& w : pending_) if (auto b = w.lock()) todo.push_back(b);
+    for (auto& w : pending_) {
+      if (auto b = w.first.lock()) todo.emplace_back(b, w.second);
+    }
     pending_.clear();
   }
   counters().host_syncs++;
-  for (auto& b : todo) {
-    if (!b->is_deleted()) b->await_ready();
+  for (auto& [b, producer] : todo) {
+    if (b->is_deleted()) continue;  // donated to a later program, which waits for it
+    try {
+      b->await_ready();
+    } catch (const pjrt::PjrtError& e) {
+      throw pjrt::PjrtError(std::string(e.what()) + "\n(raised by the asynchronous tpu op " + producer +
+                                "; run with TPU_LAUNCH_BLOCKING=1 to raise it where it is called)",
+                            e.code());
+    }
   }
   (void)device;
 }

@@ -11,6 +11,7 @@
 #include <c10/core/ScalarType.h>
 
 #include <atomic>
+#include <functional>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -36,6 +37,7 @@ struct Cell {
   std::optional<c10::ScalarType> dtype;
   int64_t numel = 0;
   std::shared_ptr<pjrt::Buffer> buffer;  // null: never written (reads as zeros)
+  std::string producer;                  // the op whose program wrote `buffer` (error messages)
 };
 
 // Counters reported by torch_tpu.metrics.
@@ -75,9 +77,13 @@ class Runtime {
   // Host-side byte copy between cells (resize_ growth, Allocator::copy_data).
   void copy_bytes(Cell& dst, const Cell& src, size_t count);
 
-  // Runs `exe` on `device`; output i replaces sinks[i]'s buffer.
+  // Runs `exe` on `device`; output i replaces sinks[i]'s buffer. `producer` names the op(s), so that
+  // an error of this asynchronous execution, surfacing later, can say where it came from.
   void execute(const pjrt::Executable& exe, const std::vector<PJRT_Buffer*>& args,
-               const std::vector<Cell*>& sinks, int device);
+               const std::vector<Cell*>& sinks, int device, const std::string& producer);
+  // Called before the host reads device data (downloads, synchronize): fused eager flushes its
+  // recorded ops there.
+  void set_host_read_hook(std::function<void()> hook) { hook_ = std::move(hook); }
   // Waits for every execution issued so far on `device` (-1: all); raises their errors.
   void synchronize(int device);
 
@@ -88,7 +94,12 @@ class Runtime {
   std::shared_ptr<pjrt::Client> client_;
   std::map<uintptr_t, Cell*> cells_;
   uintptr_t next_addr_ = uintptr_t(1) << 44;
-  std::vector<std::weak_ptr<pjrt::Buffer>> pending_;  // outputs not yet awaited
+  void run_hook() {
+    if (hook_) hook_();
+  }
+  std::function<void()> hook_;
+  // Outputs not yet awaited, with the op that produces each.
+  std::vector<std::pair<std::weak_ptr<pjrt::Buffer>, std::string>> pending_;
 };
 
 }  // namespace torch_tpu::runtime

@@ -23,6 +23,7 @@ from .. import _C
 from .. import _state, runtime
 from ..lowering.builder import Builder, TensorType, Value
 from ..lowering.registry import Lowering, LoweringContext
+from .launch import launch
 from .views import is_whole, read_view, write_view
 
 _NUMBER = torch._C.NumberType.get()
@@ -88,6 +89,11 @@ class _Entry:
     rng_draws: int = 0
     resize: list = field(default_factory=list)  # out= args to resize first: (arg index, shape)
     absent: tuple = ()  # positions of undefined (None) results, e.g. convolution_backward's output_mask
+    # For fused eager: the program as a private function "@__OP__", its argument and result types.
+    fn_text: str = ""
+    arg_types: list = field(default_factory=list)
+    result_types: list = field(default_factory=list)
+    uid: int | None = None
 
 
 _CACHE: dict = {}
@@ -273,8 +279,7 @@ class Kernel:
                 o = (_C._generator_next(o.gen, entry.rng_draws), torch.uint64)
             inputs.append(o)
         sinks = [None if kind == "new" else call.operands[j] for kind, j in entry.sinks]
-        new = _C._launch(entry.exe, inputs, sinks, entry.new_outputs, call.device)
-        _state.after_execute(self.name, new or sinks)
+        new = launch(entry, inputs, sinks, call.device, self.name)
         if entry.absent:  # a python kernel cannot return an undefined tensor: an empty one stands in
             new = list(new)  # (autograd drops the grads of inputs that need none)
             for i in entry.absent:
@@ -498,4 +503,6 @@ class Kernel:
             raise RuntimeError(f"tpu: compiling {self.name} failed: {e}\n--- program ---\n{text}") from None
         draws = sum(math.prod(t.shape) for t in out_types if t is not None) if self.lowering.rng else 0
         absent = tuple(i for i, t in enumerate(out_types) if t is None)
-        return _Entry(exe, plan, new_outputs, sinks, structure, rng_draws=draws, absent=absent)
+        return _Entry(exe, plan, new_outputs, sinks, structure, rng_draws=draws, absent=absent,
+                      fn_text=b.function("__OP__", outputs, public=False), arg_types=b.arg_types(),
+                      result_types=[v.type for v in outputs])

@@ -161,13 +161,21 @@ class Builder:
         head = "^bb0(" + ", ".join(f"{a.name}: {a.type}" for a in args) + "):"
         return "{\n  " + head + "\n    " + "\n    ".join(sub._lines) + "\n  }"
 
-    def module(self, results: Sequence[Value]) -> str:
-        params = ", ".join(f"{v.name}: {v.type}" + (f" {{{a}}}" if a else "") for v, a in self._args)
+    def function(self, name: str, results: Sequence[Value], public: bool = True) -> str:
+        """The func.func text; a private one (for inlining into a bigger program) drops the argument
+        attributes (donation hints only mean something on @main)."""
+        params = ", ".join(f"{v.name}: {v.type}" + (f" {{{a}}}" if a and public else "") for v, a in self._args)
         rtypes = ", ".join(str(r.type) for r in results)
         body = "\n    ".join(self._lines)
         ret = f'"func.return"({", ".join(r.name for r in results)}) : ({rtypes}) -> ()'
-        return (f"module @torch_tpu {{\n  func.func public @main({params}) -> ({rtypes}) {{\n    {body}\n"
-                f"    {ret}\n  }}\n}}\n")
+        return (f"func.func {'public' if public else 'private'} @{name}({params}) -> ({rtypes}) {{\n    {body}\n"
+                f"    {ret}\n  }}")
+
+    def module(self, results: Sequence[Value]) -> str:
+        return "module @torch_tpu {\n  " + self.function("main", results) + "\n}\n"
+
+    def arg_types(self) -> list:
+        return [v.type for v, _ in self._args]
 
     # -- constants and shapes -----------------------------------------------------------------------
     def constant(self, value, dtype: torch.dtype, shape: tuple = ()) -> Value:

@@ -1,0 +1,175 @@
+"""Fused eager: ops are recorded as they come, and each run of them becomes ONE program.
+
+Each recorded op keeps its own program (built by the same lowering registry) as a private
+function; a flush writes a @main that calls them in order, threading each storage's current value
+from one op to the next, and returns the final value of every storage the run wrote that is still
+in use. Storages that only held intermediates never leave the device program.
+
+A run is flushed when the host reads device data (.item(), .cpu(), print, synchronize, the CPU
+fallback: the runtime calls `flush` before any read) and at cut points. Cut points depend only on
+the last two ops (a content-defined chunking of the op stream), so a training loop that repeats
+the same ops is cut at the same places every step, and its fused programs hit the cache from the
+second step on. A cap on the run length bounds the memory that pending values hold.
+"""
+from __future__ import annotations
+
+import itertools
+import sys
+
+import torch
+
+from .. import _C, _state, runtime
+
+MAX_OPS = 256        # hard cap on a run's length
+CUT_MODULUS = 48     # a cut after op b following op a when hash((a, b)) % CUT_MODULUS == 0
+MIN_OPS = 8          # no content-defined cut in a run shorter than this
+
+_uids = itertools.count(1)
+_programs: dict = {}  # run signature -> (executable, outputs as local storage indices)
+
+
+class _Run:
+    def __init__(self, device):
+        self.device = device
+        self.records = []     # (entry, wiring of inputs, local indices of sinks)
+        self.local = {}       # storage key -> local index
+        self.tensors = {}     # local index -> a tensor of that storage (keeps pending storages alive)
+        self.operands = []    # host values (scalars, rng states, CPU tensors), in order of use
+        self.written = set()
+        self.prev_uid = 0
+
+    def index(self, key, tensor):
+        i = self.local.get(key)
+        if i is None:
+            i = self.local[key] = len(self.local)
+            self.tensors[i] = tensor
+        return i
+
+
+_run: _Run | None = None
+
+
+def _uid(entry):
+    u = getattr(entry, "uid", None)
+    if u is None:
+        u = entry.uid = next(_uids)
+    return u
+
+
+def record(entry, inputs, sinks, device, name):
+    """Records one op; returns its new output tensors (their values are computed at the flush)."""
+    global _run
+    if _run is not None and _run.device != device:
+        flush()
+    if _run is None:
+        _run = _Run(device)
+    run = _run
+    new = _C._empty_like_specs(entry.new_outputs, device) if entry.new_outputs else []
+    wiring = []
+    for o in inputs:
+        if isinstance(o, torch.Tensor) and o.device.type != "cpu":
+            wiring.append(("c", run.index(_C._storage_key(o), o)))
+        else:
+            if isinstance(o, torch.Tensor):  # the host tensor may change before the flush
+                o = o.clone()
+            wiring.append(("h", len(run.operands)))
+            run.operands.append(o)
+    it = iter(new)
+    out_idx = []
+    for s in sinks:
+        t = next(it) if s is None else s
+        i = run.index(_C._storage_key(t), t)
+        run.written.add(i)
+        out_idx.append(i)
+    uid = _uid(entry)
+    run.records.append((entry, tuple(wiring), tuple(out_idx), name))
+    _state.count("fused_ops")
+    n = len(run.records)
+    if n >= MAX_OPS or (n >= MIN_OPS and hash((run.prev_uid, uid)) % CUT_MODULUS == 0):
+        flush()
+    else:
+        run.prev_uid = uid
+    return new
+
+
+def _alive(run, i) -> bool:
+    # Our dict holds one reference and getrefcount's argument one more: anything else is the user's.
+    return sys.getrefcount(run.tensors[i]) > 2 or not _C._sole_owner(run.tensors[i])
+
+
+def _build(run, outputs):
+    """The fused module: @main calls each op's function in order."""
+    funcs = {}
+    for entry, _, _, _ in run.records:
+        if entry.uid not in funcs:
+            funcs[entry.uid] = entry.fn_text.replace("@__OP__", f"@op{entry.uid}", 1)
+    args, arg_types, lines = [], [], []
+    current = {}   # local storage index -> SSA name, type
+    ext = []       # what each @main argument is: ("c", local) or ("h", operand index)
+    for k, (entry, wiring, out_idx, _) in enumerate(run.records):
+        names = []
+        for (kind, i), t in zip(wiring, entry.arg_types):
+            if kind == "c" and i in current:
+                names.append(current[i][0])
+                continue
+            a = f"%arg{len(args)}"
+            args.append(a)
+            arg_types.append(t)
+            ext.append((kind, i))
+            if kind == "c":
+                current[i] = (a, t)
+            names.append(a)
+        rtypes = entry.result_types
+        sig = f"({', '.join(str(t) for t in entry.arg_types)}) -> ({', '.join(str(t) for t in rtypes)})"
+        lhs = f"%r{k}" if len(rtypes) == 1 else f"%r{k}:{len(rtypes)}"
+        lines.append(f'{lhs} = "func.call"({", ".join(names)}) {{callee = @op{entry.uid}}} : {sig}')
+        for j, (i, t) in enumerate(zip(out_idx, rtypes)):
+            current[i] = (f"%r{k}" if len(rtypes) == 1 else f"%r{k}#{j}", t)
+    results = [current[i] for i in outputs]
+    params = []
+    for n, (a, t, (kind, i)) in enumerate(zip(args, arg_types, ext)):
+        attr = ""
+        if kind == "c" and i in outputs and results[outputs.index(i)][1] == t:
+            attr = f" {{tf.aliasing_output = {outputs.index(i)} : i32}}"  # donate the old buffer
+        params.append(f"{a}: {t}{attr}")
+    rtypes = ", ".join(str(t) for _, t in results)
+    main = (f"func.func public @main({', '.join(params)}) -> ({rtypes}) {{\n    " + "\n    ".join(lines) +
+            f'\n    "func.return"({", ".join(n for n, _ in results)}) : ({rtypes}) -> ()\n  }}')
+    return "module @torch_tpu_fused {\n  " + main + "\n  " + "\n  ".join(funcs.values()) + "\n}\n", ext
+
+
+def flush():
+    """Runs the recorded ops (if any) as one program."""
+    global _run
+    run, _run = _run, None
+    if run is None or not run.records:
+        return
+    outputs = tuple(sorted(i for i in run.written if _alive(run, i)))
+    signature = (tuple((e.uid, w, o) for e, w, o, _ in run.records), outputs)
+    got = _programs.get(signature)
+    if got is None:
+        text, ext = _build(run, list(outputs))
+        try:
+            exe = runtime.compile(text)
+        except RuntimeError:
+            _replay(run)  # should not happen: each op compiled alone; keep going op by op
+            raise
+        got = _programs[signature] = (exe, ext)
+        _state.count("fused_compiles")
+    exe, ext = got
+    inputs = [run.tensors[i] if kind == "c" else run.operands[i] for kind, i in ext]
+    sinks = [run.tensors[i] for i in outputs]
+    names = ", ".join(dict.fromkeys(n for _, _, _, n in run.records))
+    _C._launch(exe, inputs, sinks, [], run.device, f"fused program of [{names}]")
+    _state.count("fused_flushes")
+
+
+def _replay(run):
+    for entry, wiring, out_idx, name in run.records:
+        inputs = [run.tensors[i] if kind == "c" else run.operands[i] for kind, i in wiring]
+        _C._launch(entry.exe, inputs, [run.tensors[i] for i in out_idx], [], run.device, name)
+
+
+def pending() -> int:
+    """Number of recorded ops not yet run."""
+    return len(_run.records) if _run is not None else 0

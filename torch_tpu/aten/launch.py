@@ -1,0 +1,41 @@
+"""Where an op's program goes once its executable is known: the three eager modes.
+
+- strict (default): launch it asynchronously, like CUDA; errors surface at the next host read,
+  naming the op that produced the failing value.
+- debug (TPU_LAUNCH_BLOCKING=1): launch and wait, so an error is raised by the op that caused it,
+  with the op overload, its input shapes and dtypes, and the user's line.
+- fused (TORCH_TPU_DEFER_AND_FUSE=1): record it; runs of recorded ops become one program
+  (aten/fused.py), flushed at every host read and at deterministic cut points.
+"""
+from __future__ import annotations
+
+import os
+import traceback
+
+from .. import _C, _state
+
+
+def _user_line() -> str:
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    torch_dir = os.path.dirname(os.path.abspath(__import__("torch").__file__))
+    for frame in reversed(traceback.extract_stack()[:-2]):
+        f = os.path.abspath(frame.filename)
+        if not f.startswith(here) and not f.startswith(torch_dir):
+            return f"{frame.filename}:{frame.lineno}: {frame.line}"
+    return "<unknown>"
+
+
+def launch(entry, inputs, sinks, device: int, name: str):
+    """Runs (or records) one op program; returns the new output tensors."""
+    mode = _state.eager_mode
+    if mode == "fused":
+        from . import fused
+        return fused.record(entry, inputs, sinks, device, name)
+    new = _C._launch(entry.exe, inputs, sinks, entry.new_outputs, device, name)
+    if mode == "debug":
+        try:
+            _C._synchronize(device)
+        except RuntimeError as e:
+            shapes = ", ".join(f"{tuple(t.shape)}:{t.dtype}" for t in inputs if hasattr(t, "shape"))
+            raise RuntimeError(f"tpu op {name} failed (inputs: {shapes}) at {_user_line()}:\n{e}") from None
+    return new
