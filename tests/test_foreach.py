@@ -74,12 +74,14 @@ def test_inplace_one_program():
     a = [x.to(TPU) for x in xs]
     b = [y.to(TPU) for y in ys]
     views = [a[0][1:], a[1]]  # a view and its base stay consistent
+    torch.tpu.synchronize()  # fused eager: run what is pending before counting
     execs = torch_tpu.metrics.counters().get("executions")
     fallbacks = sum(torch_tpu.metrics.fallback_counts().values())
     torch._foreach_add_(a, b, alpha=2)
     torch._foreach_mul_(a, 0.5)
     torch._foreach_maximum_(a, b)
-    assert torch_tpu.metrics.counters()["executions"] - execs == 3
+    torch.tpu.synchronize()
+    assert torch_tpu.metrics.counters()["executions"] - execs == (1 if torch_tpu.get_eager_mode() == "fused" else 3)
     exp = [torch.maximum((x + 2 * y) * 0.5, y) for x, y in zip(xs, ys)]
     for t, e in zip(a, exp):
         torch.testing.assert_close(t.cpu(), e)

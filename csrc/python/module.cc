@@ -235,7 +235,9 @@ PYBIND11_MODULE(_C, m) {
                           t.storage_offset(), py::reinterpret_borrow<py::object>(
                               reinterpret_cast<PyObject*>(torch::getTHPDtype(*c->dtype))), c->numel);
   }, "(device index, storage key, sizes, strides, offset, storage dtype, storage numel) of a tpu tensor.");
-  m.def("_sole_owner", [](const at::Tensor& t) {
+  m.def("_sole_owner", [](py::handle h) {
+    // Unpack without copying: a copy would count as one more owner.
+    const at::Tensor& t = THPVariable_Unpack(h.ptr());
     return t.use_count() == 1 && t.storage().use_count() == 1;
   }, "True when no other tensor (view, autograd's saved tensors, ...) shares t's TensorImpl or storage.");
   m.def("_set_host_read_hook", [](py::object fn) {

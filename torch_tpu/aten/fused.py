@@ -9,7 +9,9 @@ A run is flushed when the host reads device data (.item(), .cpu(), print, synchr
 fallback: the runtime calls `flush` before any read) and at cut points. Cut points depend only on
 the last two ops (a content-defined chunking of the op stream), so a training loop that repeats
 the same ops is cut at the same places every step, and its fused programs hit the cache from the
-second step on. A cap on the run length bounds the memory that pending values hold.
+second step on. A cap on the run length bounds the memory that pending values hold; a run that
+reaches it is cut after the last occurrence of its smallest pair hash (content-defined too, so a
+periodic op stream is still cut at the same phase every time), and the rest carries over.
 """
 from __future__ import annotations
 
@@ -36,6 +38,8 @@ class _Run:
         self.tensors = {}     # local index -> a tensor of that storage (keeps pending storages alive)
         self.operands = []    # host values (scalars, rng states, CPU tensors), in order of use
         self.written = set()
+        self.keys = []        # local index -> storage key
+        self.hashes = []      # per record: hash of (previous op, this op)
         self.prev_uid = 0
 
     def index(self, key, tensor):
@@ -43,7 +47,27 @@ class _Run:
         if i is None:
             i = self.local[key] = len(self.local)
             self.tensors[i] = tensor
+            self.keys.append(key)
         return i
+
+    def add(self, entry, wiring, out_idx, name, pair_hash):
+        self.records.append((entry, wiring, out_idx, name))
+        self.hashes.append(pair_hash)
+        self.written.update(out_idx)
+
+    def carry(self, records, hashes, source):
+        """Re-records `records` of run `source` here (a split run's remainder)."""
+        for (entry, wiring, out_idx, name), h in zip(records, hashes):
+            w = []
+            for kind, i in wiring:
+                if kind == "c":
+                    w.append(("c", self.index(source.keys[i], source.tensors[i])))
+                else:
+                    w.append(("h", len(self.operands)))
+                    self.operands.append(source.operands[i])
+            outs = tuple(self.index(source.keys[i], source.tensors[i]) for i in out_idx)
+            self.add(entry, tuple(w), outs, name, h)
+        self.prev_uid = records[-1][0].uid if records else 0
 
 
 _run: _Run | None = None
@@ -78,18 +102,33 @@ def record(entry, inputs, sinks, device, name):
     out_idx = []
     for s in sinks:
         t = next(it) if s is None else s
-        i = run.index(_C._storage_key(t), t)
-        run.written.add(i)
-        out_idx.append(i)
+        out_idx.append(run.index(_C._storage_key(t), t))
     uid = _uid(entry)
-    run.records.append((entry, tuple(wiring), tuple(out_idx), name))
+    pair = hash((run.prev_uid, uid))
+    run.add(entry, tuple(wiring), tuple(out_idx), name, pair)
+    run.prev_uid = uid
     _state.count("fused_ops")
     n = len(run.records)
-    if n >= MAX_OPS or (n >= MIN_OPS and hash((run.prev_uid, uid)) % CUT_MODULUS == 0):
+    if n >= MIN_OPS and pair % CUT_MODULUS == 0:
         flush()
-    else:
-        run.prev_uid = uid
+    elif n >= MAX_OPS:
+        _split(run)
     return new
+
+
+def _split(run):
+    """Flushes `run` up to the last occurrence of its smallest pair hash; the rest carries over."""
+    global _run
+    low = min(run.hashes[MIN_OPS - 1:])
+    k = max(i for i in range(MIN_OPS - 1, len(run.hashes)) if run.hashes[i] == low)
+    rest, rest_hashes = run.records[k + 1:], run.hashes[k + 1:]
+    del run.records[k + 1:], run.hashes[k + 1:]
+    run.written = {i for _, _, outs, _ in run.records for i in outs}
+    nxt = _Run(run.device)
+    nxt.carry(rest, rest_hashes, run)  # holds what the rest needs, so the prefix outputs it
+    _run = run
+    flush()
+    _run = nxt
 
 
 def _alive(run, i) -> bool:

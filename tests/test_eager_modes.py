@@ -1,0 +1,131 @@
+"""The three eager modes: selection, and fused eager's meaning, caching and bounds."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import torch_tpu
+from torch_tpu.aten import fused
+
+
+def test_select_modes():
+    start = torch_tpu.get_eager_mode()
+    with torch_tpu.eager_mode("debug"):
+        assert torch_tpu.get_eager_mode() == "debug"
+        with torch_tpu.eager_mode("fused"):
+            assert torch_tpu.get_eager_mode() == "fused"
+    assert torch_tpu.get_eager_mode() == start
+    with pytest.raises(ValueError, match="unknown tpu eager mode"):
+        torch_tpu.set_eager_mode("lazy")
+
+
+@pytest.mark.parametrize("env,mode", [({"TPU_LAUNCH_BLOCKING": "1"}, "debug"),
+                                      ({"TORCH_TPU_DEFER_AND_FUSE": "1"}, "fused"),
+                                      ({"TORCH_TPU_EAGER_MODE": "fused"}, "fused"),
+                                      ({}, "strict")])
+def test_mode_from_environment(env, mode):
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("TPU_LAUNCH_BLOCKING", "TORCH_TPU_DEFER_AND_FUSE", "TORCH_TPU_EAGER_MODE")}
+    r = subprocess.run([sys.executable, "-c", "import torch_tpu; print(torch_tpu.get_eager_mode())"],
+                       capture_output=True, text=True, env={**clean, **env}, timeout=120)
+    assert r.stdout.strip() == mode, r.stderr
+
+
+def test_debug_waits_for_every_op():
+    x = torch.ones(8, device="tpu")
+    with torch_tpu.eager_mode("debug"):
+        before = torch_tpu.metrics.counters()["host_syncs"]
+        y = (x + 1) * 2
+        assert torch_tpu.metrics.counters()["host_syncs"] - before >= 2
+    torch.testing.assert_close(y.cpu(), torch.full((8,), 4.0))
+
+
+def _train(mode, steps=5):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3)).to("tpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    x = torch.randn(32, 6).to("tpu")
+    y = torch.randint(0, 3, (32,)).to("tpu")
+    losses = []
+    with torch_tpu.eager_mode(mode):
+        for _ in range(steps):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+        losses = [l.item() for l in losses]
+    return losses, [p.detach().cpu() for p in model.parameters()]
+
+
+def test_fused_training_equals_strict():
+    ls, ps = _train("strict")
+    lf, pf = _train("fused")
+    assert fused.pending() == 0
+    torch.testing.assert_close(torch.tensor(lf), torch.tensor(ls), atol=1e-5, rtol=1e-5)
+    for a, b in zip(pf, ps):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_fused_views_and_mutation_across_flushes():
+    with torch_tpu.eager_mode("fused"):
+        base = torch.zeros(4, 4, device="tpu")
+        v = base[1:3, ::2]
+        v.add_(1)
+        base.t()[0].fill_(5)
+        first = base.sum().item()           # a flush in the middle
+        v.mul_(3)
+        d = base.diagonal()
+        d.sub_(1)
+        out = base.clone()
+    ref = torch.zeros(4, 4)
+    rv = ref[1:3, ::2]
+    rv.add_(1)
+    ref.t()[0].fill_(5)
+    assert first == ref.sum().item()
+    rv.mul_(3)
+    ref.diagonal().sub_(1)
+    torch.testing.assert_close(out.cpu(), ref)
+    torch.testing.assert_close(base.cpu(), ref)
+
+
+def test_fused_chain_is_one_program_without_intermediates():
+    x = torch.randn(64, device="tpu")
+    torch.tpu.synchronize()
+    before = torch_tpu.metrics.counters()["executions"]
+    with torch_tpu.eager_mode("fused"):
+        y = x
+        for i in range(20):
+            y = y * 1.01 + 0.1 if i % 2 else torch.tanh(y)
+    assert fused.pending() == 0  # leaving fused mode runs what was recorded
+    assert torch_tpu.metrics.counters()["executions"] - before == 1
+    ref = x.cpu()
+    for i in range(20):
+        ref = ref * 1.01 + 0.1 if i % 2 else torch.tanh(ref)
+    torch.testing.assert_close(y.cpu(), ref)
+
+
+def test_fused_loop_hits_cache_from_second_step():
+    w = torch.randn(16, 16, device="tpu")
+    x = torch.randn(8, 16, device="tpu")
+    compiles = []
+    with torch_tpu.eager_mode("fused"):
+        for _ in range(6):
+            for _ in range(30):  # a "step" of 60 ops with no host read inside
+                x = torch.tanh(x @ w) + 0.5
+            compiles.append(torch_tpu._state.counts["fused_compiles"])
+        x.sum().item()
+    assert compiles[-1] == compiles[2], compiles  # no new programs after the first steps
+
+
+def test_fused_memory_is_bounded():
+    x = torch.zeros(16, device="tpu")
+    longest = 0
+    with torch_tpu.eager_mode("fused"):
+        for _ in range(3 * fused.MAX_OPS):
+            x.add_(1)
+            longest = max(longest, fused.pending())
+    assert longest < fused.MAX_OPS
+    torch.testing.assert_close(x.cpu(), torch.full((16,), 3.0 * fused.MAX_OPS))
