@@ -11,11 +11,19 @@ def fallback_counts() -> dict:
 
 def counters() -> dict:
     """All counters: compiles, executions, cache_hits, cache_misses, host/device transfers and
-    bytes (h2d/d2h), host_syncs, and fallbacks (total)."""
+    bytes (h2d/d2h), host_syncs, fallbacks (total), and for torch.compile(backend="tpu"):
+    compiled_graphs, graph_executions and graph_eager_fallbacks."""
     d = dict(_C._counters())
     d["cache_hits"] = _state.counts["cache_hits"]
     d["cache_misses"] = _state.counts["cache_misses"]
     d["fallbacks"] = sum(fallback_counts().values())
+    # the program cache's tiers (shared by all eager modes and torch.compile)
+    for k, v in _C._cache_stats().items():
+        d["program_cache_" + k] = v
+    for k in ("fused_ops", "fused_flushes", "fused_compiles"):  # fused eager
+        d[k] = _state.counts[k]
+    for k in ("compiled_graphs", "graph_executions", "graph_eager_fallbacks"):  # torch.compile
+        d[k] = _state.counts[k]
     return d
 
 
@@ -33,4 +41,5 @@ def reset() -> None:
     """Sets every counter to zero."""
     _C._reset_counters()
     _C._reset_fallback_counts()
+    _C._cache_reset_stats()
     _state.counts.clear()

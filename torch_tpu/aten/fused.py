@@ -22,9 +22,9 @@ import torch
 
 from .. import _C, _state, runtime
 
-MAX_OPS = 256        # hard cap on a run's length
-CUT_MODULUS = 48     # a cut after op b following op a when hash((a, b)) % CUT_MODULUS == 0
-MIN_OPS = 8          # no content-defined cut in a run shorter than this
+MAX_OPS = 512        # hard cap on a run's length
+CUT_MODULUS = 32     # a cut after op b following op a when hash((a, b)) % CUT_MODULUS == 0
+MIN_OPS = 64         # no content-defined cut in a run shorter than this
 
 _uids = itertools.count(1)
 _programs: dict = {}  # run signature -> (executable, outputs as local storage indices)
