@@ -1,0 +1,307 @@
+"""torch.compile(backend="tpu"): whole graphs lowered by the eager registry, against eager tpu."""
+import copy
+import json
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import torch_tpu
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+from tiny_models import BasicBlock, TinyGPT  # noqa: E402
+
+TPU = torch.device("tpu")
+TOL = dict(atol=1e-4, rtol=1e-4)
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def counts():
+    return torch_tpu.metrics.counters()
+
+
+def mlp():
+    return nn.Sequential(nn.Linear(12, 32), nn.ReLU(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 5))
+
+
+def digits_cnn():
+    from train_digits import DigitsCNN
+    return DigitsCNN()
+
+
+CASES = {
+    "mlp": (mlp, lambda g: torch.randn(6, 12, generator=g), lambda out, g: out.pow(2).mean()),
+    "digits_cnn": (digits_cnn, lambda g: torch.rand(8, 1, 8, 8, generator=g),
+                   lambda out, g: F.cross_entropy(out, torch.randint(0, 10, (8,), generator=g).to(TPU))),
+    "gpt_block": (TinyGPT, lambda g: torch.randint(0, 64, (2, 16), generator=g),
+                  lambda out, g: F.cross_entropy(out.flatten(0, 1), torch.randint(0, 64, (32,), generator=g).to(TPU))),
+    "resnet_block": (BasicBlock, lambda g: torch.randn(2, 8, 8, 8, generator=g), lambda out, g: out.square().mean()),
+}
+
+
+def twins(make):
+    torch.manual_seed(0)
+    base = make()
+    return copy.deepcopy(base).to(TPU), copy.deepcopy(base).to(TPU)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_outputs_and_gradients_match_eager(name):
+    make, make_input, loss_fn = CASES[name]
+    eager, compiled_model = twins(make)
+    compiled = torch.compile(compiled_model, backend="tpu")
+    x = make_input(torch.Generator().manual_seed(1)).to(TPU)
+    before = counts()
+    out_e = eager(x)
+    out_c = compiled(x)
+    torch.testing.assert_close(out_c.cpu(), out_e.cpu(), **TOL)
+    loss_fn(out_e, torch.Generator().manual_seed(2)).backward()
+    loss_fn(out_c, torch.Generator().manual_seed(2)).backward()
+    for (n, pe), (_, pc) in zip(eager.named_parameters(), compiled_model.named_parameters()):
+        torch.testing.assert_close(pc.grad.cpu(), pe.grad.cpu(), **TOL, msg=lambda m: f"{n}: {m}")
+    for (n, be), (_, bc) in zip(eager.named_buffers(), compiled_model.named_buffers()):
+        torch.testing.assert_close(bc.cpu(), be.cpu(), **TOL, msg=lambda m: f"buffer {n}: {m}")
+    after = counts()
+    assert after["graph_eager_fallbacks"] == before["graph_eager_fallbacks"]
+    assert after["compiled_graphs"] >= before["compiled_graphs"] + 2  # forward and backward
+    assert after["fallbacks"] == before["fallbacks"], torch_tpu.metrics.fallback_counts()
+    assert "stablehlo" in torch_tpu.dynamo.last_stablehlo()
+
+
+@pytest.mark.parametrize("name", ["mlp", "digits_cnn", "gpt_block"])
+def test_compiled_training_follows_eager(name):
+    """Forward, backward and optimizer.step() all inside the compiled function."""
+    make, make_input, loss_fn = CASES[name]
+    models = twins(make)
+    opts = [torch.optim.AdamW(m.parameters(), lr=3e-3) for m in models]
+
+    def step(model, opt, x, g_seed):
+        opt.zero_grad()
+        loss = loss_fn(model(x), torch.Generator().manual_seed(g_seed))
+        loss.backward()
+        opt.step()
+        return loss
+
+    compiled_step = torch.compile(step, backend="tpu")
+    before = counts()
+    losses = {"eager": [], "compiled": []}
+    for i in range(10):
+        x = make_input(torch.Generator().manual_seed(100 + i % 3)).to(TPU)
+        losses["eager"].append(step(models[0], opts[0], x, i % 3).item())
+        losses["compiled"].append(compiled_step(models[1], opts[1], x, i % 3).item())
+    assert losses["compiled"] == pytest.approx(losses["eager"], rel=2e-3, abs=2e-4), losses
+    assert losses["compiled"][-1] < losses["compiled"][0]
+    for pe, pc in zip(models[0].parameters(), models[1].parameters()):
+        # Adam turns gradients that are zero up to rounding (a conv bias before BatchNorm, the key
+        # bias of attention) into full-size steps of either sign: compare the others.
+        real = pe.grad.abs().cpu() > 1e-5
+        torch.testing.assert_close(pc.detach().cpu()[real], pe.detach().cpu()[real], atol=2e-3, rtol=2e-3)
+    assert counts()["graph_eager_fallbacks"] == before["graph_eager_fallbacks"]
+
+
+def test_optimizer_step_updates_parameters_in_place():
+    torch.manual_seed(0)
+    p = torch.randn(5, 3, device=TPU, requires_grad=True)
+    p.grad = torch.ones(5, 3, device=TPU)
+    opt = torch.optim.SGD([p], lr=0.5, momentum=0.9)
+    expected = p.detach().cpu() - 0.5
+    ptr = p.data_ptr()
+    torch.compile(opt.step, backend="tpu")()
+    assert p.data_ptr() == ptr
+    torch.testing.assert_close(p.detach().cpu(), expected)
+    text = torch_tpu.dynamo.last_stablehlo()
+    assert "tf.aliasing_output" in text  # the parameter's old buffer is donated
+
+
+def test_outputs_aliasing_inputs_are_views():
+    def f(x, y):
+        return x, x.t(), y[1:], (x * 2).sum()
+
+    x = torch.randn(3, 4, device=TPU)
+    y = torch.randn(5, device=TPU)
+    a, b, c, s = torch.compile(f, backend="tpu")(x, y)
+    assert a is x
+    assert b._base is x or b.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+    assert c.untyped_storage().data_ptr() == y.untyped_storage().data_ptr()
+    torch.testing.assert_close(s.cpu(), (x.cpu() * 2).sum())
+
+
+def test_input_mutation_and_noncontiguous_inputs():
+    def f(x, buf):
+        buf.add_(x.sum(0))
+        return x.relu() * 2
+
+    x = torch.randn(4, 6).t()  # non-contiguous input
+    buf = torch.zeros(8)[::2]  # a strided view, mutated
+    xt, buft_base = x.to(TPU), torch.zeros(8, device=TPU)
+    buft = buft_base[::2]
+    out = torch.compile(f, backend="tpu")(xt, buft)
+    ref = f(x, buf)
+    torch.testing.assert_close(out.cpu(), ref)
+    torch.testing.assert_close(buft_base.cpu(), torch.zeros(8).index_put_((torch.arange(0, 8, 2),), x.sum(0)))
+
+
+def test_channels_last_and_transposed_outputs_keep_strides():
+    def f(x):
+        return (x + 1).permute(0, 2, 3, 1), x.mT * 2
+
+    x = torch.randn(2, 3, 4, 5, device=TPU)
+    a, b = torch.compile(f, backend="tpu")(x)
+    ea, eb = f(x.cpu())  # the strides PyTorch's CPU kernels give
+    assert a.stride() == ea.stride() and b.stride() == eb.stride()
+    torch.testing.assert_close(a.cpu(), ea.cpu())
+    torch.testing.assert_close(b.cpu(), eb.cpu())
+
+
+def test_dropout_uses_the_tpu_generator():
+    def f(x):
+        return F.dropout(x, 0.5, training=True)
+
+    x = torch.ones(64, 64, device=TPU)
+    cf = torch.compile(f, backend="tpu")
+    torch.tpu.manual_seed(3)
+    a = cf(x).cpu()
+    b = cf(x).cpu()
+    torch.tpu.manual_seed(3)
+    a2 = cf(x).cpu()
+    assert torch.equal(a, a2) and not torch.equal(a, b)
+    assert set(a.unique().tolist()) <= {0.0, 2.0} and 0.4 < (a == 0).float().mean() < 0.6
+
+
+def test_graph_break_still_runs():
+    def f(x):
+        y = x.sin() * 2
+        print("graph break here")
+        if y.sum().item() > -1e9:  # data-dependent control flow: another break
+            y = y + 1
+        return y.cos()
+
+    x = torch.randn(4, 4, device=TPU)
+    out = torch.compile(f, backend="tpu")(x)
+    torch.testing.assert_close(out.cpu(), (x.cpu().sin() * 2 + 1).cos(), **TOL)
+    explain = torch._dynamo.explain(f)(x)
+    assert explain.graph_break_count >= 1
+
+
+def test_new_shapes_recompile():
+    f = torch.compile(lambda x: (x * x).sum(-1), backend="tpu", dynamic=False)
+    for n in (3, 5, 7):
+        x = torch.randn(n, 4, device=TPU)
+        torch.testing.assert_close(f(x).cpu(), (x.cpu() * x.cpu()).sum(-1), **TOL)
+
+
+def test_dynamic_shapes_are_specialized_per_shape(caplog):
+    f = torch.compile(lambda x: torch.tanh(x) + x.shape[0], backend="tpu", dynamic=True)
+    before = counts()["compiled_graphs"]
+    with caplog.at_level("INFO", logger="torch_tpu.dynamo"):
+        for n in (3, 5, 3):
+            x = torch.randn(n, 2, device=TPU)
+            torch.testing.assert_close(f(x).cpu(), torch.tanh(x.cpu()) + n, **TOL)
+    assert counts()["compiled_graphs"] - before == 2  # one per distinct shape
+    assert "per concrete input shape" in caplog.text
+
+
+_LIBS = []
+
+
+def _no_lowering_op():
+    """tpu_test::twice: an op with a tpu kernel but no lowering (defined once per process)."""
+    if not _LIBS:
+        lib = torch.library.Library("tpu_test", "DEF")
+        lib.define("twice(Tensor x) -> Tensor")
+        lib.impl("twice", lambda x: x + x, "PrivateUse1")
+        lib.impl("twice", lambda x: torch.empty_like(x), "Meta")
+        _LIBS.append(lib)
+    return _LIBS[0]
+
+
+def test_op_without_lowering_warns_and_runs_eagerly():
+    lib = _no_lowering_op()  # noqa: F841  (keeps the op registered)
+
+    def f(x):
+        return torch.ops.tpu_test.twice(x.exp()) + 1
+
+    x = torch.randn(3, device=TPU)
+    before = counts()["graph_eager_fallbacks"]
+    with pytest.warns(UserWarning, match=r"tpu_test::twice.*has no tpu lowering") as rec:
+        out = torch.compile(f, backend="tpu")(x)
+    assert any("test_compile.py" in str(w.message) for w in rec)  # names the user's line
+    torch.testing.assert_close(out.cpu(), x.cpu().exp() * 2 + 1, **TOL)
+    assert counts()["graph_eager_fallbacks"] == before + 1
+
+
+def test_fullgraph_raises_on_op_without_lowering():
+    lib = _no_lowering_op()  # noqa: F841
+
+    def f(x):
+        return torch.ops.tpu_test.twice(x) + 1
+
+    with pytest.raises(Exception, match=r"tpu_test::twice"):
+        torch.compile(f, backend="tpu", fullgraph=True)(torch.randn(3, device=TPU))
+
+
+PROGRAM = r"""
+import json, warnings
+warnings.filterwarnings("ignore")
+import torch, torch_tpu
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4)).to("tpu")
+torch.manual_seed(0)
+for p in model.parameters():
+    torch.nn.init.constant_(p, 0.1)
+x = torch.linspace(-1, 1, 24, device="tpu").reshape(3, 8)
+out = torch.compile(model, backend="tpu")(x)
+out.sum().backward()
+print(json.dumps({"out": out.sum().item(), **torch_tpu.runtime.cache_stats(),
+                  "graphs": torch_tpu.metrics.counters()["compiled_graphs"]}))
+"""
+
+
+def test_second_process_loads_graphs_from_disk_cache(tmp_path):
+    def run():
+        env = {**os.environ, "TORCH_TPU_CACHE_DIR": str(tmp_path)}
+        r = subprocess.run([sys.executable, "-c", PROGRAM], capture_output=True, text=True, env=env, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        return json.loads(r.stdout.strip().splitlines()[-1])
+
+    first = run()
+    assert first["graphs"] >= 2 and first["misses"] >= 2
+    second = run()
+    assert second["out"] == first["out"]
+    assert second["misses"] == 0 and second["disk_hits"] == first["misses"]
+
+
+def test_backend_is_registered():
+    assert "tpu" in torch._dynamo.list_backends()
+    assert torch._dynamo.lookup_backend("tpu") is torch_tpu.dynamo.tpu_backend
+
+
+def test_entry_points_resolve_backend_without_import(tmp_path):
+    """As installed: torch's device autoload and Dynamo's backend entry point (pyproject.toml) make
+    backend="tpu" work after `import torch` alone."""
+    import tomllib
+    root = os.path.join(os.path.dirname(__file__), "..")
+    eps = tomllib.load(open(os.path.join(root, "pyproject.toml"), "rb"))["project"]["entry-points"]
+    dist = tmp_path / "torch_tpu-0.1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: torch_tpu\nVersion: 0.1.0\n")
+    (dist / "entry_points.txt").write_text("".join(
+        f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in items.items()) for group, items in eps.items()))
+    prog = ("import warnings; warnings.filterwarnings('ignore'); import torch\n"
+            "f = torch.compile(lambda x: x.cos() * 2, backend='tpu')\n"
+            "x = torch.ones(3, device='tpu')\n"
+            "print(f(x).cpu().tolist())\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.path.abspath(root)])}
+    r = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == pytest.approx([2 * torch.cos(torch.tensor(1.0)).item()] * 3)

@@ -1,0 +1,60 @@
+"""torch.compile(backend="tpu"): Dynamo graphs lowered whole, by the eager lowering registry, to
+one StableHLO module each (see backend.py and lower_graph.py).
+
+Importing torch_tpu does not import torch._dynamo (it takes seconds): "tpu" is registered with
+Dynamo's backend registry the moment that registry is imported, and the backend's own modules load
+on the first compile.
+"""
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import sys
+
+_REGISTRY_MODULE = "torch._dynamo.backends.registry"
+
+
+def tpu_backend(gm, example_inputs, **kwargs):
+    """The Dynamo backend "tpu" (torch.compile(model, backend="tpu"))."""
+    from .backend import tpu_backend as compile_fx
+    return compile_fx(gm, example_inputs, **kwargs)
+
+
+def last_stablehlo() -> str | None:
+    """StableHLO text of the graph compiled last by torch.compile(backend="tpu")."""
+    mod = sys.modules.get(__name__ + ".lower_graph")
+    return None if mod is None else mod.last_text
+
+
+def _register() -> None:
+    registry = sys.modules[_REGISTRY_MODULE]
+    # Skipped while Dynamo loads "tpu" through the package's entry point: it registers it itself.
+    if "tpu" not in registry._COMPILER_FNS and registry._BACKENDS.get("tpu") is None:
+        registry.register_backend(compiler_fn=tpu_backend, name="tpu")
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs _register right after Dynamo's backend registry module has been executed."""
+
+    def find_spec(self, name, path, target=None):
+        if name != _REGISTRY_MODULE:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_then_register(module):
+            exec_module(module)
+            _register()
+        spec.loader.exec_module = exec_then_register
+        return spec
+
+
+if _REGISTRY_MODULE in sys.modules:
+    _register()
+else:
+    sys.meta_path.insert(0, _AfterImport())
+
+__all__ = ["tpu_backend", "last_stablehlo"]

@@ -1,0 +1,147 @@
+"""The Dynamo backend "tpu": AOTAutograd + whole-graph lowering to StableHLO.
+
+Dynamo captures a graph; AOTAutograd functionalizes it, applies PyTorch's core-ATen decompositions
+(except for ops with a native tpu lowering, which stay whole) and splits training graphs into a
+forward and a backward graph; each graph becomes one StableHLO module (lower_graph.py), compiled
+through the executable cache that eager uses (memory + disk).
+
+Inference graphs keep input mutations inside the graph (keep_inference_input_mutations), so an
+optimizer step writes the parameters' storages in place with donated buffers. In training graphs
+AOTAutograd returns mutated buffers (BatchNorm running stats) and copies them back itself.
+
+A graph with an op the lowering cannot handle runs eagerly on tpu (a warning names the op and the
+user code it came from), unless the frame was compiled with fullgraph=True (or
+TORCH_TPU_COMPILE_FULLGRAPH=1), which raises instead. Shapes are static: Dynamo recompiles under
+its guards on new shapes; a graph captured with symbolic shapes (dynamic=True, mark_dynamic) is
+specialized per concrete input shape at call time, one executable per shape, and says so in the
+log "torch_tpu.dynamo".
+"""
+from __future__ import annotations
+
+import functools
+import os
+import warnings
+
+import torch
+from torch._decomp import core_aten_decompositions
+from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.aot_autograd import make_boxed_func
+
+from .. import _state
+from .lower_graph import GraphProgram, Unsupported, find_lowering, log
+
+
+@functools.lru_cache(maxsize=1)
+def decompositions() -> dict:
+    """Core-ATen decompositions, minus the ops the tpu lowers natively (one fused lowering beats
+    its decomposition: e.g. native_layer_norm, _softmax, convolution_backward)."""
+    table = {}
+    for op, fn in core_aten_decompositions().items():
+        if isinstance(op, torch._ops.OpOverload) and op.namespace == "aten" and find_lowering(op) is not None:
+            continue
+        table[op] = fn
+    return table
+
+
+def _fullgraph_requested() -> bool:
+    if os.environ.get("TORCH_TPU_COMPILE_FULLGRAPH") == "1":
+        return True
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+        tx = InstructionTranslator.current_tx()
+    except Exception:  # noqa: BLE001  (not inside a Dynamo trace)
+        return False
+    return bool(tx is not None and (getattr(tx, "one_graph", False) or getattr(tx, "error_on_graph_break", False)))
+
+
+def _is_dynamic(gm) -> bool:
+    for n in gm.graph.nodes:
+        if n.op != "placeholder":
+            continue
+        v = n.meta.get("val")
+        if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return True
+        if isinstance(v, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in (*v.shape, *v.stride())):
+            return True
+    return False
+
+
+def _eager(gm, error: Exception, fullgraph: bool, name: str):
+    if fullgraph:
+        raise error
+    _state.count("graph_eager_fallbacks")
+    warnings.warn(f"{error}\ntorch.compile(backend='tpu'): this {name} graph runs eagerly on tpu instead "
+                  f"(fullgraph=True makes this an error).", stacklevel=2)
+    return make_boxed_func(gm.forward)
+
+
+def compile_graph(gm: torch.fx.GraphModule, example_inputs, name: str, fullgraph: bool):
+    """The boxed callable that runs `gm` on tpu: one executable, or the eager fallback."""
+    if _is_dynamic(gm):
+        log.info("%s graph has symbolic shapes: torch_tpu compiles static shapes, so it is specialized "
+                 "and recompiled per concrete input shape at call time", name)
+        return _boxed(_PerShape(gm, name, fullgraph))
+    try:
+        return _boxed(GraphProgram(gm, name))
+    except Unsupported as e:
+        return _eager(gm, e, fullgraph, name)
+    except Exception as e:  # noqa: BLE001  (a lowering or XLA error: still run the user's code)
+        if fullgraph:
+            raise
+        return _eager(gm, RuntimeError(f"torch.compile(backend='tpu'): lowering the {name} graph failed: "
+                                       f"{type(e).__name__}: {e}"), False, name)
+
+
+def _boxed(prog):
+    """A plain function taking the inputs as one list (AOTAutograd's boxed convention)."""
+    def run(args):
+        return prog(args)
+    run._boxed_call = True
+    run.program = prog
+    return run
+
+
+class _PerShape:
+    """A graph with symbolic shapes: re-traced with each call's concrete shapes, one program each."""
+    _boxed_call = True
+
+    def __init__(self, gm, name, fullgraph):
+        self.gm, self.name, self.fullgraph = gm, name, fullgraph
+        self.programs = {}
+
+    def __call__(self, args):
+        key = tuple((tuple(a.shape), a.dtype, a.device) if isinstance(a, torch.Tensor) else a for a in args)
+        prog = self.programs.get(key)
+        if prog is None:
+            from torch.fx.experimental.proxy_tensor import make_fx
+            log.info("%s graph: compiling for input shapes %s", self.name,
+                     [k[0] if isinstance(k, tuple) else k for k in key])
+            static = make_fx(self.gm, tracing_mode="fake")(*args)
+            prog = self.programs[key] = compile_graph(static, args, self.name, self.fullgraph)
+        return prog(args)
+
+
+def tpu_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
+    """torch.compile(backend="tpu")."""
+    fullgraph = _fullgraph_requested()
+    _state.count("dynamo_graphs")
+    compiler = aot_autograd(
+        fw_compiler=functools.partial(_fw, fullgraph=fullgraph),
+        bw_compiler=functools.partial(_bw, fullgraph=fullgraph),
+        inference_compiler=functools.partial(_inference, fullgraph=fullgraph),
+        decompositions=decompositions(),
+        keep_inference_input_mutations=True,
+    )
+    return compiler(gm, example_inputs, **kwargs)
+
+
+def _fw(gm, example_inputs, fullgraph=False):
+    return compile_graph(gm, example_inputs, "forward", fullgraph)
+
+
+def _bw(gm, example_inputs, fullgraph=False):
+    return compile_graph(gm, example_inputs, "backward", fullgraph)
+
+
+def _inference(gm, example_inputs, fullgraph=False):
+    return compile_graph(gm, example_inputs, "inference", fullgraph)

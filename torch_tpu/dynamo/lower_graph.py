@@ -1,0 +1,600 @@
+"""One functionalized ATen FX graph -> one StableHLO module -> one executable, and its runner.
+
+Every call_function node is lowered by the shared registry (torch_tpu/lowering), or by the graph-only
+lowerings of views, factories and casts (graph_ops.py), into ONE Builder. Result types come from the
+nodes' FakeTensors (node.meta["val"]), so no meta kernel runs again.
+
+Inputs: each tpu input is passed as its storage's 1-D buffer, as eager does. An input that is not
+its whole storage, densely (a slice, a transposed view), is copied to a fresh contiguous tensor
+first, so the program does not depend on input layouts. CPU inputs are uploaded.
+Outputs: fresh tensors, laid out with the strides the graph's metadata says (a permuted layout is
+produced as a permute of a dense buffer). Outputs that ARE inputs, or views of inputs, are returned
+as those tensors / real views of them, not copies.
+Input mutation (`copy_` into a placeholder at the end of an inference graph, e.g. an optimizer
+step): the program writes the new value into the input's storage, donating the old buffer.
+Random ops take the default tpu generator's (seed, offset) as one runtime operand; each random node
+draws from its own offset, advanced by its output size as in eager.
+Index checks (`check=` of a lowering) run on the real inputs when the checked tensors are graph
+inputs; on intermediate values they cannot run (the values exist only inside the program) and are
+skipped: out-of-range indices then clamp, as XLA does.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import operator
+
+import torch
+
+from .. import _C, _state, runtime
+from ..aten.kernel import _Signature
+from ..aten.views import _contiguous_strides, is_whole
+from ..lowering.builder import Builder, TensorType, Value
+from ..lowering.registry import REGISTRY, LoweringContext
+from .graph_ops import GRAPH_LOWERINGS
+
+log = logging.getLogger("torch_tpu.dynamo")
+_GEN = object()  # stands for a Generator? argument until the rng state replaces it
+last_text: str | None = None
+
+
+class Unsupported(NotImplementedError):
+    """A node the graph lowering cannot handle; names the op and where it came from."""
+
+    def __init__(self, op: str, node, why: str = "has no tpu lowering"):
+        self.op = op
+        trace = (node.meta.get("stack_trace") or "").strip() if node is not None else ""
+        where = f"\n  from user code:\n{trace}" if trace else ""
+        super().__init__(f"torch.compile(backend='tpu'): {op} {why}{where}")
+
+
+def overload_name(target) -> str:
+    """Registry key of an OpOverload: "add.Tensor", "abs" (default overload: bare name)."""
+    base = target._schema.name.split("::")[1]
+    return base if target._overloadname == "default" else f"{base}.{target._overloadname}"
+
+
+_SIGS: dict = {}
+
+
+def _sig(target):
+    s = _SIGS.get(target)
+    if s is None:
+        s = _SIGS[target] = _Signature(target)
+    return s
+
+
+def find_lowering(target):
+    """(fn, Lowering or None, out-arg name or None) for an aten OpOverload, or None."""
+    if target.namespace != "aten":
+        return None
+    name = overload_name(target)
+    if name in GRAPH_LOWERINGS:
+        return GRAPH_LOWERINGS[name], None, None
+    low = REGISTRY.get(name)
+    if low is not None:
+        return low.fn, low, None
+    base, _, ov = name.partition(".")
+    # A functional op whose lowering is registered in-place only (uniform -> uniform_).
+    low = REGISTRY.get(base + "_" + ("." + ov if ov else ""))
+    if low is not None:
+        return low.fn, low, None
+    # A functional op whose lowering is registered as out= only (eye -> eye.out).
+    names = [a.name for a in target._schema.arguments]
+    for key, low in REGISTRY.items():
+        if key.partition(".")[0] != base:
+            continue
+        packet = getattr(torch.ops.aten, base)
+        k = getattr(packet, key.partition(".")[2] or "default")
+        outs = [a.name for a in k._schema.arguments if a.kwarg_only and a.alias_info is not None
+                and a.alias_info.is_write]
+        rest = [a.name for a in k._schema.arguments if a.name not in outs]
+        if len(outs) == 1 and all(n in names for n in rest):
+            return low.fn, low, (k, outs[0])
+    return None
+
+
+def _tensor_types(val):
+    if isinstance(val, torch.Tensor):
+        return [TensorType(tuple(val.shape), val.dtype)]
+    if isinstance(val, (list, tuple)):
+        return [None if v is None else TensorType(tuple(v.shape), v.dtype) for v in val]
+    return []
+
+
+def _meta(val):
+    return torch.empty_strided(val.shape, val.stride(), dtype=val.dtype, device="meta")
+
+
+def _layout_perm(val):
+    """A permutation p such that val's strides are those of a dense tensor of shape val.shape[p]
+    (channels-last, transposed outputs), or None when val is contiguous or not a permuted dense."""
+    if val.dim() < 2 or val.is_contiguous():
+        return None
+    st, sz = list(val.stride()), list(val.shape)
+    perm = sorted(range(len(sz)), key=lambda d: -st[d])
+    want = _contiguous_strides([sz[d] for d in perm])
+    if all(st[d] == w for d, w in zip(perm, want) if sz[d] != 1):
+        return perm
+    return None
+
+
+def _has_node(v):
+    if isinstance(v, torch.fx.Node):
+        return True
+    if isinstance(v, (list, tuple)):
+        return any(_has_node(x) for x in v)
+    return False
+
+
+def _is_view_of_input(node, placeholders) -> bool:
+    """True when node is a chain of view ops over one placeholder (other args constants)."""
+    while True:
+        if node.op == "placeholder":
+            return node in placeholders
+        if node.op != "call_function" or not getattr(node.target, "is_view", False):
+            return False
+        if _has_node(list(node.args[1:])) or _has_node(list(node.kwargs.values())):
+            return False
+        node = node.args[0]
+        if not isinstance(node, torch.fx.Node):
+            return False
+
+
+def _replay_view(node, real_inputs, index):
+    """Runs node's view chain on the real input tensor (metadata only: a real view)."""
+    if node.op == "placeholder":
+        return real_inputs[index[node]]
+    base = _replay_view(node.args[0], real_inputs, index)
+    return node.target(base, *node.args[1:], **node.kwargs)
+
+
+class GraphProgram:
+    """The compiled form of one FX graph; called with the graph's inputs (boxed: one list)."""
+    _boxed_call = True
+
+    def __init__(self, gm: torch.fx.GraphModule, name: str = "graph"):
+        global last_text
+        self.name = name
+        self._lower(gm)
+        last_text = self.text
+        try:
+            self.exe = runtime.compile(self.text)
+        except RuntimeError as e:
+            raise RuntimeError(f"torch.compile(backend='tpu'): compiling the {name} graph failed: {e}\n"
+                               f"--- program ---\n{self.text}") from None
+        _state.count("compiled_graphs")
+        log.info("compiled %s graph: %d nodes, %d program inputs, %d outputs", name, self.num_nodes,
+                 len(self.arg_plan), len(self.prog_specs))
+
+    # -- lowering ----------------------------------------------------------------------------------
+    def _lower(self, gm):
+        b = Builder()
+        self.b = b
+        nodes = list(gm.graph.nodes)
+        self.num_nodes = len(nodes)
+        placeholders = [n for n in nodes if n.op == "placeholder"]
+        self.ph_index = {n: i for i, n in enumerate(placeholders)}
+        self.num_inputs = len(placeholders)
+        self.ph_devices = [n.meta["val"].device.type if isinstance(n.meta.get("val"), torch.Tensor) else None
+                           for n in placeholders]
+        self.arg_plan = []      # per program argument: ("in", i), ("const", tensor) or ("rng",)
+        self.ph_arg = {}        # placeholder index -> program argument position
+        self.rng_draws = 0
+        self.checks = []        # (check fn, args with ("in", i) markers)
+        self.wide = False
+        env = {}
+        state = [None]
+
+        def placeholder_value(node):
+            i = self.ph_index[node]
+            val = node.meta["val"]
+            if not isinstance(val, torch.Tensor):
+                raise Unsupported("a symbolic (SymInt) input", node, "is not supported")
+            if val.numel() == 0:
+                c = b.constant(0, val.dtype, tuple(val.shape))
+                return Value(c.name, c.type, _meta(val))
+            if val.device.type == "cpu":
+                a = b.arg(TensorType(tuple(val.shape), val.dtype))
+            else:
+                a = b.arg(TensorType((val.numel(),), val.dtype))
+            self.ph_arg[i] = len(self.arg_plan)
+            self.arg_plan.append(("in", i))
+            v = b.reshape(a, tuple(val.shape))
+            return Value(v.name, v.type, _meta(val))
+
+        def value_of(node):
+            v = env.get(node)
+            if v is None and node.op == "placeholder":
+                v = env[node] = placeholder_value(node)
+            if v is None and node in self.host_nodes:  # a host value the device program reads
+                val = node.meta["val"]
+                a = b.arg(TensorType(tuple(val.shape), val.dtype))
+                self.arg_plan.append(("host", node))
+                v = env[node] = Value(a.name, a.type, _meta(val))
+            if v is None:
+                raise Unsupported(f"value of node {node.name}", node, "is missing")
+            return v
+
+        def scalar(v, node):
+            if isinstance(v, torch.fx.Node):
+                raise Unsupported(f"a symbolic scalar argument ({v.name})", node, "is not supported")
+            if v is None:
+                return None
+            if isinstance(v, torch.Tensor):
+                v = v.item()
+            if isinstance(v, bool):
+                dt = torch.bool
+            elif isinstance(v, int):
+                dt = torch.int64
+            elif isinstance(v, complex):
+                dt = torch.complex128 if self.wide else torch.complex64
+            else:
+                dt = torch.float64 if self.wide else torch.float32
+            c = b.constant(v, dt)
+            return Value(c.name, c.type, v)
+
+        def rng_state(draws):
+            if state[0] is None:
+                state[0] = b.arg(TensorType((2,), torch.uint64))
+                self.arg_plan.append(("rng",))
+            off = self.rng_draws
+            self.rng_draws += draws
+            if off == 0:
+                return state[0]
+            inc = b.concatenate([b.constant(0, torch.uint64, (1,)), b.constant(off, torch.uint64, (1,))], 0)
+            return b.add(state[0], inc)
+
+        self.host_nodes = _host_nodes(nodes)
+        self.host_mutations = []  # (placeholder index, host node): CPU inputs updated on the host
+        mutations = []          # (placeholder index, Value)
+        for node in nodes:
+            if node.op == "placeholder" or node in self.host_nodes:
+                continue
+            if node.op == "get_attr":
+                t = getattr(gm, node.target)
+                if not isinstance(t, torch.Tensor):
+                    continue
+                if t.device.type == "cpu":
+                    a = b.arg(TensorType(tuple(t.shape), t.dtype))
+                else:
+                    a = b.arg(TensorType((t.numel(),), t.dtype))
+                self.arg_plan.append(("const", t.contiguous() if t.device.type == "cpu" else t.clone()))
+                v = b.reshape(a, tuple(t.shape))
+                env[node] = Value(v.name, v.type, _meta(t))
+                continue
+            if node.op == "output":
+                out_node = node
+                continue
+            if node.op != "call_function":
+                raise Unsupported(f"FX {node.op} node {node.target}", node, "is not supported")
+            if node.target is operator.getitem:
+                env[node] = value_of(node.args[0])[node.args[1]]
+                continue
+            if not isinstance(node.target, torch._ops.OpOverload):
+                raise Unsupported(str(node.target), node)
+            if node.target is torch.ops.aten.copy_.default and node.args[0].op == "placeholder" and \
+                    node.args[1] in self.host_nodes and self.ph_devices[self.ph_index[node.args[0]]] == "cpu":
+                self.host_mutations.append((self.ph_index[node.args[0]], node.args[1]))
+                continue
+            if node.target is torch.ops.aten.copy_.default and node.args[0].op == "placeholder":
+                dst = node.args[0]
+                dv = dst.meta["val"]
+                src = value_of(node.args[1])
+                v = b.broadcast_to(b.convert(src, dv.dtype), tuple(dv.shape))
+                mutations.append((self.ph_index[dst], v))
+                env[node] = Value(v.name, v.type, _meta(dv))
+                continue
+            env[node] = self._lower_node(node, value_of, scalar, rng_state)
+
+        # Outputs.
+        outs = out_node.args[0]
+        outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+        placeholders_set = set(placeholders)
+        results = []             # program results (1-D)
+        self.prog_specs = []     # (shape, dtype) of each program result's tensor
+        self.prog_perm = []      # inverse permutation to apply at run time, or None
+        self.out_plan = []
+        seen = {}
+        for o in outs:
+            if o is None or not isinstance(o, torch.fx.Node):
+                self.out_plan.append(("const", o))
+            elif o.op == "placeholder":
+                self.out_plan.append(("in", self.ph_index[o]))
+            elif o in self.host_nodes:
+                self.out_plan.append(("host", o))
+            elif _is_view_of_input(o, placeholders_set):
+                self.out_plan.append(("view", o))
+            elif o in seen:
+                self.out_plan.append(("prog", seen[o]))
+            else:
+                val = o.meta["val"]
+                v = value_of(o)
+                if not isinstance(v, Value):
+                    raise Unsupported(f"output {o.name}", o, "is not a tensor")
+                perm = _layout_perm(val)
+                shape = tuple(val.shape)
+                if perm is not None:
+                    v = b.transpose(v, perm)
+                    shape = tuple(shape[d] for d in perm)
+                    inv = [perm.index(d) for d in range(len(perm))]
+                else:
+                    inv = None
+                k = len(results)
+                results.append(b.reshape(v, [math.prod(shape)]))
+                self.prog_specs.append((shape, val.dtype))
+                self.prog_perm.append((inv, val.device.type == "cpu"))
+                seen[o] = k
+                self.out_plan.append(("prog", k))
+        self.mutations = []      # (placeholder index, program result index)
+        self.donated = set()     # placeholder indices whose buffer the program consumes
+        for i, v in mutations:
+            k = len(results)
+            results.append(b.reshape(v, [v.type.numel]))
+            self.prog_specs.append((tuple(v.shape), v.dtype))
+            self.prog_perm.append((None, False))
+            self.mutations.append((i, k))
+            # Donate the old buffer: the result replaces it (same type: (numel,) of its dtype).
+            pos = self.ph_arg.get(i)
+            if pos is not None and self.ph_devices[i] != "cpu":
+                a, _ = b._args[pos]
+                if a.type == results[-1].type:
+                    b._args[pos] = (a, f"tf.aliasing_output = {k} : i32")
+                    self.donated.add(i)
+        self.mutated = dict(self.mutations)
+        self.text = b.module(results)
+        self.b = None
+
+    def _lower_node(self, node, value_of, scalar, rng_state):
+        found = find_lowering(node.target)
+        if found is None:
+            raise Unsupported(f"{node.target.namespace}::{overload_name(node.target)}", node)
+        fn, low, out_arg = found
+        sig = _sig(node.target)
+        vals = sig.bind(node.args, node.kwargs)
+        self.wide = any(isinstance(v, torch.fx.Node) and isinstance(v.meta.get("val"), torch.Tensor)
+                        and v.meta["val"].dtype in (torch.float64, torch.complex128) for v in vals)
+        val = node.meta.get("val")
+        ctx = LoweringContext(self.b, _tensor_types(val))
+
+        def tensor(v):
+            if v is None:
+                return None
+            if isinstance(v, torch.fx.Node):
+                return value_of(v)
+            return scalar(v, node)  # a python number for a Tensor argument
+
+        args = []
+        for v, kind in zip(vals, sig.kinds):
+            if kind == "T":
+                args.append(tensor(v))
+            elif kind == "TL":
+                args.append([tensor(t) for t in v])
+            elif kind == "S":
+                args.append(scalar(v, node))
+            elif kind == "SL":
+                args.append([scalar(s, node) for s in v])
+            elif kind == "G":
+                args.append(_GEN)  # filled below
+            else:
+                if _has_node(v):
+                    raise Unsupported(f"aten::{overload_name(node.target)}", node,
+                                      "with a symbolic (data-dependent or dynamic) argument is not supported")
+                args.append(v)
+        if out_arg is not None:  # lowered through its out= overload: arguments by name, out last
+            k, out_name = out_arg
+            by_name = dict(zip(sig.names, args))
+            args = [by_name.get(a.name) for a in k._schema.arguments if a.name != out_name] + [None]
+        types = ctx.out
+        if low is not None and low.rng:
+            draws = sum(t.numel for t in types if t is not None)
+            st = rng_state(draws)
+            if any(a is _GEN for a in args):
+                args = [st if a is _GEN else a for a in args]
+            else:
+                args.append(st)
+        else:
+            args = [None if a is _GEN else a for a in args]
+        if low is not None and low.prepare is not None and any(
+                isinstance(v, torch.fx.Node) and isinstance(v.meta.get("val"), torch.Tensor)
+                and v.meta["val"].dtype == torch.bool for vs in vals for v in (vs if isinstance(vs, list) else [vs])):
+            raise Unsupported(f"aten::{overload_name(node.target)}", node, "with a boolean mask (data-dependent "
+                              "shape) is not supported inside a graph")
+        if low is not None and low.check is not None:
+            self._record_check(low.check, vals, sig, node)
+        result = fn(ctx, *args)
+        if result is None:
+            result = []
+        results = [result] if isinstance(result, Value) else list(result)
+        if len(results) != len(types):
+            raise RuntimeError(f"lowering of aten::{overload_name(node.target)} returned {len(results)} values, "
+                               f"expected {len(types)}")
+        b = self.b
+        fixed = []
+        metas = [val] if isinstance(val, torch.Tensor) else list(val or [])
+        for r, t, m in zip(results, types, metas):
+            if t is None or r is None:
+                fixed.append(None)
+                continue
+            if r.dtype != t.dtype:
+                r = b.convert(r, t.dtype)
+            if r.shape != t.shape:
+                r = b.reshape(r, t.shape) if math.prod(r.shape) == t.numel else b.broadcast_to(r, t.shape)
+            fixed.append(Value(r.name, r.type, _meta(m)))
+        if isinstance(val, torch.Tensor):
+            return fixed[0]
+        return fixed
+
+    def _record_check(self, check, vals, sig, node):
+        """Runs `check` at call time when every tensor it reads is a graph input."""
+        template, ok = [], True
+        for v, kind in zip(vals, sig.kinds):
+            if kind in ("T", "TL"):
+                items = v if kind == "TL" else [v]
+                conv = []
+                for t in items:
+                    if isinstance(t, torch.fx.Node):
+                        if t.op != "placeholder":
+                            ok = False
+                            break
+                        conv.append(("in", self.ph_index[t]))
+                    else:
+                        conv.append(t)
+                template.append(conv if kind == "TL" else (conv[0] if conv else None))
+            else:
+                template.append(v)
+            if not ok:
+                break
+        if ok:
+            self.checks.append((check, template))
+        else:
+            log.debug("index check of %s skipped: it reads values computed inside the graph", node.name)
+
+    # -- running -----------------------------------------------------------------------------------
+    def __call__(self, args):
+        real = list(args)
+        args.clear()  # boxed calling convention: inputs may be freed as soon as they are used
+        for check, template in self.checks:
+            check(*[_fill(t, real) for t in template])
+        host = {}
+        for node in self.host_nodes:  # CPU tensors of the graph: PyTorch's CPU kernels, before launch
+            host[node] = _run_host(node, host, real, self.ph_index)
+        inputs, device, storages, copied = [], None, {}, set()
+        for entry in self.arg_plan:
+            kind = entry[0]
+            if kind == "in":
+                i = entry[1]
+                t = real[i]
+                if t.device.type == "cpu":
+                    inputs.append(t.contiguous())
+                    continue
+                dev, key, sizes, strides, offset, sdt, sn = _C._describe(t)
+                device = dev if device is None else device
+                if sdt != t.dtype or not is_whole(sn, offset, sizes, strides) or \
+                        (i in self.donated and key in storages) or storages.get(key) in self.donated:
+                    t = t.clone(memory_format=torch.contiguous_format)
+                    copied.add(i)
+                    key = _C._describe(t)[1]
+                storages[key] = i
+                inputs.append(t)
+            elif kind == "rng":
+                inputs.append((_C._generator_next(None, self.rng_draws), torch.uint64))
+            elif kind == "host":
+                inputs.append(host[entry[1]].contiguous())
+            else:
+                t = entry[1]
+                if t.device.type != "cpu":
+                    device = t.device.index if device is None else device
+                inputs.append(t)
+        if device is None:
+            device = _C._current_device()
+        sinks, specs = [], []
+        for k, spec in enumerate(self.prog_specs):
+            sink = None
+            if self.mutations and k >= len(self.prog_specs) - len(self.mutations):
+                i = self.mutations[k - (len(self.prog_specs) - len(self.mutations))][0]
+                if i not in copied and self.ph_devices[i] != "cpu":
+                    sink = real[i]
+            sinks.append(sink)
+            if sink is None:
+                specs.append(spec)
+        fresh = _launch(self.exe, inputs, sinks, specs, device, f"compiled {self.name} graph")
+        _state.count("graph_executions")
+        produced, it = [], iter(fresh)
+        for k, sink in enumerate(sinks):
+            produced.append(next(it) if sink is None else sink)
+        for i, k in self.mutations:  # inputs that were copied (or live on the host): write back
+            if produced[k] is not real[i]:
+                real[i].copy_(produced[k].view(real[i].shape))
+        for i, node in self.host_mutations:
+            real[i].copy_(host[node])
+        outs = []
+        for entry in self.out_plan:
+            kind = entry[0]
+            if kind == "prog":
+                t = produced[entry[1]]
+                inv, to_cpu = self.prog_perm[entry[1]]
+                if inv is not None:
+                    t = t.permute(inv)
+                outs.append(t.cpu() if to_cpu else t)
+            elif kind == "in":
+                outs.append(real[entry[1]])
+            elif kind == "view":
+                outs.append(_replay_view(entry[1], real, self.ph_index))
+            elif kind == "host":
+                outs.append(host[entry[1]])
+            else:
+                outs.append(entry[1])
+        return outs
+
+
+_named_launch: list = []
+
+
+def _launch(exe, inputs, sinks, specs, device, name):
+    """_C._launch in the current eager mode's manner: ops recorded by fused mode run first (they
+    may produce this graph's inputs); debug mode waits and names the graph on error."""
+    mode = _state.eager_mode
+    if mode == "fused":
+        from ..aten import fused
+        fused.flush()
+    if not _named_launch:  # the core's _launch gained a name argument; accept both
+        try:
+            new = _C._launch(exe, inputs, sinks, specs, device, name)
+            _named_launch.append(True)
+        except TypeError:
+            _named_launch.append(False)
+            new = _C._launch(exe, inputs, sinks, specs, device)
+    elif _named_launch[0]:
+        new = _C._launch(exe, inputs, sinks, specs, device, name)
+    else:
+        new = _C._launch(exe, inputs, sinks, specs, device)
+    if mode == "debug":
+        try:
+            _C._synchronize(device)
+        except RuntimeError as e:
+            raise RuntimeError(f"tpu: {name} failed: {e}") from None
+    return new
+
+
+def _host_nodes(nodes) -> dict:
+    """Nodes that compute CPU tensors from CPU tensors only (an optimizer's step counts): they run on
+    the host with PyTorch's CPU kernels, as the user placed them there; no device round trip."""
+    host = {}
+    on_cpu = set()
+    for n in nodes:
+        val = n.meta.get("val")
+        if n.op == "placeholder":
+            if isinstance(val, torch.Tensor) and val.device.type == "cpu":
+                on_cpu.add(n)
+            continue
+        if n.op != "call_function" or n.target is torch.ops.aten.copy_.default:
+            continue
+        if not (isinstance(n.target, torch._ops.OpOverload) or n.target is operator.getitem):
+            continue
+        vals = val if isinstance(val, (list, tuple)) else [val]
+        if not vals or not all(isinstance(v, torch.Tensor) and v.device.type == "cpu" for v in vals):
+            continue
+        deps = [a for a in n.all_input_nodes]
+        if all(d in on_cpu for d in deps):
+            host[n] = True
+            on_cpu.add(n)
+    return host
+
+
+def _run_host(node, host, real, ph_index):
+    def get(a):
+        if isinstance(a, torch.fx.Node):
+            return real[ph_index[a]] if a.op == "placeholder" else host[a]
+        if isinstance(a, (list, tuple)):
+            return type(a)(get(x) for x in a)
+        return a
+    return node.target(*get(node.args), **{k: get(v) for k, v in node.kwargs.items()})
+
+
+def _fill(t, real):
+    if isinstance(t, tuple) and len(t) == 2 and t[0] == "in":
+        return real[t[1]]
+    if isinstance(t, list):
+        return [_fill(x, real) for x in t]
+    return t
