@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 warnings.filterwarnings("ignore")
 import torch_tpu  # noqa: E402
 from tiny_models import TinyGPT  # noqa: E402
@@ -31,6 +32,12 @@ from train_digits import DigitsCNN  # noqa: E402
 def _sync(dev):
     if dev.type == "tpu":
         torch.tpu.synchronize()
+
+
+def _gpt_targets():
+    g = torch.Generator().manual_seed(0)
+    torch.randint(0, 64, (8, 16), generator=g)
+    return torch.randint(0, 64, (8 * 16,), generator=g)
 
 
 def gpt_case(dev):
@@ -121,6 +128,16 @@ def main(argv=None):
         else:
             print(f"  inductor CPU          skipped ({why})")
         print(f"  eager CPU             {t_cpu * 1e3:8.2f} ms   compiled tpu / eager CPU = {t_comp / t_cpu:5.2f}")
+        if case is gpt_case:
+            try:
+                import jax_reference
+                make, x, _ = gpt_case(cpu)
+                torch.manual_seed(0)
+                t_jax = jax_reference.gpt_step_seconds(make(), x, _gpt_targets(), args.steps)
+                print(f"  jax.jit (XLA CPU)     {t_jax * 1e3:8.2f} ms   compiled tpu / jax.jit = {t_comp / t_jax:5.2f}"
+                      f" (target <= 1.1)")
+            except ImportError:
+                print("  jax.jit               skipped (pip install jax to compare)")
     nodes, secs, chars = lower_time()
     print(f"\nlowering a {nodes}-node graph to StableHLO ({chars // 1024} KiB of text): {secs * 1e3:.1f} ms "
           f"(target < 1000 ms)")

@@ -19,10 +19,11 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(__file__))
+EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples")
+sys.path.insert(0, EXAMPLES)
 warnings.filterwarnings("ignore")
 import torch_tpu  # noqa: E402
-from models import MLP, TinyGPT  # noqa: E402
+from tiny_models import MLP, TinyGPT  # noqa: E402
 
 
 def mlp_step():
@@ -44,7 +45,7 @@ def gpt_step():
     torch.manual_seed(0)
     model = TinyGPT().to("tpu")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    idx = torch.randint(0, 128, (4, 32), device="tpu")
+    idx = torch.randint(0, 64, (8, 17), device="tpu")
 
     def step():
         logits = model(idx[:, :-1])
@@ -87,17 +88,17 @@ warnings.filterwarnings("ignore")
 t0 = time.perf_counter()
 import torch, torch_tpu, torch.nn.functional as F
 import sys; sys.path.insert(0, %r)
-from models import TinyGPT
+from tiny_models import TinyGPT
 torch.manual_seed(0)
 model = TinyGPT().to("tpu")
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-idx = torch.randint(0, 128, (4, 32), device="tpu")
+idx = torch.randint(0, 64, (8, 17), device="tpu")
 t1 = time.perf_counter()
 logits = model(idx[:, :-1])
-loss = F.cross_entropy(logits.reshape(-1, 128), idx[:, 1:].reshape(-1))
+loss = F.cross_entropy(logits.reshape(-1, 64), idx[:, 1:].reshape(-1))
 loss.backward(); opt.step(); loss.item()
 print(time.perf_counter() - t1)
-""" % os.path.dirname(os.path.abspath(__file__))
+""" % EXAMPLES
 
 
 def first_step_seconds(cache_dir):

@@ -1,10 +1,22 @@
-"""Small models shared by the torch.compile tests and benchmark: a GPT-style decoder block and a
-ResNet basic block (the digits CNN lives in train_digits.py)."""
+"""Small models shared by the tests and benchmarks: an MLP, a GPT-style decoder block and a ResNet
+basic block (the digits CNN lives in train_digits.py)."""
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+
+class MLP(nn.Module):
+    """(N, d_in) -> (N, d_out): three Linear layers with GELU."""
+
+    def __init__(self, d_in=64, hidden=128, d_out=10):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(d_in, hidden), nn.GELU(), nn.Linear(hidden, hidden), nn.GELU(),
+                                 nn.Linear(hidden, d_out))
+
+    def forward(self, x):
+        return self.net(x)
 
 
 class TinyGPT(nn.Module):
