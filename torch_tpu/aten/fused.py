@@ -91,11 +91,13 @@ def record(entry, inputs, sinks, device, name):
     new = _C._empty_like_specs(entry.new_outputs, device) if entry.new_outputs else []
     wiring = []
     for o in inputs:
-        if isinstance(o, torch.Tensor) and o.device.type != "cpu":
+        if o.__class__ is tuple:  # a scalar or rng operand
+            wiring.append(("h", len(run.operands)))
+            run.operands.append(o)
+        elif not o.is_cpu:
             wiring.append(("c", run.index(_C._storage_key(o), o)))
         else:
-            if isinstance(o, torch.Tensor):  # the host tensor may change before the flush
-                o = o.clone()
+            o = o.clone()  # the host tensor may change before the flush
             wiring.append(("h", len(run.operands)))
             run.operands.append(o)
     it = iter(new)

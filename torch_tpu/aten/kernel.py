@@ -122,11 +122,13 @@ class _Gen:
 
 # Scalar values baked into programs instead of passed as operands (design: 0, 1 and -1).
 _BAKED = (0, 1, -1)
+# Float Scalars travel in double precision when a tensor argument is double, else in single.
+_WIDE = (torch.float64, torch.complex128)
 
 
 class _Call:
     """One call's operands (what the program may take) and cache-key parts."""
-    __slots__ = ("operands", "slots", "key", "device", "wide", "host_ok")
+    __slots__ = ("operands", "slots", "key", "device", "wide", "host_ok", "floats")
 
     def __init__(self, host_ok):
         # tpu tensors (one per storage), CPU tensors, (value, dtype) scalars, or _Gen
@@ -134,8 +136,9 @@ class _Call:
         self.slots = {}
         self.key = []
         self.device = None   # index of the tpu device
-        self.wide = False
+        self.wide = False     # a float64/complex128 tensor argument was seen
         self.host_ok = host_ok
+        self.floats = []      # (key position, operand position, is complex): widths set by finish()
 
     def tensor(self, t):
         if t is None:
@@ -144,10 +147,13 @@ class _Call:
         if not isinstance(t, torch.Tensor):  # a wrapped number (python scalar for a Tensor argument)
             self.scalar(t)
             return
-        if t.device.type == "cpu":
+        dtype = t.dtype
+        if dtype in _WIDE:
+            self.wide = True
+        if t.is_cpu:
             if t.dim() != 0 and not self.host_ok:
                 raise _same_device_error(f"tpu:{self.device or 0}", "cpu")
-            self.key.append(("C", t.dtype, tuple(t.shape), len(self.operands)))
+            self.key.append(("C", dtype, tuple(t.shape), len(self.operands)))
             self.operands.append(t.contiguous())
             return
         dev, sk, shape, stride, offset, sdt, sn = _C._describe(t)
@@ -159,9 +165,9 @@ class _Call:
         if slot is None:
             slot = self.slots[sk] = len(self.operands)
             self.operands.append(t)
-            self.key.append(("T", t.dtype, tuple(shape), tuple(stride), offset, slot, sdt, sn))
+            self.key.append(("T", dtype, tuple(shape), tuple(stride), offset, slot, sdt, sn))
         else:
-            self.key.append(("T", t.dtype, tuple(shape), tuple(stride), offset, slot))
+            self.key.append(("T", dtype, tuple(shape), tuple(stride), offset, slot))
 
     def scalar(self, v):
         if v is None:
@@ -173,15 +179,22 @@ class _Call:
             dt = torch.bool
         elif isinstance(v, int):
             dt = torch.int64
-        elif isinstance(v, complex):
-            dt = torch.complex128 if self.wide else torch.complex64
-        else:
-            dt = torch.float64 if self.wide else torch.float32
-        if v in _BAKED and dt in (torch.bool, torch.int64):
+        else:  # float or complex: its width is known once every tensor argument is seen
+            self.floats.append((len(self.key), len(self.operands), isinstance(v, complex)))
+            dt = None
+        if dt is not None and v in _BAKED:
             self.key.append(("K", dt, v))
             return
         self.key.append(("S", dt, len(self.operands)))
         self.operands.append((v, dt))
+
+    def finish(self):
+        """Fixes the width of float and complex Scalar operands."""
+        for k, o, cplx in self.floats:
+            dt = (torch.complex128 if self.wide else torch.complex64) if cplx else \
+                (torch.float64 if self.wide else torch.float32)
+            self.key[k] = ("S", dt, o)
+            self.operands[o] = (self.operands[o][0], dt)
 
 
 def _hashable(v):
@@ -223,10 +236,6 @@ class Kernel:
             for i, v in zip(self.f_index, self.lowering.prepare(*[vals[i] for i in self.f_index])):
                 vals[i] = v
         call = _Call(self.host_inputs)
-        call.wide = any(isinstance(v, torch.Tensor) and v.dtype in (torch.float64, torch.complex128)
-                        for v in vals) or any(
-            isinstance(v, (list, tuple)) and v and isinstance(v[0], torch.Tensor) and v[0].dtype in
-            (torch.float64, torch.complex128) for v in vals)
         for v, kind in zip(vals, sig.kinds):
             if kind == "T":
                 call.tensor(v)
@@ -245,6 +254,8 @@ class Kernel:
                 call.operands.append(_Gen(v))
             else:
                 call.key.append(_hashable(v))
+        if call.floats:
+            call.finish()
         if self.lowering.rng and "G" not in sig.kinds:  # e.g. native_dropout: the default generator
             call.key.append(("G", len(call.operands)))
             call.operands.append(_Gen(None))
@@ -429,6 +440,8 @@ class Kernel:
         # Out tensors of out= variants are written, never read: F's arguments are what is lowered.
         for i in self.f_index:
             lowered.append(k_to_lowered[i]())
+        if call.floats:
+            call.finish()
         if self.lowering.rng and "G" not in sig.kinds:  # its state comes last
             lowered.append(operand_arg(call.key[-1][1]))
 
