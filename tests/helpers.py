@@ -82,3 +82,14 @@ def check(fn, *args, grad=True, atol=None, rtol=None, no_fallback=True, **kwargs
         tol = _tol(c.dtype) if atol is None else dict(atol=atol, rtol=rtol if rtol is not None else atol)
         torch.testing.assert_close(t.cpu(), c, equal_nan=True, **tol)
     return out_tpu
+
+
+def data(shape, dtype):
+    """Random test data of `dtype` (bool: random signs), values spread over about [-15, 15]."""
+    x = torch.randn(shape) * 5
+    return x.to(dtype) if dtype != torch.bool else x > 0
+
+
+def grad(x):
+    """x requiring grad when it is a float tensor."""
+    return x.requires_grad_() if x.dtype.is_floating_point else x

@@ -4,18 +4,10 @@ import torch.nn.functional as F
 
 import torch_tpu
 from helpers import check, to_tpu
+from helpers import data as _data, grad as _grad
 
 FLOATS = [torch.float32, torch.bfloat16]
 ALL = FLOATS + [torch.int64, torch.bool]
-
-
-def _data(shape, dtype):
-    x = torch.randn(shape) * 5
-    return x.to(dtype) if dtype != torch.bool else x > 0
-
-
-def _grad(x):
-    return x.requires_grad_() if x.dtype.is_floating_point else x
 
 
 @pytest.mark.parametrize("dtype", ALL)

@@ -22,7 +22,7 @@ import torch
 from .. import _C
 from .. import _state, runtime
 from ..lowering.builder import Builder, TensorType, Value
-from ..lowering.registry import Lowering, LoweringContext
+from ..lowering.registry import Lowering, LoweringContext, fit
 from .launch import launch
 from .views import is_whole, read_view, write_view
 
@@ -453,14 +453,8 @@ class Kernel:
             raise RuntimeError(f"lowering of {fsig.overload} returned {len(results)} values, expected {len(out_types)}")
         fixed = []
         for r, t in zip(results, out_types):
-            if t is None:  # an undefined result: the lowering returns None for it
-                fixed.append(None)
-                continue
-            if r.dtype != t.dtype:
-                r = b.convert(r, t.dtype)
-            if r.shape != t.shape:
-                r = b.reshape(r, t.shape) if math.prod(r.shape) == t.numel else b.broadcast_to(r, t.shape)
-            fixed.append(r)
+            # an undefined result (the lowering returns None for it) stays None
+            fixed.append(None if t is None else fit(b, r, t))
 
         # 4. Where results go: fresh tensors, or the storages of written arguments.
         outputs, sinks, new_outputs = [], [], []

@@ -30,7 +30,7 @@ from .. import _C, _state, runtime
 from ..aten.kernel import _Signature
 from ..aten.views import _contiguous_strides, is_whole
 from ..lowering.builder import Builder, TensorType, Value
-from ..lowering.registry import REGISTRY, LoweringContext
+from ..lowering.registry import REGISTRY, LoweringContext, fit
 from .graph_ops import GRAPH_LOWERINGS
 
 log = logging.getLogger("torch_tpu.dynamo")
@@ -416,10 +416,7 @@ class GraphProgram:
             if t is None or r is None:
                 fixed.append(None)
                 continue
-            if r.dtype != t.dtype:
-                r = b.convert(r, t.dtype)
-            if r.shape != t.shape:
-                r = b.reshape(r, t.shape) if math.prod(r.shape) == t.numel else b.broadcast_to(r, t.shape)
+            r = fit(b, r, t)
             fixed.append(Value(r.name, r.type, _meta(m)))
         if isinstance(val, torch.Tensor):
             return fixed[0]

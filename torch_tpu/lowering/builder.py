@@ -191,7 +191,22 @@ class Builder:
             return x
         if dtype == torch.bool and not x.dtype == torch.bool:  # nonzero test, as torch's bool cast
             return self.compare(x, self.zeros_like(x), "NE")
+        if x.dtype.is_floating_point and not (dtype.is_floating_point or dtype.is_complex):
+            return self._float_to_int(x, dtype)
         return self.op("stablehlo.convert", [x], [TensorType(x.shape, dtype)])[0]
+
+    def _float_to_int(self, x: Value, dtype: torch.dtype) -> Value:
+        """Float -> integer as PyTorch's CPU kernels do on x86: truncate into int64 (for int64) or
+        int32 (for narrower types, then wrap to the width); NaN, inf and values out of that range
+        become the minimum integer (XLA would saturate, NaN -> 0)."""
+        wide = torch.int64 if dtype == torch.int64 else torch.int32
+        if x.dtype in (torch.float16, torch.bfloat16):
+            x = self.convert(x, torch.float32)
+        bound = float(2 ** (63 if wide == torch.int64 else 31))
+        ok = self.and_(self.compare(x, self.full_like(x, -bound), "GE"), self.compare(x, self.full_like(x, bound), "LT"))
+        r = self.op("stablehlo.convert", [x], [TensorType(x.shape, wide)])[0]
+        r = self.select(ok, r, self.constant(torch.iinfo(wide).min, wide, x.shape))
+        return r if wide == dtype else self.op("stablehlo.convert", [r], [TensorType(x.shape, dtype)])[0]
 
     def bitcast_convert(self, x: Value, dtype: torch.dtype) -> Value:
         return self.op("stablehlo.bitcast_convert", [x], [TensorType(x.shape, dtype)])[0]

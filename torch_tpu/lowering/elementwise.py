@@ -164,26 +164,21 @@ def minimum(ctx, x, y):
     return _finish(ctx, _nan_aware(ctx.b, "minimum", operand(ctx, x, cd), operand(ctx, y, cd)))
 
 
-@register("fmax")
-def fmax(ctx, x, y):
-    b = ctx.b
-    cd = compute_dtype(ctx.out[0].dtype)
-    xv, yv = operand(ctx, x, cd), operand(ctx, y, cd)
-    r = b.maximum(xv, yv)
-    if cd.is_floating_point:
-        r = b.select(b.is_nan(xv), yv, b.select(b.is_nan(yv), xv, r))
-    return _finish(ctx, r)
+def _nan_ignoring(name):
+    """fmax / fmin: like maximum / minimum, but a NaN loses to a number."""
+    def lower(ctx, x, y):
+        b = ctx.b
+        cd = compute_dtype(ctx.out[0].dtype)
+        xv, yv = operand(ctx, x, cd), operand(ctx, y, cd)
+        r = b.binary(name, xv, yv)
+        if cd.is_floating_point:
+            r = b.select(b.is_nan(xv), yv, b.select(b.is_nan(yv), xv, r))
+        return _finish(ctx, r)
+    return lower
 
 
-@register("fmin")
-def fmin(ctx, x, y):
-    b = ctx.b
-    cd = compute_dtype(ctx.out[0].dtype)
-    xv, yv = operand(ctx, x, cd), operand(ctx, y, cd)
-    r = b.minimum(xv, yv)
-    if cd.is_floating_point:
-        r = b.select(b.is_nan(xv), yv, b.select(b.is_nan(yv), xv, r))
-    return _finish(ctx, r)
+register("fmax")(_nan_ignoring("maximum"))
+register("fmin")(_nan_ignoring("minimum"))
 
 
 @register("atan2")
@@ -276,7 +271,12 @@ def lerp(ctx, x, end, weight):
     diff = b.subtract(ev, xv)
     lo = b.add(xv, b.multiply(wv, diff))
     hi = b.subtract(ev, b.multiply(diff, b.subtract(b.full_like(wv, 1), wv)))
-    return _finish(ctx, b.select(b.compare(b.abs(wv), b.full_like(wv, 0.5), "LT"), lo, hi))
+    if cd.is_complex:  # |w| < 0.5 on the modulus
+        from .builder import TensorType
+        aw = b.op("stablehlo.abs", [wv], [TensorType(wv.shape, torch.float64 if cd == torch.complex128 else torch.float32)])[0]
+    else:
+        aw = b.abs(wv)
+    return _finish(ctx, b.select(b.compare(aw, b.full_like(aw, 0.5), "LT"), lo, hi))
 
 
 @register("addcmul")
@@ -311,8 +311,21 @@ for _name, _op in (("exp", "stablehlo.exponential"), ("expm1", "stablehlo.expone
                    ("asin", "chlo.asin"), ("acos", "chlo.acos"), ("atan", "chlo.atan"), ("sinh", "chlo.sinh"),
                    ("cosh", "chlo.cosh"), ("asinh", "chlo.asinh"), ("acosh", "chlo.acosh"),
                    ("atanh", "chlo.atanh"), ("erf", "chlo.erf"), ("erfinv", "chlo.erf_inv"),
-                   ("lgamma", "chlo.lgamma"), ("digamma", "chlo.digamma")):
+                   ("lgamma", "chlo.lgamma")):
     register(_name)(unary_float(_op))
+
+
+@register("digamma")
+def digamma(ctx, x):
+    """CPU's poles: digamma(+0) = -inf, digamma(-0) = +inf (chlo.digamma gives NaN there)."""
+    b = ctx.b
+    cd = compute_dtype(ctx.out[0].dtype)
+    xv = b.convert(x, cd)
+    r = b.op("chlo.digamma", [xv], [xv.type])[0]
+    bits = torch.int64 if cd == torch.float64 else torch.int32
+    neg = b.compare(b.bitcast_convert(xv, bits), b.constant(0, bits, xv.shape), "LT")
+    pole = b.select(neg, b.full_like(xv, math.inf), b.full_like(xv, -math.inf))
+    return _finish(ctx, b.select(b.compare(xv, b.zeros_like(xv), "EQ"), pole, r))
 
 
 @register("exp2")
@@ -356,6 +369,18 @@ def reciprocal(ctx, x):
     return _finish(ctx, b.divide(b.full_like(xv, 1), xv))
 
 
+@register("_conj_physical")
+def conj_physical(ctx, x):
+    b = ctx.b
+    if not x.dtype.is_complex:
+        return x
+    from .builder import TensorType
+    rt = TensorType(x.shape, torch.float64 if x.dtype == torch.complex128 else torch.float32)
+    re = b.op("stablehlo.real", [x], [rt])[0]
+    im = b.op("stablehlo.imag", [x], [rt])[0]
+    return b.op("stablehlo.complex", [re, b.negate(im)], [x.type])[0]
+
+
 @register("neg")
 def neg(ctx, x):
     return ctx.b.negate(x)
@@ -365,6 +390,8 @@ def neg(ctx, x):
 def abs_(ctx, x):
     if x.dtype == torch.bool:
         return x
+    if x.dtype.is_complex:  # the modulus: a real result
+        return ctx.b.op("stablehlo.abs", [x], [ctx.out[0]])[0]
     return ctx.b.abs(x)
 
 
@@ -373,8 +400,11 @@ def sign(ctx, x):
     b = ctx.b
     if x.dtype == torch.bool:
         return x
-    if x.dtype.is_floating_point:
+    if x.dtype.is_complex:  # sgn: z / |z|, 0 at 0 (StableHLO's complex sign)
         return b.unary("sign", x)
+    if x.dtype.is_floating_point:  # NaN -> 0 as on CPU ((0 < x) - (x < 0)); StableHLO gives NaN
+        zero = b.zeros_like(x)
+        return b.select(b.or_(b.is_nan(x), b.compare(x, zero, "EQ")), zero, b.unary("sign", x))
     zero = b.zeros_like(x)
     one = b.full_like(x, 1)
     return b.select(b.compare(x, zero, "GT"), one, b.select(b.compare(x, zero, "LT"), b.negate(one), zero))

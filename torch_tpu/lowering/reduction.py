@@ -227,7 +227,14 @@ def var_of(ctx, x, dims, correction):
     mean = b.divide(s, b.full_like(s, n))
     keep_shape = [1 if i in dims else d for i, d in enumerate(x.shape)]
     centered = b.subtract(xv, b.broadcast_to(b.reshape(mean, keep_shape), x.shape))
-    ss = reduce_sum(b, b.multiply(centered, centered), dims)
+    if centered.dtype.is_complex:  # |c|^2, a real sum
+        from .builder import TensorType
+        rt = TensorType(centered.shape, torch.float64 if centered.dtype == torch.complex128 else torch.float32)
+        re = b.op("stablehlo.real", [centered], [rt])[0]
+        im = b.op("stablehlo.imag", [centered], [rt])[0]
+        ss = reduce_sum(b, b.add(b.multiply(re, re), b.multiply(im, im)), dims)
+    else:
+        ss = reduce_sum(b, b.multiply(centered, centered), dims)
     # correction is a runtime Scalar (one program serves every value)
     corr = b.constant(1, ss.dtype) if correction is None else b.convert(correction, ss.dtype)
     dof = b.maximum(b.subtract(b.constant(n, ss.dtype), corr), b.constant(0, ss.dtype))
@@ -287,7 +294,12 @@ def vector_norm(ctx, x, ord=2, dim=None, keepdim=False, dtype=None):
     out = ctx.out[0].dtype
     cd = compute_dtype(out)
     dims = reduce_dims(dim, x.rank)
-    a = b.abs(b.convert(x, cd))
+    if x.dtype.is_complex:  # the modulus, not the real part
+        from .builder import TensorType
+        real = torch.float64 if x.dtype == torch.complex128 else torch.float32
+        a = b.convert(b.op("stablehlo.abs", [x], [TensorType(x.shape, real)])[0], cd)
+    else:
+        a = b.abs(b.convert(x, cd))
     p = b.convert(ord, cd)
     pb = b.broadcast_to(p, a.shape)
     zero = b.zeros_like(a)
@@ -328,3 +340,41 @@ def _cumulative(op):
 
 register("cumsum")(_cumulative("add"))
 register("cumprod")(_cumulative("multiply"))
+
+
+def _cum_extreme(is_max):
+    """cummax/cummin with CPU's choice of index: the latest position holding the running extreme,
+    and once a NaN is seen it is the extreme (the latest NaN's position). One reduce_window of
+    (value, index) pairs ordered by (is NaN, value (reversed for min), index)."""
+    def lower(ctx, x, dim):
+        b = ctx.b
+        if x.rank == 0:
+            return x, b.constant(0, torch.int64)
+        if ctx.out[0].numel == 0:
+            return b.constant(0, x.dtype, x.shape), b.constant(0, torch.int64, x.shape)
+        d = dim % x.rank
+        n = x.shape[d]
+        window = [1] * x.rank
+        window[d] = n
+        padding = [(0, 0)] * x.rank
+        padding[d] = (n - 1, 0)
+        idx = b.iota(x.shape, d)
+        init_v = b.constant(_lowest(x.dtype) if is_max else _highest(x.dtype), x.dtype)
+        init_i = b.constant(-1, torch.int64)
+
+        def body(s, va, ia, vb, ib):
+            better = s.compare(vb, va, "GT" if is_max else "LT")
+            tie = s.compare(vb, va, "EQ")
+            if x.dtype.is_floating_point:
+                na, nb = s.is_nan(va), s.is_nan(vb)
+                better = s.or_(s.and_(nb, s.not_(na)), s.and_(s.not_(na), better))
+                tie = s.or_(s.and_(na, nb), tie)
+            take_b = s.or_(better, s.and_(tie, s.compare(ib, ia, "GT")))
+            return [s.select(take_b, vb, va), s.select(take_b, ib, ia)]
+        v, i = b.reduce_window([x, idx], [init_v, init_i], window, [1] * x.rank, padding, body)
+        return v, i
+    return lower
+
+
+register("cummax")(_cum_extreme(True))
+register("cummin")(_cum_extreme(False))

@@ -74,3 +74,13 @@ class LoweringContext:
         if len(examples) == 1:
             return examples[0].dtype if isinstance(examples[0], torch.Tensor) else torch.tensor(examples[0]).dtype
         return elementwise_dtypes(*examples, type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)[1]
+
+
+def fit(b: Builder, value: Value, type: TensorType) -> Value:
+    """A lowering's result made exactly `type` (the meta kernel's): dtype converted, and shape
+    reshaped (same element count) or broadcast."""
+    if value.dtype != type.dtype:
+        value = b.convert(value, type.dtype)
+    if value.shape != type.shape:
+        value = b.reshape(value, type.shape) if value.type.numel == type.numel else b.broadcast_to(value, type.shape)
+    return value
