@@ -1,6 +1,7 @@
 // torch_tpu._C: the Python binding of the runtime (PJRT client, cells, compile/execute) and of
 // the device integration (current device, generators, fallback counters).
 #include <torch/csrc/utils/pybind.h>
+#include <pybind11/complex.h>
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/Exceptions.h>
 #include <ATen/Tensor.h>

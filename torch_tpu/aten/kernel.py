@@ -197,6 +197,45 @@ class _Call:
             self.operands[o] = (self.operands[o][0], dt)
 
 
+def _extent(t):
+    """[first, last] element offsets that a non-empty view touches in its storage."""
+    lo = hi = t.storage_offset()
+    for size, stride in zip(t.shape, t.stride()):
+        if size > 1:
+            if stride > 0:
+                hi += (size - 1) * stride
+            else:
+                lo += (size - 1) * stride
+    return lo, hi
+
+
+def _check_overlap(vals, sig):
+    """PyTorch's memory-overlap rules for written tensors (TensorIterator's check_mem_overlap):
+    no written tensor may have several elements at one address (an expanded view), and an input
+    may share memory with a written tensor only as exactly the same view."""
+    written = [t for i in sig.written for t in (vals[i] if isinstance(vals[i], list) else [vals[i]])
+               if isinstance(t, torch.Tensor) and t.numel() > 1]
+    if not written:
+        return
+    for w in written:
+        if any(st == 0 and n > 1 for n, st in zip(w.shape, w.stride())):
+            raise RuntimeError("unsupported operation: more than one element of the written-to tensor refers to a "
+                               "single memory location. Please clone() the tensor before performing the operation.")
+    inputs = [t for i, v in enumerate(vals) if i not in sig.written
+              for t in (v if isinstance(v, list) else [v]) if isinstance(t, torch.Tensor) and not t.is_cpu]
+    for w in written:
+        wk, (wlo, whi) = _C._storage_key(w), _extent(w)
+        for u in inputs:
+            if u.numel() == 0 or _C._storage_key(u) != wk:
+                continue
+            same = (u.storage_offset(), u.shape, u.stride()) == (w.storage_offset(), w.shape, w.stride())
+            lo, hi = _extent(u)
+            if not same and lo <= whi and wlo <= hi:
+                raise RuntimeError("unsupported operation: some elements of the input tensor and the written-to "
+                                   "tensor refer to a single memory location. Please clone() the tensor before "
+                                   "performing the operation.")
+
+
 def _hashable(v):
     if isinstance(v, list):
         return tuple(_hashable(x) for x in v)
@@ -339,6 +378,7 @@ class Kernel:
         k_meta = meta_vals(vals, sig.kinds)
         resize = []
         if sig.written:
+            _check_overlap(vals, sig)
             sig.invoke(k_meta)  # raises what CPU would (broadcast into self, unsafe casts...)
             if sig.is_out:
                 for i in sig.written:
