@@ -107,3 +107,23 @@ def test_fallback_counted():
     assert y.device.type == "tpu"
     assert torch_tpu.metrics.fallback_counts().get("aten::_fft_r2c", 0) == 1
     torch.testing.assert_close(y.cpu(), torch.ops.aten._fft_r2c(torch.ones(4), [0], 0, True))
+
+
+def test_work_on_a_second_device_and_between_devices():
+    a = torch.arange(4.0, device="tpu")
+    b = a.to("tpu:1")
+    assert b.device.index == 1
+    torch.testing.assert_close(b.cpu(), torch.arange(4.0))
+    c = torch.empty(4, device="tpu:1").copy_(a * 2)
+    torch.testing.assert_close(c.cpu(), torch.arange(4.0) * 2)
+    torch.testing.assert_close(torch.arange(3, device="tpu:1").cpu(), torch.arange(3))
+    torch.testing.assert_close(torch.linspace(0, 1, 5, device="tpu:1").cpu(), torch.linspace(0, 1, 5))
+    r = torch.empty(0, device="tpu:1")
+    r.resize_(3)  # grows its storage on tpu:1, whatever the current device is
+    r.fill_(2)
+    torch.testing.assert_close((r + 1).cpu(), torch.full((3,), 3.0))
+
+
+def test_pinned_memory_with_tpu_as_accelerator():
+    p = torch.ones(4).pin_memory()
+    torch.testing.assert_close(p.to("tpu", non_blocking=True).cpu(), torch.ones(4))

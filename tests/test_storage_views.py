@@ -184,3 +184,32 @@ def test_inplace_update_donates_buffer():
     assert "tf.aliasing_output = 0" in text
     assert x.data_ptr() == ptr
     torch.testing.assert_close(x[:4].cpu(), torch.full((4,), 3.0))
+
+
+def test_save_and_load_tpu_state_dict(tmp_path):
+    model = torch.nn.Linear(3, 2).to("tpu")
+    torch.save(model.state_dict(), tmp_path / "m.pt")
+    loaded = torch.load(tmp_path / "m.pt", map_location="tpu")
+    for k, v in model.state_dict().items():
+        assert loaded[k].device.type == "tpu"
+        assert torch.equal(loaded[k].cpu(), v.cpu())
+    torch.testing.assert_close((loaded["weight"] * 2).cpu(), model.weight.detach().cpu() * 2)
+
+
+def test_reinterpreting_storage_bytes():
+    x = torch.randn(3, 4)
+    t = x.to("tpu")
+    assert torch.equal(t.view(torch.uint8).cpu(), x.view(torch.uint8))
+    assert torch.equal(t.view(torch.int32).cpu(), x.view(torch.int32))
+    y = torch.zeros(2, device="tpu")
+    y.view(torch.uint8)[4:8] = torch.tensor([0, 0, 128, 63], dtype=torch.uint8, device="tpu")  # 1.0f
+    torch.testing.assert_close(y.cpu(), torch.tensor([0.0, 1.0]))
+    b = torch.tensor([True, False, True], device="tpu")
+    assert torch.equal(b.view(torch.uint8).cpu(), torch.tensor([1, 0, 1], dtype=torch.uint8))
+
+
+def test_complex_python_scalars():
+    c = torch.tensor([1 + 1j, 2 - 1j, 0.5j])
+    t = c.to("tpu")
+    torch.testing.assert_close((t * 1j).cpu(), c * 1j)
+    torch.testing.assert_close(t.add(1 + 1j).cpu(), c.add(1 + 1j))

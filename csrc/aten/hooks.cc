@@ -1,6 +1,8 @@
 // PrivateUse1 hooks: what torch.accelerator, torch.Generator(device="tpu") and storage resizing
 // ask of a backend. isAvailable() and deviceCount() never throw.
 #include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/Storage.h>
 
 #include "aten/device.h"
@@ -25,6 +27,10 @@ struct TpuHooks final : at::PrivateUse1HooksInterface {
     return at::Device(c10::DeviceType::PrivateUse1, c->device);
   }
   bool hasPrimaryContext(c10::DeviceIndex) const override { return Runtime::get().started(); }
+  // PJRT copies host data itself: "pinned" host memory is ordinary CPU memory here, so that
+  // pin_memory() and DataLoader(pin_memory=True) work with tpu as the current accelerator.
+  at::Allocator* getPinnedMemoryAllocator() const override { return c10::GetCPUAllocator(); }
+  bool isPinnedPtr(const void*) const override { return false; }
   c10::DeviceIndex deviceCount() const override {
     return static_cast<c10::DeviceIndex>(Runtime::get().device_count_noexcept());
   }
@@ -42,6 +48,8 @@ struct TpuHooks final : at::PrivateUse1HooksInterface {
     TORCH_CHECK(impl->resizable(), "Trying to resize storage that is not resizable");
     c10::Allocator* alloc = impl->allocator();
     TORCH_CHECK(alloc, "tpu storage has no allocator; it cannot be resized");
+    // The new cell lives on the storage's device, whatever the current device is.
+    c10::DeviceGuard guard(impl->device());
     c10::DataPtr fresh = alloc->allocate(newsize);
     Cell* dst = static_cast<Cell*>(fresh.get_context());
     Cell* src = static_cast<Cell*>(impl->data_ptr().get_context());

@@ -62,7 +62,10 @@ PYBIND11_MODULE(_C, m) {
     auto& p = Runtime::get().client().plugin();
     return std::make_pair(p.api_major(), p.api_minor());
   });
-  m.def("_device_count", [] { return Runtime::get().device_count_noexcept(); });
+  m.def("_device_count", [] {
+    torch::PyWarningHandler warnings;  // the first start's "runs on the CPU plugin" warning
+    return Runtime::get().device_count_noexcept();
+  });
   m.def("_memory_stats", [](int64_t index) {
     auto s = Runtime::get().client().memory_stats(index);
     py::dict d;

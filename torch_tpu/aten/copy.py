@@ -34,6 +34,8 @@ def copy_(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> 
         with torch.no_grad():
             self.copy_(host)
         return self
+    if not src.is_cpu and src.device != self.device:
+        src = to_host(src)  # between tpu devices: through the host (the plugin has no shared memory)
     from .register import copy_kernel  # the lowered device-side copy
     return copy_kernel(self, src, non_blocking)
 

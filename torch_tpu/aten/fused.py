@@ -206,9 +206,10 @@ def flush():
 
 
 def _replay(run):
+    from .kernel import executable
     for entry, wiring, out_idx, name in run.records:
         inputs = [run.tensors[i] if kind == "c" else run.operands[i] for kind, i in wiring]
-        _C._launch(entry.exe, inputs, [run.tensors[i] for i in out_idx], [], run.device, name)
+        _C._launch(executable(entry), inputs, [run.tensors[i] for i in out_idx], [], run.device, name)
 
 
 def pending() -> int:

@@ -89,6 +89,8 @@ class _Entry:
     rng_draws: int = 0
     resize: list = field(default_factory=list)  # out= args to resize first: (arg index, shape)
     absent: tuple = ()  # positions of undefined (None) results, e.g. convolution_backward's output_mask
+    text: str = ""      # the program (StableHLO), and the op it is for
+    name: str = ""
     # For fused eager: the program as a private function "@__OP__", its argument and result types.
     fn_text: str = ""
     arg_types: list = field(default_factory=list)
@@ -97,6 +99,20 @@ class _Entry:
 
 
 _CACHE: dict = {}
+
+
+def compile_entry_text(name: str, text: str):
+    try:
+        return runtime.compile(text)
+    except RuntimeError as e:
+        raise RuntimeError(f"tpu: compiling {name} failed: {e}\n--- program ---\n{text}") from None
+
+
+def executable(entry):
+    """The entry's own executable, compiled on first use."""
+    if entry.exe is None:
+        entry.exe = compile_entry_text(entry.name, entry.text)
+    return entry.exe
 
 
 def cache_size() -> int:
@@ -544,12 +560,11 @@ class Kernel:
                         b._args[idx] = (a, f"tf.aliasing_output = {len(outputs) - 1} : i32")
         text = b.module(outputs)
         _state.last_program_text = text
-        try:
-            exe = runtime.compile(text)
-        except RuntimeError as e:
-            raise RuntimeError(f"tpu: compiling {self.name} failed: {e}\n--- program ---\n{text}") from None
+        # Fused eager inlines the op into a bigger program: its own executable is built only if needed.
+        exe = None if _state.eager_mode == "fused" else compile_entry_text(self.name, text)
         draws = sum(math.prod(t.shape) for t in out_types if t is not None) if self.lowering.rng else 0
         absent = tuple(i for i, t in enumerate(out_types) if t is None)
-        return _Entry(exe, plan, new_outputs, sinks, structure, rng_draws=draws, absent=absent,
+        return _Entry(exe, plan, new_outputs, sinks, structure, rng_draws=draws, absent=absent, text=text,
+                      name=self.name,
                       fn_text=b.function("__OP__", outputs, public=False), arg_types=b.arg_types(),
                       result_types=[v.type for v in outputs])

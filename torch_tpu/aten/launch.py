@@ -31,7 +31,8 @@ def launch(entry, inputs, sinks, device: int, name: str):
     if mode == "fused":
         from . import fused
         return fused.record(entry, inputs, sinks, device, name)
-    new = _C._launch(entry.exe, inputs, sinks, entry.new_outputs, device, name)
+    from .kernel import executable
+    new = _C._launch(executable(entry), inputs, sinks, entry.new_outputs, device, name)
     if mode == "debug":
         try:
             _C._synchronize(device)

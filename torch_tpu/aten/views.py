@@ -36,11 +36,28 @@ def _dense(sizes, strides):
 
 
 def _as_dtype(b: Builder, base: Value, dtype: torch.dtype) -> Value:
+    """The 1-D storage buffer reinterpreted as `dtype` (its bytes unchanged), as a storage shared by
+    tensors of different dtypes is (x.view(torch.uint8), torch.save / torch.load of storages)."""
     if base.dtype == dtype:
         return base
-    if base.dtype.itemsize != dtype.itemsize:
-        raise NotImplementedError(f"reading a {base.dtype} storage as {dtype} (different item sizes) on tpu")
-    return b.bitcast_convert(base, dtype)
+    if dtype == torch.bool or base.dtype == torch.bool:  # PRED cannot be bitcast: go through uint8
+        if dtype == torch.bool:
+            return b.convert(_as_dtype(b, base, torch.uint8), torch.bool)
+        base = b.convert(base, torch.uint8)
+        if dtype == torch.uint8:
+            return base
+    src, dst = base.dtype.itemsize, dtype.itemsize
+    if src == dst:
+        return b.bitcast_convert(base, dtype)
+    n = base.shape[0]
+    if src > dst:  # e.g. float32 -> uint8: each element becomes src/dst elements
+        r = src // dst
+        wide = b.op("stablehlo.bitcast_convert", [base], [TensorType((n, r), dtype)])[0]
+        return b.reshape(wide, [n * r])
+    r = dst // src  # e.g. uint8 -> float32: groups of dst/src elements become one
+    usable = (n // r) * r
+    base = b.slice(base, [0], [usable]) if usable != n else base
+    return b.op("stablehlo.bitcast_convert", [b.reshape(base, [usable // r, r])], [TensorType((usable // r,), dtype)])[0]
 
 
 def _flat_offsets(b: Builder, offset, sizes, strides) -> Value:
@@ -106,9 +123,13 @@ def write_view(b: Builder, base: Value, offset: int, sizes, strides, value: Valu
     Where a stride-0 dimension makes several elements one, the last one is written, as on CPU."""
     sizes, strides = list(sizes), list(strides)
     store_dtype = base.dtype
-    if value.dtype != store_dtype:
-        value = b.bitcast_convert(value, store_dtype) if value.dtype.itemsize == store_dtype.itemsize \
-            and value.dtype != torch.bool and store_dtype != torch.bool else b.convert(value, store_dtype)
+    if value.dtype != store_dtype:  # write in the view's dtype, then back to the storage's bytes
+        view_base = _as_dtype(b, base, value.dtype)
+        new = write_view(b, view_base, offset, sizes, strides, value)
+        out = _as_dtype(b, new, store_dtype)
+        if out.shape != base.shape:  # a partial trailing group of bytes: keep the old tail
+            out = b.concatenate([out, b.slice(base, [out.shape[0]], [base.shape[0]])], 0)
+        return out
     n = math.prod(sizes)
     if n == 0:
         return base

@@ -525,7 +525,6 @@ class GraphProgram:
         return outs
 
 
-_named_launch: list = []
 
 
 def _launch(exe, inputs, sinks, specs, device, name):
@@ -535,17 +534,7 @@ def _launch(exe, inputs, sinks, specs, device, name):
     if mode == "fused":
         from ..aten import fused
         fused.flush()
-    if not _named_launch:  # the core's _launch gained a name argument; accept both
-        try:
-            new = _C._launch(exe, inputs, sinks, specs, device, name)
-            _named_launch.append(True)
-        except TypeError:
-            _named_launch.append(False)
-            new = _C._launch(exe, inputs, sinks, specs, device)
-    elif _named_launch[0]:
-        new = _C._launch(exe, inputs, sinks, specs, device, name)
-    else:
-        new = _C._launch(exe, inputs, sinks, specs, device)
+    new = _C._launch(exe, inputs, sinks, specs, device, name)
     if mode == "debug":
         try:
             _C._synchronize(device)
