@@ -330,8 +330,8 @@ std::shared_ptr<Executable> Client::deserialize(const std::string& bytes) const 
   return wrap_loaded(a.loaded_executable);
 }
 
-std::shared_ptr<Buffer> Client::buffer_from_host(const void* data, PJRT_Buffer_Type type,
-                                                 const std::vector<int64_t>& dims, int64_t index) {
+std::shared_ptr<Buffer> Client::transfer(const void* data, PJRT_Buffer_Type type,
+                                         const std::vector<int64_t>& dims, int64_t index, bool during_call) {
   const PJRT_Api* api = plugin_->api();
   auto a = PJRT_ARGS(PJRT_Client_BufferFromHostBuffer_Args);
   a.client = client_;
@@ -339,33 +339,24 @@ std::shared_ptr<Buffer> Client::buffer_from_host(const void* data, PJRT_Buffer_T
   a.type = type;
   a.dims = dims.data();
   a.num_dims = dims.size();
-  a.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableUntilTransferCompletes;
+  a.host_buffer_semantics = during_call ? PJRT_HostBufferSemantics_kImmutableOnlyDuringCall
+                                        : PJRT_HostBufferSemantics_kImmutableUntilTransferCompletes;
   a.device = device(index);
   plugin_->check(api->PJRT_Client_BufferFromHostBuffer(&a), "PJRT_Client_BufferFromHostBuffer");
   auto buf = std::make_shared<Buffer>(shared_from_this(), a.buffer);
+  // Wait until the host data is no longer needed (already so when copied during the call).
   await_and_destroy(*plugin_, a.done_with_host_buffer, "host-to-device transfer");
   return buf;
 }
 
+std::shared_ptr<Buffer> Client::buffer_from_host(const void* data, PJRT_Buffer_Type type,
+                                                 const std::vector<int64_t>& dims, int64_t index) {
+  return transfer(data, type, dims, index, /*during_call=*/false);
+}
+
 std::shared_ptr<Buffer> Client::small_buffer_from_host(const void* data, PJRT_Buffer_Type type,
                                                        const std::vector<int64_t>& dims, int64_t index) {
-  const PJRT_Api* api = plugin_->api();
-  auto a = PJRT_ARGS(PJRT_Client_BufferFromHostBuffer_Args);
-  a.client = client_;
-  a.data = data;
-  a.type = type;
-  a.dims = dims.data();
-  a.num_dims = dims.size();
-  a.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableOnlyDuringCall;
-  a.device = device(index);
-  plugin_->check(api->PJRT_Client_BufferFromHostBuffer(&a), "PJRT_Client_BufferFromHostBuffer");
-  auto buf = std::make_shared<Buffer>(shared_from_this(), a.buffer);
-  if (a.done_with_host_buffer) {  // already done: the data was copied during the call
-    auto d = PJRT_ARGS(PJRT_Event_Destroy_Args);
-    d.event = a.done_with_host_buffer;
-    plugin_->check(api->PJRT_Event_Destroy(&d), "PJRT_Event_Destroy");
-  }
-  return buf;
+  return transfer(data, type, dims, index, /*during_call=*/true);
 }
 
 std::vector<std::shared_ptr<Buffer>> Client::execute(const Executable& exe,

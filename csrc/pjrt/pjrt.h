@@ -143,6 +143,8 @@ class Client : public std::enable_shared_from_this<Client> {
 
  private:
   Client(std::shared_ptr<Plugin> plugin) : plugin_(std::move(plugin)) {}
+  std::shared_ptr<Buffer> transfer(const void* data, PJRT_Buffer_Type type, const std::vector<int64_t>& dims,
+                                   int64_t index, bool during_call);
   // Takes ownership of `loaded` and reads its output count, types and dimensions.
   std::shared_ptr<Executable> wrap_loaded(PJRT_LoadedExecutable* loaded) const;
   std::shared_ptr<Plugin> plugin_;

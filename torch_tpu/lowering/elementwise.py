@@ -336,29 +336,24 @@ def exp2(ctx, x):
     return _finish(ctx, b.power(b.full_like(xv, 2.0), xv))
 
 
-@register("log2")
-def log2(ctx, x):
-    b = ctx.b
-    cd = compute_dtype(ctx.out[0].dtype)
-    xv = b.convert(x, cd)
-    return _finish(ctx, b.divide(b.log(xv), b.full_like(xv, math.log(2.0))))
+def _log_base(base):
+    """log2 / log10: ln(x) / ln(base)."""
+    def lower(ctx, x):
+        b = ctx.b
+        xv = b.convert(x, compute_dtype(ctx.out[0].dtype))
+        return _finish(ctx, b.divide(b.log(xv), b.full_like(xv, math.log(base))))
+    return lower
 
 
-@register("log10")
-def log10(ctx, x):
-    b = ctx.b
-    cd = compute_dtype(ctx.out[0].dtype)
-    xv = b.convert(x, cd)
-    return _finish(ctx, b.divide(b.log(xv), b.full_like(xv, math.log(10.0))))
+register("log2")(_log_base(2.0))
+register("log10")(_log_base(10.0))
 
 
 @register("erfc")
 def erfc(ctx, x):
     b = ctx.b
-    cd = compute_dtype(ctx.out[0].dtype)
-    xv = b.convert(x, cd)
-    return _finish(ctx, b.subtract(b.full_like(xv, 1.0), b.unary("chlo.erf", xv) if False else
-                                   ctx.b.op("chlo.erf", [xv], [xv.type])[0]))
+    xv = b.convert(x, compute_dtype(ctx.out[0].dtype))
+    return _finish(ctx, b.subtract(b.full_like(xv, 1.0), b.unary("chlo.erf", xv)))
 
 
 @register("reciprocal")
