@@ -7,7 +7,15 @@ created on first use. Without a TPU, the device runs on OpenXLA's CPU plugin (se
 """
 from __future__ import annotations
 
-import torch
+
+def _autoload():
+    """Entry point for torch's device-backend autoloading (importing is all it takes).
+
+    Defined before `import torch`: when `import torch_tpu` comes first, torch's own import runs the
+    autoload entry point, which finds this partially imported module and calls this."""
+
+
+import torch  # noqa: E402
 
 from . import _C  # noqa: F401  (registers the allocator, guard, hooks and metadata kernels)
 from . import runtime
@@ -35,7 +43,3 @@ from . import dynamo  # noqa: E402,F401  (registers torch.compile(backend="tpu")
 
 __version__ = "0.1.0"
 __all__ = ["runtime", "metrics", "set_eager_mode", "get_eager_mode", "eager_mode"]
-
-
-def _autoload():
-    """Entry point for torch's device-backend autoloading (importing is all it takes)."""
