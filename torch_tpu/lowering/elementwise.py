@@ -279,20 +279,18 @@ def lerp(ctx, x, end, weight):
     return _finish(ctx, b.select(b.compare(aw, b.full_like(aw, 0.5), "LT"), lo, hi))
 
 
-@register("addcmul")
-def addcmul(ctx, x, t1, t2, value):
-    b = ctx.b
-    cd = compute_dtype(ctx.out[0].dtype)
-    return _finish(ctx, b.add(operand(ctx, x, cd), b.multiply(operand(ctx, value, cd),
-                                                              b.multiply(operand(ctx, t1, cd), operand(ctx, t2, cd)))))
+def _add_scaled(combine):
+    """addcmul / addcdiv: x + value * combine(t1, t2)."""
+    def lower(ctx, x, t1, t2, value):
+        b = ctx.b
+        cd = compute_dtype(ctx.out[0].dtype)
+        prod = getattr(b, combine)(operand(ctx, t1, cd), operand(ctx, t2, cd))
+        return _finish(ctx, b.add(operand(ctx, x, cd), b.multiply(operand(ctx, value, cd), prod)))
+    return lower
 
 
-@register("addcdiv")
-def addcdiv(ctx, x, t1, t2, value):
-    b = ctx.b
-    cd = compute_dtype(ctx.out[0].dtype)
-    return _finish(ctx, b.add(operand(ctx, x, cd), b.multiply(operand(ctx, value, cd),
-                                                              b.divide(operand(ctx, t1, cd), operand(ctx, t2, cd)))))
+register("addcmul")(_add_scaled("multiply"))
+register("addcdiv")(_add_scaled("divide"))
 
 
 # -- unary math -------------------------------------------------------------------------------------

@@ -33,6 +33,16 @@ def _mean(b, x, dims):
     return b.divide(s, b.full_like(s, n))
 
 
+def _standardize(b, x, dims, eps):
+    """(x - mean) * rsqrt(biased var + eps) over `dims`, with the mean, that rsqrt and the var
+    (reduced shapes): the core shared by batch, layer and group norm."""
+    mean = _mean(b, x, dims)
+    centered = b.subtract(x, _bcast_reduced(b, mean, x, dims))
+    var = _mean(b, b.multiply(centered, centered), dims)
+    rstd = b.rsqrt(b.add(var, b.full_like(var, eps)))
+    return b.multiply(centered, _bcast_reduced(b, rstd, x, dims)), mean, rstd, var
+
+
 def _affine(b, y, w, bias, x, cd, bcast):
     if w is not None:
         y = b.multiply(y, bcast(b, w, x, cd))
@@ -51,12 +61,7 @@ def _bn_train(ctx, x, w, bias, eps):
     b = ctx.b
     cd = compute_dtype(x.dtype)
     xv = b.convert(x, cd)
-    dims = _bn_dims(x)
-    mean = _mean(b, xv, dims)
-    centered = b.subtract(xv, _chan(b, mean, xv, cd))
-    var = _mean(b, b.multiply(centered, centered), dims)
-    invstd = b.rsqrt(b.add(var, b.full_like(var, eps)))
-    y = b.multiply(centered, _chan(b, invstd, xv, cd))
+    y, mean, invstd, var = _standardize(b, xv, _bn_dims(x), eps)
     y = _affine(b, y, w, bias, xv, cd, _chan)
     n = xv.type.numel // max(x.shape[1], 1)
     return b.convert(y, ctx.out[0].dtype), mean, invstd, var, n
@@ -177,11 +182,7 @@ def layer_norm(ctx, x, normalized_shape, w, bias, eps):
     cd = compute_dtype(x.dtype)
     xv = b.convert(x, cd)
     dims = list(range(x.rank - len(normalized_shape), x.rank))
-    mean = _mean(b, xv, dims)
-    centered = b.subtract(xv, _bcast_reduced(b, mean, xv, dims))
-    var = _mean(b, b.multiply(centered, centered), dims)
-    rstd = b.rsqrt(b.add(var, b.full_like(var, eps)))
-    y = b.multiply(centered, _bcast_reduced(b, rstd, xv, dims))
+    y, mean, rstd, _ = _standardize(b, xv, dims, eps)
     y = _affine(b, y, w, bias, xv, cd, _trailing)
     return (b.convert(y, ctx.out[0].dtype), b.reshape(b.convert(mean, ctx.out[1].dtype), ctx.out[1].shape),
             b.reshape(b.convert(rstd, ctx.out[2].dtype), ctx.out[2].shape))
@@ -225,11 +226,8 @@ def group_norm(ctx, x, w, bias, N, C, HxW, group, eps):
     b = ctx.b
     cd = compute_dtype(x.dtype)
     xg = _grouped(b, x, N, group, cd)
-    mean = _mean(b, xg, [2])
-    centered = b.subtract(xg, _bcast_reduced(b, mean, xg, [2]))
-    var = _mean(b, b.multiply(centered, centered), [2])
-    rstd = b.rsqrt(b.add(var, b.full_like(var, eps)))
-    y = b.reshape(b.multiply(centered, _bcast_reduced(b, rstd, xg, [2])), [N, C, HxW])
+    xhat, mean, rstd, _ = _standardize(b, xg, [2], eps)
+    y = b.reshape(xhat, [N, C, HxW])
     if w is not None:
         y = b.multiply(y, _per_channel(b, w, N, C, HxW, cd))
     if bias is not None:
