@@ -1,8 +1,9 @@
-"""The GPT-style block's training step written in JAX and run by jax.jit on JAX's own XLA CPU
+"""The benchmark models' training steps written in JAX and run by jax.jit on JAX's own XLA CPU
 backend: the reference for torch.compile(backend="tpu"), since both end in the same compiler.
 
-Same architecture, parameters (copied from the torch model), batch, loss and AdamW update as
-benchmarks/bench_compile.py's gpt_case. Needs `pip install jax` (not a dependency of torch_tpu).
+Same architectures, parameters (copied from the torch models), batches, losses and AdamW update
+(PyTorch's defaults: betas (0.9, 0.999), eps 1e-8, weight decay 1e-2) as benchmarks/bench_compile.py's
+cases. Needs `pip install jax` (not a dependency of torch_tpu).
 """
 from __future__ import annotations
 
@@ -10,44 +11,30 @@ import statistics
 import time
 
 
-def gpt_step_seconds(torch_model, idx, tgt, steps, lr=1e-3, heads=4):
+def _params(torch_model):
+    import jax.numpy as jnp
+    return {k: jnp.asarray(v.detach().cpu().numpy()) for k, v in torch_model.named_parameters()}
+
+
+def _sub(P, prefix):
+    return {k.split(".", 1)[1]: v for k, v in P.items() if k.startswith(prefix + ".")}
+
+
+def _cross_entropy(logits, tgt):
+    import jax
+    import jax.numpy as jnp
+    return -jnp.mean(jax.nn.log_softmax(logits)[jnp.arange(tgt.shape[0]), tgt])
+
+
+def _time_adamw(loss_fn, params, state, steps, lr=1e-3):
+    """Seconds per jitted step (value_and_grad + AdamW, median of 3 runs of `steps` after warm-up).
+    `loss_fn(P, state) -> (loss, new_state)` (state: non-trained buffers such as BatchNorm's)."""
     import jax
     import jax.numpy as jnp
 
-    params = {k: jnp.asarray(v.detach().cpu().numpy()) for k, v in torch_model.named_parameters()}
-    idx = jnp.asarray(idx.cpu().numpy())
-    tgt = jnp.asarray(tgt.cpu().numpy())
-
-    def ln(x, p):
-        m = x.mean(-1, keepdims=True)
-        v = ((x - m) ** 2).mean(-1, keepdims=True)
-        return (x - m) / jnp.sqrt(v + 1e-5) * params_of(p, "weight") + params_of(p, "bias")
-
-    def params_of(p, name):
-        return p[name]
-
-    def forward(P, idx):
-        sub = lambda prefix: {k.split(".", 1)[1]: v for k, v in P.items() if k.startswith(prefix + ".")}
-        b, t = idx.shape
-        x = P["emb.weight"][idx] + P["pos"][:t]
-        h = ln(x, sub("ln1")) @ P["qkv.weight"].T + P["qkv.bias"]
-        q, k, v = jnp.split(h, 3, axis=-1)
-        q, k, v = (z.reshape(b, t, heads, -1).transpose(0, 2, 1, 3) for z in (q, k, v))
-        s = q @ k.transpose(0, 1, 3, 2) / jnp.sqrt(q.shape[-1])
-        s = jnp.where(jnp.tril(jnp.ones((t, t), bool)), s, -jnp.inf)
-        y = jax.nn.softmax(s, axis=-1) @ v
-        x = x + y.transpose(0, 2, 1, 3).reshape(b, t, -1) @ P["proj.weight"].T + P["proj.bias"]
-        m = jax.nn.gelu(ln(x, sub("ln2")) @ P["fc1.weight"].T + P["fc1.bias"], approximate=False)
-        x = x + m @ P["fc2.weight"].T + P["fc2.bias"]
-        return ln(x, sub("lnf")) @ P["emb.weight"].T
-
-    def loss_fn(P):
-        logits = forward(P, idx).reshape(-1, P["emb.weight"].shape[0])
-        return -jnp.mean(jax.nn.log_softmax(logits)[jnp.arange(tgt.shape[0]), tgt])
-
     @jax.jit
-    def step(P, m, v, t):
-        loss, g = jax.value_and_grad(loss_fn)(P)
+    def step(P, m, v, t, state):
+        (loss, state), g = jax.value_and_grad(loss_fn, has_aux=True)(P, state)
         b1, b2, eps, wd = 0.9, 0.999, 1e-8, 1e-2
         t = t + 1
         newP, newm, newv = {}, {}, {}
@@ -58,20 +45,93 @@ def gpt_step_seconds(torch_model, idx, tgt, steps, lr=1e-3, heads=4):
             mh = newm[k] / (1 - b1 ** t)
             vh = newv[k] / (1 - b2 ** t)
             newP[k] = p - lr * mh / (jnp.sqrt(vh) + eps)
-        return newP, newm, newv, t, loss
+        return newP, newm, newv, t, state, loss
 
     m = {k: jnp.zeros_like(p) for k, p in params.items()}
     v = {k: jnp.zeros_like(p) for k, p in params.items()}
     t = jnp.zeros((), jnp.float32)
     P = params
     for _ in range(3):
-        P, m, v, t, loss = step(P, m, v, t)
+        P, m, v, t, state, loss = step(P, m, v, t, state)
     loss.block_until_ready()
     runs = []
     for _ in range(3):
         t0 = time.perf_counter()
         for _ in range(steps):
-            P, m, v, t, loss = step(P, m, v, t)
+            P, m, v, t, state, loss = step(P, m, v, t, state)
         float(loss)
         runs.append((time.perf_counter() - t0) / steps)
     return statistics.median(runs)
+
+
+def gpt_step_seconds(torch_model, idx, tgt, steps, lr=1e-3, heads=4):
+    """examples/tiny_models.py's TinyGPT: idx (B, T) int64 tokens, tgt (B*T,) int64."""
+    import jax
+    import jax.numpy as jnp
+
+    idx = jnp.asarray(idx.cpu().numpy())
+    tgt = jnp.asarray(tgt.cpu().numpy())
+
+    def ln(x, p):
+        m = x.mean(-1, keepdims=True)
+        v = ((x - m) ** 2).mean(-1, keepdims=True)
+        return (x - m) / jnp.sqrt(v + 1e-5) * p["weight"] + p["bias"]
+
+    def forward(P, idx):
+        b, t = idx.shape
+        x = P["emb.weight"][idx] + P["pos"][:t]
+        h = ln(x, _sub(P, "ln1")) @ P["qkv.weight"].T + P["qkv.bias"]
+        q, k, v = jnp.split(h, 3, axis=-1)
+        q, k, v = (z.reshape(b, t, heads, -1).transpose(0, 2, 1, 3) for z in (q, k, v))
+        s = q @ k.transpose(0, 1, 3, 2) / jnp.sqrt(q.shape[-1])
+        s = jnp.where(jnp.tril(jnp.ones((t, t), bool)), s, -jnp.inf)
+        y = jax.nn.softmax(s, axis=-1) @ v
+        x = x + y.transpose(0, 2, 1, 3).reshape(b, t, -1) @ P["proj.weight"].T + P["proj.bias"]
+        m = jax.nn.gelu(ln(x, _sub(P, "ln2")) @ P["fc1.weight"].T + P["fc1.bias"], approximate=False)
+        x = x + m @ P["fc2.weight"].T + P["fc2.bias"]
+        return ln(x, _sub(P, "lnf")) @ P["emb.weight"].T
+
+    def loss_fn(P, state):
+        logits = forward(P, idx).reshape(-1, P["emb.weight"].shape[0])
+        return _cross_entropy(logits, tgt), state
+
+    return _time_adamw(loss_fn, _params(torch_model), (), steps, lr)
+
+
+def digits_step_seconds(torch_model, x, y, steps, lr=1e-3):
+    """examples/train_digits.py's DigitsCNN in training mode (BatchNorm on batch statistics, running
+    statistics updated with momentum 0.1 and the unbiased variance, as PyTorch does): x (N, 1, 8, 8)
+    float32, y (N,) int64."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    x = jnp.asarray(x.cpu().numpy())
+    y = jnp.asarray(y.cpu().numpy())
+    buffers = {k: jnp.asarray(v.cpu().numpy()) for k, v in torch_model.named_buffers()
+               if not k.endswith("num_batches_tracked")}
+
+    def conv(h, w, b):
+        out = lax.conv_general_dilated(h, w, (1, 1), ((1, 1), (1, 1)), dimension_numbers=("NCHW", "OIHW", "NCHW"))
+        return out + b[None, :, None, None]
+
+    def pool(h):
+        return lax.reduce_window(h, -jnp.inf, lax.max, (1, 1, 2, 2), (1, 1, 2, 2), "VALID")
+
+    def loss_fn(P, state):
+        h = conv(x, P["conv1.weight"], P["conv1.bias"])
+        mean = h.mean((0, 2, 3))
+        var = h.var((0, 2, 3))
+        n = h.size // h.shape[1]
+        h = (h - mean[None, :, None, None]) / jnp.sqrt(var[None, :, None, None] + 1e-5)
+        h = h * P["bn1.weight"][None, :, None, None] + P["bn1.bias"][None, :, None, None]
+        h = pool(jax.nn.relu(h))
+        h = pool(jax.nn.relu(conv(h, P["conv2.weight"], P["conv2.bias"])))
+        h = jax.nn.relu(h.reshape(h.shape[0], -1) @ P["fc1.weight"].T + P["fc1.bias"])
+        logits = h @ P["fc2.weight"].T + P["fc2.bias"]
+        new_state = {"bn1.running_mean": 0.9 * state["bn1.running_mean"] + 0.1 * lax.stop_gradient(mean),
+                     "bn1.running_var": 0.9 * state["bn1.running_var"]
+                     + 0.1 * lax.stop_gradient(var) * n / (n - 1)}
+        return _cross_entropy(logits, y), new_state
+
+    return _time_adamw(loss_fn, _params(torch_model), buffers, steps, lr)

@@ -96,7 +96,7 @@ def test_compiled_training_follows_eager(name):
     compiled_step = torch.compile(step, backend="tpu")
     before = counts()
     losses = {"eager": [], "compiled": []}
-    for i in range(10):
+    for i in range(30):  # the curve length: 30 compiled steps
         x = make_input(torch.Generator().manual_seed(100 + i % 3)).to(TPU)
         losses["eager"].append(step(models[0], opts[0], x, i % 3).item())
         losses["compiled"].append(compiled_step(models[1], opts[1], x, i % 3).item())

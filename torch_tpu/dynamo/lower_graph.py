@@ -207,11 +207,6 @@ class GraphProgram:
             v = env.get(node)
             if v is None and node.op == "placeholder":
                 v = env[node] = placeholder_value(node)
-            if v is None and node in self.host_nodes:  # a host value the device program reads
-                val = node.meta["val"]
-                a = b.arg(TensorType(tuple(val.shape), val.dtype))
-                self.arg_plan.append(("host", node))
-                v = env[node] = Value(a.name, a.type, _meta(val))
             if v is None:
                 raise Unsupported(f"value of node {node.name}", node, "is missing")
             return v
@@ -246,6 +241,7 @@ class GraphProgram:
             return b.add(state[0], inc)
 
         self.host_nodes = _host_nodes(nodes)
+        self._pack_host_reads(nodes, b, env)
         self.host_mutations = []  # (placeholder index, host node): CPU inputs updated on the host
         mutations = []          # (placeholder index, Value)
         for node in nodes:
@@ -273,8 +269,7 @@ class GraphProgram:
                 continue
             if not isinstance(node.target, torch._ops.OpOverload):
                 raise Unsupported(str(node.target), node)
-            if node.target is torch.ops.aten.copy_.default and node.args[0].op == "placeholder" and \
-                    node.args[1] in self.host_nodes and self.ph_devices[self.ph_index[node.args[0]]] == "cpu":
+            if self._host_mutation(node):
                 self.host_mutations.append((self.ph_index[node.args[0]], node.args[1]))
                 continue
             if node.target is torch.ops.aten.copy_.default and node.args[0].op == "placeholder":
@@ -344,6 +339,40 @@ class GraphProgram:
         self.mutated = dict(self.mutations)
         self.text = b.module(results)
         self.b = None
+
+    def _host_mutation(self, node) -> bool:
+        """copy_ of a host value into a CPU input: done on the host, after the launch."""
+        return node.target is torch.ops.aten.copy_.default and node.args[0].op == "placeholder" and \
+            node.args[1] in self.host_nodes and self.ph_devices[self.ph_index[node.args[0]]] == "cpu"
+
+    def _pack_host_reads(self, nodes, b, env):
+        """The host values the program reads (CPU inputs, results of host nodes) travel as one
+        operand per dtype, uploaded once per call: an optimizer's step counts are many tiny tensors."""
+        groups, seen = {}, set()
+        for node in nodes:
+            if node.op != "call_function" or node in self.host_nodes:
+                continue
+            if self._host_mutation(node):
+                continue
+            for d in node.all_input_nodes:
+                val = d.meta.get("val")
+                if d in seen or not isinstance(val, torch.Tensor) or val.numel() == 0:
+                    continue
+                if d in self.host_nodes or (d.op == "placeholder" and self.ph_devices[self.ph_index[d]] == "cpu"):
+                    seen.add(d)
+                    groups.setdefault(val.dtype, []).append(d)
+        self.host_packs = []
+        for dtype, members in groups.items():
+            a = b.arg(TensorType((sum(d.meta["val"].numel() for d in members),), dtype))
+            self.arg_plan.append(("pack", len(self.host_packs)))
+            off = 0
+            for d in members:
+                val = d.meta["val"]
+                v = b.reshape(b.slice(a, [off], [off + val.numel()]), tuple(val.shape))
+                env[d] = Value(v.name, v.type, _meta(val))
+                off += val.numel()
+            self.host_packs.append([("in", self.ph_index[d]) if d.op == "placeholder" else ("host", d)
+                                    for d in members])
 
     def _lower_node(self, node, value_of, scalar, rng_state):
         found = find_lowering(node.target)
@@ -476,8 +505,10 @@ class GraphProgram:
                 inputs.append(t)
             elif kind == "rng":
                 inputs.append((_C._generator_next(None, self.rng_draws), torch.uint64))
-            elif kind == "host":
-                inputs.append(host[entry[1]].contiguous())
+            elif kind == "pack":
+                parts = [(real[src] if where == "in" else host[src]).reshape(-1)
+                         for where, src in self.host_packs[entry[1]]]
+                inputs.append(torch.cat(parts) if len(parts) > 1 else parts[0].contiguous())
             else:
                 t = entry[1]
                 if t.device.type != "cpu":
@@ -544,8 +575,32 @@ def _launch(exe, inputs, sinks, specs, device, name):
 
 
 def _host_nodes(nodes) -> dict:
-    """Nodes that compute CPU tensors from CPU tensors only (an optimizer's step counts): they run on
-    the host with PyTorch's CPU kernels, as the user placed them there; no device round trip."""
+    """Nodes whose CPU results the host itself needs: new values of CPU inputs the graph mutates (an
+    optimizer's step counts) and CPU outputs, with what they are computed from. They run on the host
+    with PyTorch's CPU kernels, as the user placed them there; no device round trip. Every other node
+    on CPU tensors (the bias corrections derived from the step counts) is lowered into the program,
+    which reads the host values it needs as operands."""
+    on_host = _cpu_only_nodes(nodes)
+    need = []
+    for n in nodes:
+        if n.op == "call_function" and n.target is torch.ops.aten.copy_.default and \
+                n.args[0].op == "placeholder" and n.args[1] in on_host:
+            need.append(n.args[1])
+        elif n.op == "output":
+            outs = n.args[0] if isinstance(n.args[0], (list, tuple)) else [n.args[0]]
+            need.extend(o for o in outs if isinstance(o, torch.fx.Node) and o in on_host)
+    keep = set()
+    while need:
+        n = need.pop()
+        if n in keep:
+            continue
+        keep.add(n)
+        need.extend(d for d in n.all_input_nodes if d in on_host)
+    return {n: True for n in on_host if n in keep}
+
+
+def _cpu_only_nodes(nodes) -> dict:
+    """Nodes that compute CPU tensors from CPU tensors only."""
     host = {}
     on_cpu = set()
     for n in nodes:
