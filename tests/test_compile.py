@@ -301,7 +301,38 @@ def test_entry_points_resolve_backend_without_import(tmp_path):
             "f = torch.compile(lambda x: x.cos() * 2, backend='tpu')\n"
             "x = torch.ones(3, device='tpu')\n"
             "print(f(x).cpu().tolist())\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.path.abspath(root)])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.path.abspath(root)]),
+           "TORCH_LOGS": "+torch_tpu"}
     r = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
+    assert "compiled inference graph" in r.stderr  # TORCH_LOGS shows what the backend compiled
     assert json.loads(r.stdout.strip().splitlines()[-1]) == pytest.approx([2 * torch.cos(torch.tensor(1.0)).item()] * 3)
+
+
+def test_index_bounds_are_checked_on_every_new_content():
+    """Graph inputs used as indices are bounds-checked before the program runs (XLA would clamp);
+    an unchanged index tensor is not checked (downloaded) again, a changed one is."""
+    emb = torch.randn(10, 4, device=TPU)
+    f = torch.compile(lambda w, i: torch.nn.functional.embedding(i, w) * 2, backend="tpu")
+    idx = torch.tensor([1, 2, 9], device=TPU)
+    torch.testing.assert_close(f(emb, idx).cpu(), emb.cpu()[[1, 2, 9]] * 2)
+    before = torch_tpu.metrics.counters()["host_syncs"]
+    f(emb, idx)
+    assert torch_tpu.metrics.counters()["host_syncs"] == before  # same content: no download
+    idx[0] = 10  # in place: the version counter moves
+    with pytest.raises(IndexError, match="out of range|out of bounds"):
+        f(emb, idx)
+    with pytest.raises(IndexError):
+        f(emb, torch.tensor([-11, 0], device=TPU))
+
+
+def test_explain_reports_graphs_and_breaks():
+    def f(x):
+        y = torch.relu(x) * 2
+        torch._dynamo.graph_break()
+        return y.sum()
+
+    x = torch.randn(4, device=TPU)
+    report = torch._dynamo.explain(f)(x)
+    assert report.graph_count == 2 and report.graph_break_count == 1
+    torch.testing.assert_close(torch.compile(f, backend="tpu")(x).cpu(), f(x.cpu()))

@@ -20,6 +20,7 @@ skipped: out-of-range indices then clamp, as XLA does.
 """
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import operator
@@ -182,6 +183,10 @@ class GraphProgram:
         self.ph_arg = {}        # placeholder index -> program argument position
         self.rng_draws = 0
         self.checks = []        # (check fn, args with ("in", i) markers)
+        # Content keys of argument sets that passed their checks: a training loop feeding the same
+        # index tensor again skips the host sync. Storage addresses are never reused and every write
+        # bumps a tensor's version counter, so an unchanged key means unchanged data.
+        self.passed_checks = collections.deque(maxlen=16)
         self.wide = False
         env = {}
         state = [None]
@@ -481,7 +486,12 @@ class GraphProgram:
         real = list(args)
         args.clear()  # boxed calling convention: inputs may be freed as soon as they are used
         for check, template in self.checks:
-            check(*[_fill(t, real) for t in template])
+            vals = [_fill(t, real) for t in template]
+            key = _content_key(vals)
+            if key is None or key not in self.passed_checks:
+                check(*vals)  # downloads the indices: a host sync
+                if key is not None:
+                    self.passed_checks.append(key)
         host = {}
         for node in self.host_nodes:  # CPU tensors of the graph: PyTorch's CPU kernels, before launch
             host[node] = _run_host(node, host, real, self.ph_index)
@@ -631,6 +641,29 @@ def _run_host(node, host, real, ph_index):
             return type(a)(get(x) for x in a)
         return a
     return node.target(*get(node.args), **{k: get(v) for k, v in node.kwargs.items()})
+
+
+def _content_key(vals):
+    """A hashable identity of the data in `vals` (tensors by address, version and layout), or None
+    when some tensor has no version counter (inference mode)."""
+    key = []
+    for v in vals:
+        if isinstance(v, (list, tuple)):
+            sub = _content_key(v)
+            if sub is None:
+                return None
+            key.append(sub)
+        elif isinstance(v, torch.Tensor):
+            if v.device.type != "tpu":  # host allocators reuse addresses
+                return None
+            try:
+                version = v._version
+            except RuntimeError:
+                return None
+            key.append((v.device, v.data_ptr(), version, tuple(v.shape), v.stride(), v.dtype))
+        else:
+            key.append(v if isinstance(v, (int, float, bool, str, type(None), torch.dtype)) else id(v))
+    return tuple(key)
 
 
 def _fill(t, real):
