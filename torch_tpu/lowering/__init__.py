@@ -4,3 +4,4 @@ from . import linalg, convolution, pooling  # noqa: F401
 from . import reduction, softmax_loss, normalization  # noqa: F401
 from . import random, factory, foreach  # noqa: F401
 from . import indexing, shape  # noqa: F401
+from . import upsample  # noqa: F401

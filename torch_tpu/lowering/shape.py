@@ -143,3 +143,60 @@ def topk(ctx, x, k, dim=-1, largest=True, sorted=True):
     limit = list(x.shape)
     limit[d] = k
     return b.slice(vals, [0] * x.rank, limit), b.slice(idx, [0] * x.rank, limit)
+
+
+# -- reflection / replication padding ---------------------------------------------------------------
+def _pad_source(kind, n_in, lo, n_out):
+    """Input position read by each output position of one padded dim (lo may be negative: crop)."""
+    src = []
+    for o in range(n_out):
+        i = o - lo
+        if kind == "replication":
+            i = min(max(i, 0), n_in - 1)
+        elif i < 0:
+            i = -i
+        elif i >= n_in:
+            i = 2 * (n_in - 1) - i
+        src.append(i)
+    return src
+
+
+def _pad_tables(kind, x_shape, out_shape, padding):
+    """(dim, source table) per padded dim; padding lists (low, high) from the last dim backwards."""
+    rank = len(x_shape)
+    return [(rank - 1 - i, _pad_source(kind, x_shape[rank - 1 - i], padding[2 * i], out_shape[rank - 1 - i]))
+            for i in range(len(padding) // 2)]
+
+
+def _padder(kind):
+    def forward(ctx, x, padding):
+        """Gathers along each padded dim by a host table of source positions."""
+        from .upsample import take
+        b = ctx.b
+        out = ctx.out[0]
+        if out.numel == 0:
+            return b.constant(0, out.dtype, out.shape)
+        for d, src in _pad_tables(kind, x.shape, out.shape, padding):
+            x = take(b, x, d, src)
+        return x
+
+    def backward(ctx, gy, x, padding):
+        """Sums the gradient of every output position into the input position it read."""
+        from .elementwise import compute_dtype
+        from .upsample import linear_map, transpose_map
+        b = ctx.b
+        out = ctx.out[0]
+        if out.numel == 0 or gy.type.numel == 0:
+            return b.constant(0, out.dtype, out.shape)
+        g = b.convert(gy, compute_dtype(out.dtype))
+        for d, src in _pad_tables(kind, x.shape, gy.shape, padding):
+            g = linear_map(b, g, d, transpose_map([[i] for i in src], None, x.shape[d])[0])
+        return b.convert(g, out.dtype)
+    return forward, backward
+
+
+for _kind in ("reflection", "replication"):
+    _fwd, _bwd = _padder(_kind)
+    for _n in (1, 2, 3):
+        register(f"{_kind}_pad{_n}d")(_fwd)
+        register(f"{_kind}_pad{_n}d_backward")(_bwd)
