@@ -5,3 +5,4 @@ from . import reduction, softmax_loss, normalization  # noqa: F401
 from . import random, factory, foreach  # noqa: F401
 from . import indexing, shape  # noqa: F401
 from . import upsample  # noqa: F401
+from . import linalg_decomp  # noqa: F401
