@@ -1,5 +1,6 @@
-// Kernels for the tpu ops that only touch tensor metadata or storage: allocation, views, set_,
-// resize_. They run no program. Every computing op is lowered to StableHLO (torch_tpu/lowering).
+// Kernels for the tpu ops that only touch tensor metadata or storage: allocation, views (complex
+// <-> real ones included), set_, resize_. They run no program. Every computing op is lowered to
+// StableHLO (torch_tpu/lowering).
 #include <ATen/EmptyTensor.h>
 #include <ATen/native/Resize.h>
 #include <ATen/native/TensorFactories.h>
@@ -10,6 +11,9 @@
 #include <ATen/ops/set_native.h>
 #include <ATen/ops/alias_native.h>
 #include <ATen/ops/is_set_to_native.h>
+#include <ATen/ops/view_as_real_native.h>
+#include <ATen/ops/view_as_complex_native.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
@@ -69,6 +73,15 @@ at::Tensor& set_empty(at::Tensor& self) {
   return at::native::set_storage_cpu_(self, st, 0, {0}, {});
 }
 
+// The zero gradient that autograd formulas ask for (e.g. sgn's of a real input). PyTorch's own kernel
+// is CPU/CUDA-only; here it is an ordinary tensor of zeros on the tpu device (one fill program),
+// which every op accepts, instead of a ZeroTensor without storage.
+at::Tensor efficientzerotensor(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
+                               std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                               std::optional<bool> pin_memory) {
+  return at::zeros(size, at::TensorOptions().dtype(c10::dtype_or_default(dtype)).device(target_device(device)));
+}
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("empty.memory_format", empty_memory_format);
   m.impl("empty_strided", empty_strided);
@@ -77,6 +90,11 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_reshape_alias", at::native::_reshape_alias);
   m.impl("unfold", at::native::unfold);
   m.impl("alias", at::native::alias);
+  // Complex <-> real views share the storage (strides and offset doubled or halved), as on CPU;
+  // the kernels read a storage as any dtype, so no copy is needed.
+  m.impl("view_as_real", at::native::view_as_real);
+  m.impl("view_as_complex", at::native::view_as_complex);
+  m.impl("_efficientzerotensor", efficientzerotensor);
   m.impl("resize_", resize_);
   m.impl("is_set_to", at::native::is_set_to);
   m.impl("set_", set_empty);

@@ -10,16 +10,20 @@ from __future__ import annotations
 import torch
 
 from .. import _C
+from ..lowering.complex import reject_complex32
 from .views import is_whole
 
 
 def to_host(src: torch.Tensor) -> torch.Tensor:
     """A contiguous CPU tensor with the value of the tpu tensor `src` (waits for the device)."""
+    reject_complex32(src.dtype)
     out = torch.empty(src.shape, dtype=src.dtype)
     if src.numel() == 0:
         return out
     sdt, sn = _C._storage_spec(src)
-    if not (sdt == src.dtype and is_whole(sn, src.storage_offset(), src.shape, src.stride())):
+    # A conj / neg view's bytes are not its value: the clone program resolves the bits.
+    if not (sdt == src.dtype and is_whole(sn, src.storage_offset(), src.shape, src.stride())) or \
+            src.is_conj() or src.is_neg():
         src = torch.ops.aten.clone.default(src)
     _C._download(src, out)
     return out
@@ -34,6 +38,7 @@ def copy_(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> 
         with torch.no_grad():
             self.copy_(host)
         return self
+    reject_complex32(self.dtype, src.dtype)
     if not src.is_cpu and src.device != self.device:
         src = to_host(src)  # between tpu devices: through the host (the plugin has no shared memory)
     from .register import copy_kernel  # the lowered device-side copy

@@ -170,9 +170,10 @@ class _Call:
             if t.dim() != 0 and not self.host_ok:
                 raise _same_device_error(f"tpu:{self.device or 0}", "cpu")
             self.key.append(("C", dtype, tuple(t.shape), len(self.operands)))
-            self.operands.append(t.contiguous())
+            self.operands.append(t.resolve_conj().resolve_neg().contiguous())  # uploaded as its value
             return
         dev, sk, shape, stride, offset, sdt, sn = _C._describe(t)
+        bits = _math_bits(t)
         if self.device is None:
             self.device = dev
         elif dev != self.device:
@@ -181,9 +182,9 @@ class _Call:
         if slot is None:
             slot = self.slots[sk] = len(self.operands)
             self.operands.append(t)
-            self.key.append(("T", dtype, tuple(shape), tuple(stride), offset, slot, sdt, sn))
+            self.key.append(("T", dtype, tuple(shape), tuple(stride), offset, slot, sdt, sn, bits))
         else:
-            self.key.append(("T", dtype, tuple(shape), tuple(stride), offset, slot))
+            self.key.append(("T", dtype, tuple(shape), tuple(stride), offset, slot, bits))
 
     def scalar(self, v):
         if v is None:
@@ -211,6 +212,25 @@ class _Call:
                 (torch.float64 if self.wide else torch.float32)
             self.key[k] = ("S", dt, o)
             self.operands[o] = (self.operands[o][0], dt)
+
+
+def _math_bits(t):
+    """A tensor's lazy conjugate / negative bits (conj(), imag of a conj view): 1 conj + 2 neg. Ops
+    that PyTorch's Conjugate / Negative fallbacks let through (copy_, clone, mm, dot, ...) get such
+    views; the value read is conj/neg of the stored one, and a value written is stored the same way."""
+    return (1 if t.is_conj() else 0) | (2 if t.is_neg() else 0)
+
+
+def _apply_bits(b: Builder, v: Value, bits: int) -> Value:
+    """The logical value of a view whose storage holds `v` (the bits are involutions, so the same
+    function turns a value to write into what is stored)."""
+    if bits & 2:
+        v = b.negate(v)
+    if bits & 1 and v.dtype.is_complex:
+        part = TensorType(v.shape, v.dtype.to_real())
+        re, im = b.op("stablehlo.real", [v], [part])[0], b.op("stablehlo.imag", [v], [part])[0]
+        v = b.op("stablehlo.complex", [re, b.negate(im)], [v.type])[0]
+    return v
 
 
 def _extent(t):
@@ -456,6 +476,8 @@ class Kernel:
             if got is None:
                 base = operand_arg(slot)
                 got = read_view(b, base, t.storage_offset(), t.shape, t.stride(), t.dtype)
+                if kpart[-1]:
+                    got = _apply_bits(b, got, kpart[-1])
                 got = Value(got.name, got.type, meta(t))
                 views[id(t)] = got
             return got
@@ -536,12 +558,14 @@ class Kernel:
             for i in sig.written:
                 ts = vals[i] if isinstance(vals[i], list) else [vals[i]]
                 for t, kp in zip(ts, kparts[i]):
-                    targets.append((t, kp[5]))
+                    targets.append((t, kp[5], kp[-1]))
             if len(targets) != len(fixed):
                 raise RuntimeError(f"{self.name}: {len(fixed)} values for {len(targets)} written tensors")
             new_base = {}
-            for (t, slot), r in zip(targets, fixed):
+            for (t, slot, bits), r in zip(targets, fixed):
                 r = b.convert(r, t.dtype)
+                if bits:
+                    r = _apply_bits(b, r, bits)
                 r = b.broadcast_to(r, tuple(t.shape)) if r.shape != tuple(t.shape) else r
                 sdt, sn = _C._storage_spec(t)
                 if slot not in new_base and sdt == t.dtype and is_whole(sn, t.storage_offset(), t.shape, t.stride()):

@@ -40,6 +40,18 @@ def _as_dtype(b: Builder, base: Value, dtype: torch.dtype) -> Value:
     tensors of different dtypes is (x.view(torch.uint8), torch.save / torch.load of storages)."""
     if base.dtype == dtype:
         return base
+    # bitcast_convert takes no complex types: a complex buffer is its interleaved (real, imag)
+    # floats, which is also its byte layout (view_as_real / view_as_complex views).
+    if base.dtype.is_complex:
+        part, n = base.dtype.to_real(), base.shape[0]
+        pair = [b.reshape(b.unary(k, base, part), [n, 1]) for k in ("real", "imag")]
+        return _as_dtype(b, b.reshape(b.concatenate(pair, 1), [2 * n]), dtype)
+    if dtype.is_complex:
+        flat = _as_dtype(b, base, dtype.to_real())
+        m = flat.shape[0] // 2
+        pairs = b.reshape(b.slice(flat, [0], [2 * m]), [m, 2])
+        re, im = (b.reshape(b.slice(pairs, [0, k], [m, k + 1]), [m]) for k in (0, 1))
+        return b.op("stablehlo.complex", [re, im], [TensorType((m,), dtype)])[0]
     if dtype == torch.bool or base.dtype == torch.bool:  # PRED cannot be bitcast: go through uint8
         if dtype == torch.bool:
             return b.convert(_as_dtype(b, base, torch.uint8), torch.bool)

@@ -6,3 +6,4 @@ from . import random, factory, foreach  # noqa: F401
 from . import indexing, shape  # noqa: F401
 from . import upsample  # noqa: F401
 from . import linalg_decomp  # noqa: F401
+from . import complex, fft  # noqa: F401
