@@ -336,3 +336,15 @@ def test_explain_reports_graphs_and_breaks():
     report = torch._dynamo.explain(f)(x)
     assert report.graph_count == 2 and report.graph_break_count == 1
     torch.testing.assert_close(torch.compile(f, backend="tpu")(x).cpu(), f(x.cpu()))
+
+
+def test_complex_views_and_fft_compile_whole():
+    def f(x):
+        c = torch.view_as_complex(x)
+        y = torch.fft.fft(c * c, dim=-1)
+        return torch.view_as_real(y).sum(-1), y.abs()
+
+    x = torch.randn(3, 8, 2)
+    got = torch.compile(f, backend="tpu", fullgraph=True)(x.to(TPU))
+    for g, w in zip(got, f(x)):
+        torch.testing.assert_close(g.cpu(), w, atol=1e-4, rtol=1e-4)

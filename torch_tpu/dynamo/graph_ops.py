@@ -41,6 +41,25 @@ def _reshape(ctx, x, *rest):
     return ctx.b.reshape(x, o.shape)
 
 
+@graph_register("view_as_real", "view_as_real_copy")
+def _view_as_real(ctx, x):
+    """(..., ) complex -> (..., 2) of its (real, imag) parts, the storage's interleaved layout."""
+    from ..lowering.complex import imag_part, real_part
+    b = ctx.b
+    parts = [b.reshape(f(b, x), (*x.shape, 1)) for f in (real_part, imag_part)]
+    return b.concatenate(parts, x.rank)
+
+
+@graph_register("view_as_complex", "view_as_complex_copy")
+def _view_as_complex(ctx, x):
+    """(..., 2) float -> (..., ) complex whose parts are the last dim's two entries."""
+    from ..lowering.complex import make_complex
+    b = ctx.b
+    n = x.rank - 1
+    re, im = (b.reshape(b.slice(x, [0] * n + [k], [*x.shape[:n], k + 1]), x.shape[:n]) for k in (0, 1))
+    return make_complex(b, re, im)
+
+
 @graph_register("permute", "permute_copy")
 def _permute(ctx, x, dims):
     return ctx.b.transpose(x, [d % max(x.rank, 1) for d in dims]) if x.rank else x
