@@ -92,21 +92,27 @@ def test_cpu_platform_warning_once():
     assert r.stdout.strip() == "1", r.stderr
 
 
+# An op with no lowering (its pooling regions come from random samples; see the closing notes).
+def _unlowered(device):
+    x = torch.arange(16.0).reshape(1, 1, 4, 4).to(device)
+    samples = torch.full((1, 1, 2), 0.5).to(device)
+    return torch.ops.aten.fractional_max_pool2d(x, [2, 2], [2, 2], samples)
+
+
 def test_fallback_disabled_names_op(monkeypatch):
     monkeypatch.setenv("TORCH_TPU_CPU_FALLBACK", "0")
     x = torch.ones(3, device="tpu")
-    with pytest.raises(NotImplementedError, match="aten::"):
-        torch.ops.aten._fft_r2c(x, [0], 0, True)
+    with pytest.raises(NotImplementedError, match="aten::fractional_max_pool2d"):
+        _unlowered("tpu")
     torch.testing.assert_close(x.cpu(), torch.ones(3))
 
 
 def test_fallback_counted():
     torch_tpu.metrics.reset()
-    x = torch.ones(4, device="tpu")
-    y = torch.ops.aten._fft_r2c(x, [0], 0, True)  # no lowering: runs on CPU, counted
-    assert y.device.type == "tpu"
-    assert torch_tpu.metrics.fallback_counts().get("aten::_fft_r2c", 0) == 1
-    torch.testing.assert_close(y.cpu(), torch.ops.aten._fft_r2c(torch.ones(4), [0], 0, True))
+    y = _unlowered("tpu")  # no lowering: runs on CPU, counted
+    assert y[0].device.type == "tpu"
+    assert torch_tpu.metrics.fallback_counts().get("aten::fractional_max_pool2d", 0) == 1
+    torch.testing.assert_close(y[0].cpu(), _unlowered("cpu")[0])
 
 
 def test_work_on_a_second_device_and_between_devices():

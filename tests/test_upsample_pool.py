@@ -4,6 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import torch_tpu
+
 from helpers import check
 
 
@@ -147,3 +149,19 @@ def test_grid_sample_3d(mode, padding_mode):
 def test_grid_sample_input_grad_only_and_empty():
     check(lambda x, g: F.grid_sample(x, g, align_corners=True), r(1, 3, 4, 5), torch.rand(1, 3, 2, 2) * 2 - 1)
     check(lambda x, g: F.grid_sample(x, g, align_corners=False), r(0, 3, 4, 5), torch.rand(0, 3, 2, 2))
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
+def test_uint8_resampling_runs_through_the_counted_cpu_fallback(mode, monkeypatch):
+    """CPU's uint8 2-d resampling has its own fixed-point arithmetic; the lowering declines it
+    (NotLowered), so it runs on the CPU kernel, counted, and is refused when the fallback is off."""
+    x = torch.randint(0, 256, (1, 3, 5, 7), dtype=torch.uint8)
+    f = lambda t: torch.nn.functional.interpolate(t, size=(8, 9), mode=mode, align_corners=False)
+    before = torch_tpu.metrics.fallback_counts().get(f"aten::upsample_{mode}2d", 0)
+    got = f(x.to("tpu"))
+    assert got.device.type == "tpu"
+    torch.testing.assert_close(got.cpu(), f(x))
+    assert torch_tpu.metrics.fallback_counts()[f"aten::upsample_{mode}2d"] == before + 1
+    monkeypatch.setenv("TORCH_TPU_CPU_FALLBACK", "0")
+    with pytest.raises(NotImplementedError, match=f"upsample_{mode}2d"):
+        f(x.to("tpu"))

@@ -26,7 +26,17 @@ bool fallback_enabled() {
 
 void tpu_cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& name = op.schema().operator_name();
-  std::string full = name.name + (name.overload_name.empty() ? "" : "." + name.overload_name);
+  note_fallback(name.name + (name.overload_name.empty() ? "" : "." + name.overload_name));
+  at::native::cpu_fallback(op, stack);
+}
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&tpu_cpu_fallback>());
+}
+
+}  // namespace
+
+void note_fallback(const std::string& full) {
   TORCH_CHECK_NOT_IMPLEMENTED(fallback_enabled(), "The operator '", full,
                               "' has no tpu lowering, and the CPU fallback is disabled "
                               "(TORCH_TPU_CPU_FALLBACK=0). Unset TORCH_TPU_CPU_FALLBACK to run it on "
@@ -41,14 +51,7 @@ void tpu_cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
                "inputs to host and results back), which is slow. Counted in "
                "torch_tpu.metrics.fallback_counts(); TORCH_TPU_CPU_FALLBACK=0 makes it an error.");
   }
-  at::native::cpu_fallback(op, stack);
 }
-
-TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<&tpu_cpu_fallback>());
-}
-
-}  // namespace
 
 std::map<std::string, int64_t> fallback_counts() {
   std::lock_guard<std::mutex> g(g_mu);

@@ -292,6 +292,10 @@ PYBIND11_MODULE(_C, m) {
                     &c.d2h_bytes, &c.host_syncs})
       a->store(0);
   });
+  m.def("_note_fallback", [](const std::string& full) {
+    torch::PyWarningHandler warnings;  // the first use's warning, as a Python warning
+    torch_tpu::aten::note_fallback(full);
+  }, "Counts one CPU-fallback run of op `full` (warns the first time; NotImplementedError when disabled).");
   m.def("_fallback_counts", &torch_tpu::aten::fallback_counts);
   m.def("_reset_fallback_counts", &torch_tpu::aten::reset_fallback_counts);
 }

@@ -22,7 +22,7 @@ import torch
 from .. import _C
 from .. import _state, runtime
 from ..lowering.builder import Builder, TensorType, Value
-from ..lowering.registry import Lowering, LoweringContext, fit
+from ..lowering.registry import Lowering, LoweringContext, NotLowered, fit
 from .launch import launch
 from .views import is_whole, read_view, write_view
 
@@ -99,6 +99,31 @@ class _Entry:
 
 
 _CACHE: dict = {}
+_ON_HOST = object()  # cache entry of a key whose lowering raised NotLowered
+
+
+def _tensors(v):
+    if isinstance(v, torch.Tensor):
+        yield v
+    elif isinstance(v, (list, tuple)):
+        for x in v:
+            yield from _tensors(x)
+
+
+def _map_tensors(v, fn):
+    if isinstance(v, torch.Tensor):
+        return fn(v)
+    if isinstance(v, (list, tuple)):
+        return type(v)(_map_tensors(x, fn) for x in v)
+    return v
+
+
+def _map_pairs(dev, host, fn):
+    if isinstance(dev, torch.Tensor):
+        fn(dev, host)
+    elif isinstance(dev, (list, tuple)):
+        for d, h in zip(dev, host):
+            _map_pairs(d, h, fn)
 
 
 def compile_entry_text(name: str, text: str):
@@ -343,11 +368,16 @@ class Kernel:
             key += (self._meta_out_shapes(vals),)
         entry = _CACHE.get(key)
         if entry is None:
-            entry = self._build(vals, call)
+            try:
+                entry = self._build(vals, call)
+            except NotLowered:
+                entry = _ON_HOST
             _CACHE[key] = entry
             _state.count("cache_misses")
         else:
             _state.count("cache_hits")
+        if entry is _ON_HOST:
+            return self._run_on_host(vals)
         if entry.resize:  # out= tensors of the wrong shape: resize (as PyTorch does), then run anew
             for i, shape in entry.resize:
                 vals[i].resize_(shape)
@@ -355,6 +385,21 @@ class Kernel:
         if self.lowering.check is not None:
             self.lowering.check(*[vals[i] for i in self.f_index])
         return self._run(entry, vals, call)
+
+    def _run_on_host(self, vals):
+        """The counted CPU fallback, for arguments the lowering refused (NotLowered): the op runs on
+        CPU copies; results come back to the device, written arguments are updated in place."""
+        op = self.sig.overload
+        _C._note_fallback(op._schema.name + ("" if op._overloadname == "default" else "." + op._overloadname))
+        dev = next(t.device for t in _tensors(vals) if t.device.type != "cpu")
+        host = [_map_tensors(v, lambda t: t.cpu() if t.device.type != "cpu" else t) for v in vals]
+        out = self.sig.invoke(host)
+        for i in self.sig.written:
+            _map_pairs(vals[i], host[i], lambda d, h: d.copy_(h))
+        if self.sig.written:
+            outs = [vals[i] for i in self.sig.written]
+            return None if self.sig.num_returns == 0 else outs[0] if self.sig.num_returns == 1 else tuple(outs)
+        return _map_tensors(out, lambda t: t.to(dev))
 
     # ------------------------------------------------------------------------------------------
     def _run(self, entry: _Entry, vals, call: _Call):

@@ -40,6 +40,12 @@ class Lowering:
 REGISTRY: dict[str, Lowering] = {}
 
 
+class NotLowered(NotImplementedError):
+    """Raised by a lowering for arguments it does not cover (a dtype whose CPU kernel follows a
+    different algorithm, e.g. uint8 bilinear resampling): eager runs that call through the counted
+    CPU fallback instead, and torch.compile runs the graph eagerly."""
+
+
 def register(*names: str, check: Callable | None = None, rng: bool = False, prepare: Callable | None = None):
     """Decorator: registers `fn` as the lowering of each named overload ("aten::" omitted)."""
     def deco(fn):
