@@ -239,6 +239,14 @@ PYBIND11_MODULE(_C, m) {
                           t.storage_offset(), py::reinterpret_borrow<py::object>(
                               reinterpret_cast<PyObject*>(torch::getTHPDtype(*c->dtype))), c->numel);
   }, "(device index, storage key, sizes, strides, offset, storage dtype, storage numel) of a tpu tensor.");
+  m.def("_whole_key", [](const at::Tensor& t) -> int64_t {
+    Cell* c = cell_of(t);
+    Runtime::get().ensure_typed(*c, t.scalar_type());
+    bool whole = *c->dtype == t.scalar_type() && t.storage_offset() == 0 && t.numel() == c->numel &&
+                 t.is_contiguous();
+    return whole ? static_cast<int64_t>(c->addr) : -1;
+  }, "The storage key of a tpu tensor that is its whole storage, densely and in the storage's dtype "
+     "(a compiled graph passes it as is); -1 for any other view.");
   m.def("_sole_owner", [](py::handle h) {
     // Unpack without copying: a copy would count as one more owner.
     const at::Tensor& t = THPVariable_Unpack(h.ptr());

@@ -29,7 +29,7 @@ import torch
 
 from .. import _C, _state, runtime
 from ..aten.kernel import _Signature
-from ..aten.views import _contiguous_strides, is_whole
+from ..aten.views import _contiguous_strides
 from ..lowering.builder import Builder, TensorType, Value
 from ..lowering.registry import REGISTRY, LoweringContext, fit
 from .graph_ops import GRAPH_LOWERINGS
@@ -504,13 +504,13 @@ class GraphProgram:
                 if t.device.type == "cpu":
                     inputs.append(t.contiguous())
                     continue
-                dev, key, sizes, strides, offset, sdt, sn = _C._describe(t)
-                device = dev if device is None else device
-                if sdt != t.dtype or not is_whole(sn, offset, sizes, strides) or \
-                        (i in self.donated and key in storages) or storages.get(key) in self.donated:
+                key = _C._whole_key(t)
+                if device is None:
+                    device = t.device.index
+                if key < 0 or (i in self.donated and key in storages) or storages.get(key) in self.donated:
                     t = t.clone(memory_format=torch.contiguous_format)
                     copied.add(i)
-                    key = _C._describe(t)[1]
+                    key = _C._whole_key(t)
                 storages[key] = i
                 inputs.append(t)
             elif kind == "rng":

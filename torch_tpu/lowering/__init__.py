@@ -7,3 +7,4 @@ from . import indexing, shape  # noqa: F401
 from . import upsample  # noqa: F401
 from . import linalg_decomp  # noqa: F401
 from . import complex, fft  # noqa: F401
+from . import special  # noqa: F401

@@ -308,7 +308,7 @@ for _name, _op in (("exp", "stablehlo.exponential"), ("expm1", "stablehlo.expone
                    ("tan", "chlo.tan"), ("tanh", "stablehlo.tanh"), ("sigmoid", "stablehlo.logistic"),
                    ("asin", "chlo.asin"), ("acos", "chlo.acos"), ("atan", "chlo.atan"), ("sinh", "chlo.sinh"),
                    ("cosh", "chlo.cosh"), ("asinh", "chlo.asinh"), ("acosh", "chlo.acosh"),
-                   ("atanh", "chlo.atanh"), ("erf", "chlo.erf"), ("erfinv", "chlo.erf_inv"),
+                   ("atanh", "chlo.atanh"), ("erf", "chlo.erf"), ("erfc", "chlo.erfc"), ("erfinv", "chlo.erf_inv"),
                    ("lgamma", "chlo.lgamma")):
     register(_name)(unary_float(_op))
 
@@ -345,13 +345,6 @@ def _log_base(base):
 
 register("log2")(_log_base(2.0))
 register("log10")(_log_base(10.0))
-
-
-@register("erfc")
-def erfc(ctx, x):
-    b = ctx.b
-    xv = b.convert(x, compute_dtype(ctx.out[0].dtype))
-    return _finish(ctx, b.subtract(b.full_like(xv, 1.0), b.unary("chlo.erf", xv)))
 
 
 @register("reciprocal")
