@@ -8,3 +8,4 @@ from . import upsample  # noqa: F401
 from . import linalg_decomp  # noqa: F401
 from . import complex, fft  # noqa: F401
 from . import special  # noqa: F401
+from . import sorting  # noqa: F401

@@ -12,6 +12,7 @@ import math
 
 import torch
 
+from .builder import TensorType
 from .elementwise import compute_dtype, operand
 from .registry import register
 
@@ -48,41 +49,59 @@ def _std_normal(b, state, shape, dt):
     return b.multiply(z, b.constant(math.sqrt(2.0), dt, shape))
 
 
-def _float_only(name, t):
-    if not t.dtype.is_floating_point:
+def _float_only(name, t, complex_ok=False):
+    if not (t.dtype.is_floating_point or (complex_ok and t.dtype.is_complex)):
         raise NotImplementedError(f'"{name}" not implemented for \'{_TYPE_NAME.get(t.dtype, t.dtype)}\'')
 
 
 # -- uniform_ -------------------------------------------------------------------------------------
 def _check_uniform(self, frm=0.0, to=1.0, generator=None):
-    _float_only("check_uniform_bounds", self)
-    fi = torch.finfo(self.dtype)
+    _float_only("check_uniform_bounds", self, complex_ok=True)
+    dtype = self.dtype.to_real()  # a complex tensor draws both parts in its parts' dtype, as on CPU
+    fi = torch.finfo(dtype)
     for v, n in ((frm, "from"), (to, "to")):
         if not (fi.min <= v <= fi.max):
-            raise RuntimeError(f"{n} is out of bounds for {_DTYPE_TEXT[self.dtype]}")
+            raise RuntimeError(f"{n} is out of bounds for {_DTYPE_TEXT[dtype]}")
     if frm > to:
         raise RuntimeError(f"uniform_ expects to return a [from, to) range, but found from={frm:g} > to={to:g}")
     if to - frm > fi.max:
-        raise RuntimeError(f"uniform_ expects to-from <= std::numeric_limits<{str(self.dtype)[6:].capitalize()}>"
+        raise RuntimeError(f"uniform_ expects to-from <= std::numeric_limits<{str(dtype)[6:].capitalize()}>"
                            f"::max(), but found to={to:g} and from={frm:g} which result in to-from to exceed "
                            f"the limit")
+
+
+def _complex_parts(b, state, dtype, draw):
+    """A complex result from `draw(state, part_dtype)` for its real part and a second draw for its
+    imaginary part, as CPU draws a complex tensor's two float halves. The second draw uses the same
+    counters under another key (key + a fixed odd constant), so it consumes no more of the
+    generator's offset than a real tensor of the same shape."""
+    k = b.add(b.slice(state, [0], [1]), b.constant(0x9E3779B97F4A7C15, torch.uint64, (1,)))
+    other = b.concatenate([k, b.slice(state, [1], [2])], 0)
+    re, im = draw(state, dtype.to_real()), draw(other, dtype.to_real())
+    return b.op("stablehlo.complex", [re, im], [TensorType(re.shape, dtype)])[0]
 
 
 @register("uniform_", rng=True, check=_check_uniform)
 def uniform_(ctx, self, frm=0.0, to=1.0, state=None):
     b, out = ctx.b, ctx.out[0]
-    dt = _float_dtype(out.dtype)
-    u = uniform01(b, state, out.shape, dt)
-    lo = b.constant(frm, dt, out.shape)
-    v = b.convert(b.add(b.multiply(u, b.constant(to - frm, dt, out.shape)), lo), out.dtype)
+    if out.dtype.is_complex:  # each part uniform in [from, to)
+        return _complex_parts(b, state, out.dtype, lambda st, dt: _uniform(b, st, out.shape, dt, frm, to))
+    return _uniform(b, state, out.shape, out.dtype, frm, to)
+
+
+def _uniform(b, state, shape, dtype, frm, to):
+    dt = _float_dtype(dtype)
+    u = uniform01(b, state, shape, dt)
+    lo = b.constant(frm, dt, shape)
+    v = b.convert(b.add(b.multiply(u, b.constant(to - frm, dt, shape)), lo), dtype)
     # Rounding can reach `to`; the range is half-open, so map it back to `from` (as CUDA does).
-    hit = b.compare(v, b.constant(to, out.dtype, out.shape), "EQ")
-    return b.select(hit, b.constant(frm, out.dtype, out.shape), v)
+    hit = b.compare(v, b.constant(to, dtype, shape), "EQ")
+    return b.select(hit, b.constant(frm, dtype, shape), v)
 
 
 # -- normal ---------------------------------------------------------------------------------------
 def _check_normal_(self, mean=0.0, std=1.0, generator=None):
-    _float_only("normal_kernel_cpu", self)
+    _float_only("normal_kernel_cpu", self, complex_ok=True)
     if std < 0:
         raise RuntimeError(f"normal expects std >= 0.0, but found std {std:g}")
 
@@ -90,9 +109,16 @@ def _check_normal_(self, mean=0.0, std=1.0, generator=None):
 @register("normal_", rng=True, check=_check_normal_)
 def normal_(ctx, self, mean=0.0, std=1.0, state=None):
     b, out = ctx.b, ctx.out[0]
-    dt = _float_dtype(out.dtype)
-    z = _std_normal(b, state, out.shape, dt)
-    return b.convert(b.add(b.multiply(z, b.constant(std, dt, out.shape)), b.constant(mean, dt, out.shape)), out.dtype)
+    if out.dtype.is_complex:  # CPU: each part normal(mean, std / sqrt(2)), so E|z - mean|^2 = std^2
+        part_std = std / math.sqrt(2.0)
+        return _complex_parts(b, state, out.dtype, lambda st, dt: _normal(b, st, out.shape, dt, mean, part_std))
+    return _normal(b, state, out.shape, out.dtype, mean, std)
+
+
+def _normal(b, state, shape, dtype, mean, std):
+    dt = _float_dtype(dtype)
+    z = _std_normal(b, state, shape, dt)
+    return b.convert(b.add(b.multiply(z, b.constant(std, dt, shape)), b.constant(mean, dt, shape)), dtype)
 
 
 def _check_std_tensor(std):
@@ -327,3 +353,155 @@ def native_dropout_backward(ctx, grad, mask, scale):
     g = operand(ctx, grad, cd)
     g = b.select(operand(ctx, mask, torch.bool), g, b.zeros_like(g))
     return b.convert(b.multiply(g, b.constant(scale, cd, out.shape)), out.dtype)
+
+
+# -- geometric_ / cauchy_ / log_normal_ -----------------------------------------------------------
+def _check_geometric(self, p, generator=None):
+    if not 0 < p < 1:
+        raise RuntimeError(f"geometric_ expects p to be in (0, 1), but got p={p:g}")
+
+
+@register("geometric_", rng=True, check=_check_geometric)
+def geometric_(ctx, self, p, state=None):
+    """Number of Bernoulli(p) trials up to the first success: ceil(log(u) / log1p(-p)), u in (0, 1]
+    (u = 1 - open-low uniform, so log(u) is finite and the result at least 1)."""
+    b, out = ctx.b, ctx.out[0]
+    dt = torch.float64 if out.dtype in (torch.float64, torch.int64) else torch.float32
+    u = uniform01(b, state, out.shape, dt, open_low=True)
+    denom = b.unary("log_plus_one", b.constant(-p, dt, out.shape))
+    k = b.unary("ceil", b.divide(b.log(u), denom))
+    k = b.maximum(k, b.constant(1.0, dt, out.shape))  # log(u) may round to 0 for u just below 1
+    return b.convert(k, out.dtype)
+
+
+def _check_cauchy(self, median=0.0, sigma=1.0, generator=None):
+    _float_only("cauchy_cpu", self)
+    if not sigma > 0:
+        raise RuntimeError(f"cauchy_ expects sigma > 0.0, but found sigma={sigma:g}")
+
+
+@register("cauchy_", rng=True, check=_check_cauchy)
+def cauchy_(ctx, self, median=0.0, sigma=1.0, state=None):
+    """median + sigma * tan(pi * (u - 1/2)), u in (0, 1) (never +-pi/2)."""
+    b, out = ctx.b, ctx.out[0]
+    dt = _float_dtype(out.dtype)
+    u = uniform01(b, state, out.shape, dt, open_low=True)
+    t = b.unary("tan", b.multiply(b.subtract(u, b.constant(0.5, dt, out.shape)), b.constant(math.pi, dt, out.shape)))
+    med, sig = b.constant(median, dt, out.shape), b.constant(sigma, dt, out.shape)
+    return b.convert(b.add(med, b.multiply(sig, t)), out.dtype)
+
+
+def _check_log_normal(self, mean=1.0, std=2.0, generator=None):
+    _float_only("log_normal_cpu", self)
+    if not std > 0:
+        raise RuntimeError(f"log_normal_ expects std > 0.0, but found std={std:g}")
+
+
+@register("log_normal_", rng=True, check=_check_log_normal)
+def log_normal_(ctx, self, mean=1.0, std=2.0, state=None):
+    """exp(mean + std * z), z standard normal."""
+    b, out = ctx.b, ctx.out[0]
+    dt = _float_dtype(out.dtype)
+    z = _std_normal(b, state, out.shape, dt)
+    m, s = b.constant(mean, dt, out.shape), b.constant(std, dt, out.shape)
+    return b.convert(b.exp(b.add(m, b.multiply(s, z))), out.dtype)
+
+
+# -- multinomial ------------------------------------------------------------------------------------
+def _prepare_multinomial(self, n, replacement=False, generator=None):
+    """The argument errors (before the program is built for them)."""
+    if not self.dtype.is_floating_point:
+        raise RuntimeError(f"multinomial only supports floating-point dtypes for input, got: "
+                           f"{_TYPE_NAME.get(self.dtype, self.dtype)}")
+    if self.dim() not in (1, 2):
+        raise RuntimeError("prob_dist must be 1 or 2 dim")
+    if n <= 0:
+        raise RuntimeError("cannot sample n_sample <= 0 samples")
+    if not replacement and n > self.shape[-1]:
+        raise RuntimeError("cannot sample n_sample > prob_dist.size(-1) samples without replacement")
+    return [self, n, replacement, generator]
+
+
+def _check_multinomial(self, n, replacement=False, generator=None):
+    p = self.detach().cpu().double().reshape(-1, self.shape[-1])  # the distribution's validity needs its values
+    if not bool(torch.isfinite(p).all()) or bool((p < 0).any()):
+        raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+    if bool((p.sum(1) <= 0).any()):
+        raise RuntimeError("invalid multinomial distribution (sum of probabilities <= 0)")
+
+
+def _stream(b, state, k):
+    """A state for k draws per output element: the counter scaled by k (the generator advances by
+    one draw per output element) and the key moved to a stream of its own."""
+    key = b.slice(state, [0], [1])
+    ctr = b.slice(state, [1], [2])
+    key = b.xor(key, b.constant(0x6D756C74696E6F6D, torch.uint64, (1,)))  # "multinom"
+    return b.concatenate([key, b.multiply(ctr, b.constant(k, torch.uint64, (1,)))], 0)
+
+
+@register("multinomial", rng=True, check=_check_multinomial, prepare=_prepare_multinomial)
+def multinomial(ctx, self, n, replacement=False, state=None):
+    """With replacement: each sample is the first category whose running sum exceeds u * total.
+    Without: the n largest log(p) + Gumbel noise (the exponential race), in decreasing key order;
+    zero-probability categories come last (CPU also returns them once the others are used up)."""
+    b, out = ctx.b, ctx.out[0]
+    k = self.shape[-1]
+    rows = self.type.numel // k if k else 0
+    dt = torch.float64 if self.dtype == torch.float64 else torch.float32
+    p = b.reshape(b.convert(self, dt), [rows, k])
+    st = _stream(b, state, k)
+    if replacement:
+        csum = b.reduce_window([p], [b.constant(0, dt)], [1, k], [1, 1], [(0, 0), (k - 1, 0)],
+                               lambda s, x, y: s.add(x, y))[0]
+        total = b.slice(csum, [0, k - 1], [rows, k])
+        u = uniform01(b, st, (rows, n), dt)
+        target = b.multiply(u, b.broadcast_in_dim(b.reshape(total, [rows]), (rows, n), [0]))
+        # index = number of categories whose running sum is <= target (strictly above picks it)
+        le = b.compare(b.broadcast_in_dim(csum, (rows, n, k), [0, 2]),
+                       b.broadcast_in_dim(target, (rows, n, k), [0, 1]), "LE")
+        idx = b.reduce([b.convert(le, torch.int64)], [b.constant(0, torch.int64)], [2], lambda s, x, y: s.add(x, y))[0]
+        last_pos = b.constant(k - 1, torch.int64, (rows, n))
+        return b.reshape(b.minimum(idx, last_pos), out.shape)
+    u = uniform01(b, st, (rows, k), dt, open_low=True)
+    gumbel = b.negate(b.log(b.negate(b.log(u))))
+    key = b.add(b.log(p), gumbel)  # log(0) = -inf: never ahead of a possible category
+    _, order = b.sort([key, b.iota((rows, k), 1)], 1,
+                      lambda s, a, c, i, j: s.compare(a, c, "GT"), stable=True)
+    return b.reshape(b.slice(order, [0, 0], [rows, n]), out.shape)
+
+
+# -- rrelu -------------------------------------------------------------------------------------------
+_lib = torch.library.Library("aten", "IMPL")
+
+
+def rrelu_with_noise(self, noise, lower=0.125, upper=1.0 / 3.0, training=False, generator=None):
+    """Training: each element <= 0 is scaled by a slope drawn uniformly from [lower, upper] (on the
+    device, from the generator), and noise records the slopes (1 elsewhere). Otherwise
+    leaky_relu with the mean slope."""
+    if not training:
+        return torch.ops.aten.leaky_relu.default(self, (lower + upper) / 2)
+    r = torch.empty_like(self).uniform_(lower, upper, generator=generator)
+    slope = torch.where(self <= 0, r, torch.ones_like(r))
+    noise.copy_(slope)
+    return self * slope
+
+
+_lib.impl("rrelu_with_noise", rrelu_with_noise, "PrivateUse1")
+
+
+@register("rrelu_with_noise_backward")
+def rrelu_with_noise_backward(ctx, grad, self, noise, lower, upper, training, self_is_result):
+    """grad * noise when training with a real range, else leaky_relu's backward with the mean slope
+    (lower and upper are runtime Scalars: the choice is made in the program)."""
+    b, out = ctx.b, ctx.out[0]
+    cd = compute_dtype(out.dtype)
+    g = operand(ctx, grad, cd)
+    lo, hi = b.convert(lower, torch.float64), b.convert(upper, torch.float64)
+    x = operand(ctx, self, cd)
+    slope = b.broadcast_to(b.convert(b.divide(b.add(lo, hi), b.constant(2.0, torch.float64)), cd), out.shape)
+    leaky = b.select(b.compare(x, b.zeros_like(x), "GT"), g, b.multiply(g, slope))
+    if not training:
+        return b.convert(leaky, out.dtype)
+    ranged = b.compare(b.subtract(hi, lo), b.constant(1e-6, torch.float64), "GT")
+    noisy = b.multiply(g, operand(ctx, noise, cd))
+    return b.convert(b.select(b.broadcast_to(ranged, out.shape), noisy, leaky), out.dtype)

@@ -342,6 +342,68 @@ register("cumsum")(_cumulative("add"))
 register("cumprod")(_cumulative("multiply"))
 
 
+def _log_add_exp(s, x, y):
+    """log(exp(x) + exp(y)) as CPU's logcumsumexp step: the larger plus log1p(exp(smaller - larger));
+    equal infinities give themselves (-inf stays -inf), NaN propagates. Complex numbers are ordered
+    by real part; two +inf real parts give log(exp(x) + exp(y))."""
+    if not x.dtype.is_complex:
+        mx, mn = s.maximum(x, y), s.minimum(x, y)
+        r = s.add(s.unary("log_plus_one", s.exp(s.subtract(mn, mx))), mx)
+        inf_tie = s.and_(s.compare(mn, mx, "EQ"), s.compare(s.abs(mn), s.constant(math.inf, x.dtype), "EQ"))
+        r = s.select(inf_tie, mn, r)
+        return s.select(s.is_nan(x), x, s.select(s.is_nan(y), y, r))
+    from .builder import TensorType
+    real = torch.float64 if x.dtype == torch.complex128 else torch.float32
+    re = lambda v: s.op("stablehlo.real", [v], [TensorType((), real)])[0]  # noqa: E731
+    im = lambda v: s.op("stablehlo.imag", [v], [TensorType((), real)])[0]  # noqa: E731
+    y_big = s.compare(re(y), re(x), "GT")
+    mx, mn = s.select(y_big, y, x), s.select(y_big, x, y)
+    r = s.add(s.unary("log_plus_one", s.exp(s.subtract(mn, mx))), mx)
+    rmn, rmx = re(mn), re(mx)
+    inf = s.constant(math.inf, real)
+    tie = s.compare(rmn, rmx, "EQ")
+    r = s.select(s.and_(tie, s.compare(rmn, s.negate(inf), "EQ")), mn, r)
+    r = s.select(s.and_(tie, s.compare(rmn, inf, "EQ")), s.log(s.add(s.exp(mn), s.exp(mx))), r)
+    nan = s.or_(s.or_(s.is_nan(re(x)), s.is_nan(im(x))), s.or_(s.is_nan(re(y)), s.is_nan(im(y))))
+    return s.select(nan, s.constant(complex(math.nan, math.nan), x.dtype), r)
+
+
+@register("logcumsumexp")
+def logcumsumexp(ctx, x, dim):
+    """Running log-sum-exp along dim (a reduce_window of the log-add-exp step, -inf the identity),
+    accumulated in CPU's accumulation type (float32 -> float64, half -> float32, complex64 ->
+    complex128) and rounded once per element, as CPU's scan does."""
+    b = ctx.b
+    out = ctx.out[0].dtype
+    cd = {torch.float32: torch.float64, torch.complex64: torch.complex128}.get(out, compute_dtype(out))
+    xv = b.convert(x, cd)
+    if x.rank == 0 or x.type.numel == 0:
+        return b.convert(xv, out)
+    d = dim % x.rank
+    n = x.shape[d]
+    window = [1] * x.rank
+    window[d] = n
+    padding = [(0, 0)] * x.rank
+    padding[d] = (n - 1, 0)
+    init = b.constant(complex(-math.inf, 0) if cd.is_complex else -math.inf, cd)
+    r = b.reduce_window([xv], [init], window, [1] * x.rank, padding, lambda s, a, e: _log_add_exp(s, a, e))[0]
+    return b.convert(r, out)
+
+
+@register("addbmm")
+def addbmm(ctx, self, x, y, beta=None, alpha=None):
+    """beta * self + alpha * sum_b x[b] @ y[b]: one dot_general contracting the batch and inner dims."""
+    from .linalg import _add_scaled, dot
+    out = ctx.out[0]
+    if out.dtype == torch.bool:
+        raise NotImplementedError("\"addbmm_impl_cpu_\" not implemented for 'Bool'")
+    if x.shape[0] == 0 or x.shape[2] == 0:
+        prod = ctx.b.constant(0, compute_dtype(out.dtype), out.shape)
+    else:
+        prod = dot(ctx.b, x, y, ([], []), ([0, 2], [0, 1]), out.dtype)
+    return _add_scaled(ctx, self, prod, beta, alpha)
+
+
 def _cum_extreme(is_max):
     """cummax/cummin with CPU's choice of index: the latest position holding the running extreme,
     and once a NaN is seen it is the extreme (the latest NaN's position). One reduce_window of
@@ -378,3 +440,193 @@ def _cum_extreme(is_max):
 
 register("cummax")(_cum_extreme(True))
 register("cummin")(_cum_extreme(False))
+
+
+def _check_hash(x, dim=(), keepdim=False, mode=0):
+    if mode != 0:
+        raise RuntimeError(f"hash_tensor: mode {mode} is not supported")
+    if x.numel() == 0 and not dim:
+        raise RuntimeError("hash_tensor: Expected reduction dim to be specified for input.numel() == 0. Specify the "
+                           "reduction dim with the 'dim' argument.")
+
+
+@register("hash_tensor", check=_check_hash)
+def hash_tensor(ctx, x, dim=(), keepdim=False, mode=0):
+    """mode 0: XOR of the 64-bit patterns of the elements (floats as float64, integers and bool
+    sign-extended to int64), as a uint64 reduction over dims."""
+    b = ctx.b
+    if x.dtype.is_floating_point:
+        bits = b.bitcast_convert(b.convert(x, torch.float64), torch.uint64)
+    else:
+        bits = b.bitcast_convert(b.convert(x, torch.int64), torch.uint64)
+    r = b.reduce([bits], [b.constant(0, torch.uint64)], reduce_dims(dim, x.rank), lambda s, p, q: s.xor(p, q))[0]
+    return _keep(ctx, r)
+
+
+# -- distances: cdist / pdist ---------------------------------------------------------------------
+def _pair_diffs(b, x1, x2, batch):
+    """x1 [..., P, M], x2 [..., R, M] broadcast to the batch dims: (x1_i - x2_j) as [*batch, P, R, M]."""
+    p, m = x1.shape[-2:]
+    r = x2.shape[-2]
+    nb = len(batch)
+    full = tuple(batch) + (p, r, m)
+    a = b.broadcast_in_dim(b.broadcast_to(x1, tuple(batch) + (p, m)), full, list(range(nb)) + [nb, nb + 2])
+    c = b.broadcast_in_dim(b.broadcast_to(x2, tuple(batch) + (r, m)), full, list(range(nb)) + [nb + 1, nb + 2])
+    return b.subtract(a, c)
+
+
+def _p_norm_last(b, diff, p):
+    """CPU's distance of each difference vector (last dim): count of nonzeros (p = 0), sum |d|
+    (1), sqrt of the sum of squares (2), max |d| (inf), else (sum |d|^p)^(1/p). p is a python
+    float: a distinct program per p (it selects the formula, as on CPU)."""
+    a = b.abs(diff)
+    last = diff.rank - 1
+    if p == 0:
+        return reduce_sum(b, b.convert(b.compare(a, b.zeros_like(a), "NE"), a.dtype), [last])
+    if p == 1:
+        return reduce_sum(b, a, [last])
+    if p == 2:
+        return b.sqrt(reduce_sum(b, b.multiply(a, a), [last]))
+    if math.isinf(p):
+        return reduce_max(b, a, [last], True)
+    s = reduce_sum(b, b.power(a, b.full_like(a, p)), [last])
+    return b.power(s, b.full_like(s, 1.0 / p))
+
+
+def _euclidean_mm(b, x1, x2, batch, out_dtype):
+    """CPU's matrix-product form for p = 2: sqrt(clamp_min(|a|^2 - 2 a.b + |b|^2, 0)) computed as
+    [-2a, |a|^2, 1] . [b, 1, |b|^2]."""
+    from .linalg import dot
+    nb = len(batch)
+    x1 = b.broadcast_to(x1, tuple(batch) + x1.shape[-2:])
+    x2 = b.broadcast_to(x2, tuple(batch) + x2.shape[-2:])
+    n1 = reduce_sum(b, b.multiply(x1, x1), [nb + 1])
+    n2 = reduce_sum(b, b.multiply(x2, x2), [nb + 1])
+    n1 = b.reshape(n1, n1.shape + (1,))
+    n2 = b.reshape(n2, n2.shape + (1,))
+    a = b.concatenate([b.multiply(x1, b.full_like(x1, -2)), n1, b.full_like(n1, 1)], nb + 1)
+    c = b.concatenate([x2, b.full_like(n2, 1), n2], nb + 1)
+    r = dot(b, a, c, (list(range(nb)), list(range(nb))), ([nb + 1], [nb + 1]), out_dtype)
+    return b.sqrt(b.maximum(r, b.zeros_like(r)))
+
+
+def _check_cdist(x1, x2, p, compute_mode=None):
+    if not x1.dtype.is_floating_point:
+        raise RuntimeError(f"cdist only supports floating-point dtypes, X1 got: {x1.dtype}")
+    if p < 0:
+        raise RuntimeError("cdist only supports non-negative p values")
+
+
+@register("_cdist_forward", check=_check_cdist)
+def cdist_forward(ctx, x1, x2, p, compute_mode=None):
+    b, out = ctx.b, ctx.out[0]
+    if out.numel == 0:
+        return b.constant(0, out.dtype, out.shape)
+    batch = out.shape[:-2]
+    cd = compute_dtype(out.dtype)
+    x1, x2 = b.convert(x1, cd), b.convert(x2, cd)
+    if x1.shape[-1] == 0:
+        return b.constant(0, out.dtype, out.shape)
+    mode = compute_mode or 0
+    if p == 2 and (mode == 1 or (mode == 0 and (x1.shape[-2] > 25 or x2.shape[-2] > 25))):
+        return b.convert(_euclidean_mm(b, x1, x2, batch, cd), out.dtype)
+    return b.convert(_p_norm_last(b, _pair_diffs(b, x1, x2, batch), p), out.dtype)
+
+
+def _dist_grad(b, diff, dist, grad, p):
+    """d dist / d x1 times grad, per element of diff [..., P, R, M] (dist, grad: [..., P, R]), CPU's
+    formulas (a zero distance gives zero)."""
+    shape = diff.shape
+    dims = list(range(diff.rank - 1))
+    d = b.broadcast_in_dim(dist, shape, dims)
+    g = b.broadcast_in_dim(grad, shape, dims)
+    zero = b.zeros_like(diff)
+    sign = b.unary("sign", diff)
+    a = b.abs(diff)
+    if p == 0:
+        return zero
+    if p == 1:
+        return b.multiply(sign, g)
+    if p == 2:
+        r = b.divide(b.multiply(g, diff), d)
+    elif math.isinf(p):
+        r = b.multiply(b.multiply(g, sign), b.convert(b.compare(a, d, "EQ"), diff.dtype))
+    elif p < 2:
+        r = b.divide(b.multiply(b.multiply(sign, b.power(a, b.full_like(a, p - 1))), g),
+                     b.power(d, b.full_like(d, p - 1)))
+        if p < 1:
+            r = b.select(b.compare(diff, zero, "EQ"), zero, r)
+    else:
+        r = b.divide(b.multiply(b.multiply(diff, b.power(a, b.full_like(a, p - 2))), g),
+                     b.power(d, b.full_like(d, p - 1)))
+    return b.select(b.compare(d, zero, "EQ"), zero, r)
+
+
+@register("_cdist_backward")
+def cdist_backward(ctx, grad, x1, x2, p, cdist):
+    """Gradient for x1 (expanded to the batch dims): sum over x2's rows of grad * d dist / d x1."""
+    b, out = ctx.b, ctx.out[0]
+    if out.numel == 0 or x2.shape[-2] == 0:
+        return b.constant(0, out.dtype, out.shape)
+    cd = compute_dtype(out.dtype)
+    batch = out.shape[:-2]
+    diff = _pair_diffs(b, b.convert(x1, cd), b.convert(x2, cd), batch)
+    full = tuple(batch) + diff.shape[-3:-1]
+    g = _dist_grad(b, diff, b.broadcast_to(b.convert(cdist, cd), full), b.broadcast_to(b.convert(grad, cd), full), p)
+    return b.convert(reduce_sum(b, g, [diff.rank - 2]), out.dtype)
+
+
+def _upper_pairs(b, n):
+    """Flat positions i * n + j of the pairs i < j in row-major order (pdist's order), [n(n-1)/2]."""
+    k = n * (n - 1) // 2
+    pos = b.iota((n * n,), 0)
+    i = b.divide(pos, b.constant(n, torch.int64, (n * n,)))
+    j = b.remainder(pos, b.constant(n, torch.int64, (n * n,)))
+    key = b.convert(b.compare(j, i, "LE"), torch.int32)  # pairs first, in order (stable sort)
+    _, spos = b.sort([key, pos], 0, lambda s, a0, a1, p0, p1: s.compare(a0, a1, "LT"), stable=True)
+    return b.slice(spos, [0], [k])
+
+
+def _check_pdist(x, p=2):
+    if x.dim() != 2:
+        raise RuntimeError(f"pdist only supports 2D tensors, got: {x.dim()}D")
+    if not x.dtype.is_floating_point:
+        raise RuntimeError(f"pdist only supports floating-point dtypes")
+    if p < 0:
+        raise RuntimeError("pdist only supports non-negative p values")
+
+
+@register("_pdist_forward", check=_check_pdist)
+def pdist_forward(ctx, x, p=2):
+    b, out = ctx.b, ctx.out[0]
+    n = x.shape[0]
+    if out.numel == 0:
+        return b.constant(0, out.dtype, out.shape)
+    cd = compute_dtype(out.dtype)
+    xv = b.convert(x, cd)
+    d = b.reshape(_p_norm_last(b, _pair_diffs(b, xv, xv, ()), p), [n * n])
+    k = out.numel
+    picked = b.gather(d, b.reshape(_upper_pairs(b, n), [k, 1]), [], [0], [0], 1, [1], (k,))
+    return b.convert(picked, out.dtype)
+
+
+@register("_pdist_backward")
+def pdist_backward(ctx, grad, x, p, pdist):
+    """The pairs' grads and distances scattered into symmetric [n, n] matrices (zero diagonal), then
+    cdist's backward of x against itself."""
+    b, out = ctx.b, ctx.out[0]
+    n = x.shape[0]
+    k = n * (n - 1) // 2
+    if out.numel == 0 or k == 0:
+        return b.constant(0, out.dtype, out.shape)
+    cd = compute_dtype(out.dtype)
+    idx = b.reshape(_upper_pairs(b, n), [k, 1])
+
+    def sym(v):
+        m = b.scatter(b.constant(0, cd, (n * n,)), idx, b.reshape(b.convert(v, cd), [k]), [], [0], [0], 1)
+        m = b.reshape(m, [n, n])
+        return b.add(m, b.transpose(m, [1, 0]))
+    xv = b.convert(x, cd)
+    diff = _pair_diffs(b, xv, xv, ())
+    g = _dist_grad(b, diff, sym(pdist), sym(grad), p)
+    return b.convert(reduce_sum(b, g, [1]), out.dtype)

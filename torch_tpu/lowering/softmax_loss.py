@@ -4,6 +4,8 @@ float32; out-of-range targets raise IndexError before anything runs, as on CPU (
 silently ignore them)."""
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .elementwise import compute_dtype
@@ -222,3 +224,135 @@ def binary_cross_entropy_backward(ctx, grad, x, target, weight=None, reduction=_
     if w is not None:
         r = b.multiply(r, w)
     return b.convert(r, out)
+
+
+# -- multi-class margin losses (backward; the forwards are PyTorch decompositions) -----------------
+def _rows2d(b, x):
+    """x as [N, C] (a 1-D input is one row)."""
+    return b.reshape(x, [1, x.shape[0]]) if x.rank == 1 else (b.reshape(x, [1, 1]) if x.rank == 0 else x)
+
+
+def _scale_by_grad_output(b, r, grad, reduction, cd):
+    """CPU's last step: per-row grad_output for reduction='none', else the scalar grad_output."""
+    n = r.shape[0]
+    g = b.convert(grad, cd)
+    if reduction == _NONE and grad.rank > 0:
+        return b.multiply(r, b.broadcast_in_dim(b.reshape(g, [n]), r.shape, [0]))
+    return b.multiply(r, b.broadcast_to(b.reshape(g, []), r.shape))
+
+
+# PyTorch has no meta kernels for these two (the eager front-end types results with them): the
+# gradient has the input's shape and dtype.
+_lib = torch.library.Library("aten", "IMPL")
+
+
+def _like_input_meta(grad, x, *rest, **kw):
+    return torch.empty_like(x)
+
+
+_lib.impl("multi_margin_loss_backward", _like_input_meta, "Meta")
+_lib.impl("multilabel_margin_loss_backward", _like_input_meta, "Meta")
+
+
+@register("multi_margin_loss_backward")
+def multi_margin_loss_backward(ctx, grad, x, target, p, margin, weight=None, reduction=_MEAN):
+    """For j != y with z = margin - x[y] + x[j] > 0: g (p = 1) or 2 g z (p = 2), times weight[y];
+    x[y] gets minus their sum. g = 1/C, or 1/(N C) for the mean."""
+    b, out = ctx.b, ctx.out[0]
+    if out.numel == 0:
+        return b.constant(0, out.dtype, out.shape)
+    cd = compute_dtype(out.dtype)
+    xv = _rows2d(b, b.convert(x, cd))
+    n, c = xv.shape
+    tgt = b.reshape(b.convert(target, torch.int64), [n])
+    onehot = b.compare(b.iota((n, c), 1), b.broadcast_in_dim(tgt, (n, c), [0]), "EQ")
+    xy = reduce_sum(b, b.select(onehot, xv, b.zeros_like(xv)), [1])
+    z = b.add(b.subtract(b.broadcast_to(b.convert(margin, cd), (n, c)), b.broadcast_in_dim(xy, (n, c), [0])), xv)
+    g = 1.0 / (n * c) if reduction == _MEAN else 1.0 / c
+    gv = b.constant(g, cd, (n, c))
+    two = b.multiply(b.multiply(gv, b.constant(2, cd, (n, c))), z)
+    h = b.select(b.broadcast_to(b.compare(p, b.constant(1, p.dtype), "EQ"), (n, c)), gv, two)
+    if weight is not None:
+        w = b.reshape(b.convert(weight, cd), [c])
+        wy = b.gather(w, b.reshape(tgt, [n, 1]), [], [0], [0], 1, [1], (n,))
+        h = b.multiply(h, b.broadcast_in_dim(wy, (n, c), [0]))
+    h = b.select(b.and_(b.compare(z, b.zeros_like(z), "GT"), b.not_(onehot)), h, b.zeros_like(h))
+    total = reduce_sum(b, h, [1])
+    r = b.select(onehot, b.broadcast_in_dim(b.negate(total), (n, c), [0]), h)
+    r = _scale_by_grad_output(b, r, grad, reduction, cd)
+    return b.convert(b.reshape(r, out.shape), out.dtype)
+
+
+def _multilabel_pairs(b, x, target, cd, is_target=None):
+    """x as [N, C], the clamped targets, is_target [N, C] (bool), and z[t, k, d] = 1 - x[t, target[t, k]]
+    + x[t, d] with `act` marking the terms CPU sums: k before the row's first -1, d not a target,
+    z > 0."""
+    xv = _rows2d(b, b.convert(x, cd))
+    n, c = xv.shape
+    tgt = b.reshape(b.convert(target, torch.int64), [n, c])
+    neg = b.convert(b.compare(tgt, b.zeros_like(tgt), "LT"), torch.int64)
+    seen_neg = b.reduce_window([neg], [b.constant(0, torch.int64)], [1, c], [1, 1], [(0, 0), (c - 1, 0)],
+                               lambda s, u, v: s.maximum(u, v))[0]
+    valid = b.compare(seen_neg, b.zeros_like(seen_neg), "EQ")  # [n, k]
+    safe = b.clamp(b.constant(0, torch.int64), tgt, b.constant(c - 1, torch.int64))
+    shape3 = (n, c, c)  # (t, k, d)
+    hit = b.and_(b.compare(b.broadcast_in_dim(safe, shape3, [0, 1]), b.iota(shape3, 2), "EQ"),
+                 b.broadcast_in_dim(valid, shape3, [0, 1]))
+    ist = b.reduce([hit], [b.constant(False, torch.bool)], [1], lambda s, u, v: s.or_(u, v))[0]
+    if is_target is not None:  # the backward uses the forward's marks, as CPU
+        ist = b.compare(b.reshape(b.convert(is_target, cd), [n, c]), b.constant(0, cd, (n, c)), "NE")
+    xy = b.gather(xv, b.concatenate([b.reshape(b.iota((n, c), 0), [n, c, 1]), b.reshape(safe, [n, c, 1])], 2),
+                  [], [0, 1], [0, 1], 2, [1, 1], (n, c))  # x[t, target[t, k]]
+    z = b.add(b.subtract(b.constant(1, cd, shape3), b.broadcast_in_dim(xy, shape3, [0, 1])),
+              b.broadcast_in_dim(xv, shape3, [0, 2]))
+    act = b.and_(b.compare(z, b.zeros_like(z), "GT"),
+                 b.and_(b.broadcast_in_dim(valid, shape3, [0, 1]), b.not_(b.broadcast_in_dim(ist, shape3, [0, 2]))))
+    return xv, hit, ist, z, act
+
+
+def _multilabel_forward_meta(x, target, reduction):
+    """CPU's result shapes (PyTorch's meta kernel gives a 1-D input's unreduced loss shape [1], CPU [])."""
+    out = (x.shape[0],) if reduction == _NONE and x.dim() == 2 else ()
+    return x.new_empty(out), x.new_empty(x.shape)
+
+
+_lib.impl("multilabel_margin_loss_forward", _multilabel_forward_meta, "Meta")
+
+
+@register("multilabel_margin_loss_forward")
+def multilabel_margin_loss_forward(ctx, x, target, reduction):
+    """Per row: sum over its targets y (before the first -1) and non-targets j of
+    max(0, 1 - x[y] + x[j]), divided by C; is_target marks the targets. (PyTorch's decomposition
+    of this op does not match CPU.)"""
+    b = ctx.b
+    out, it = ctx.out
+    cd = compute_dtype(out.dtype)
+    if it.numel == 0:
+        return b.constant(math.nan if reduction == _MEAN else 0, out.dtype, out.shape), \
+            b.constant(0, it.dtype, it.shape)
+    xv, hit, ist, z, act = _multilabel_pairs(b, x, target, cd)
+    n, c = xv.shape
+    per = b.divide(reduce_sum(b, b.select(act, z, b.zeros_like(z)), [1, 2]), b.constant(c, cd, (n,)))
+    r = _reduce(b, per, reduction)
+    return b.convert(b.reshape(r, out.shape), out.dtype), b.reshape(b.convert(ist, it.dtype), it.shape)
+
+
+@register("multilabel_margin_loss_backward")
+def multilabel_margin_loss_backward(ctx, grad, x, target, reduction, is_target):
+    """For each target label y (those before the first -1) and each non-target j with
+    z = 1 - x[y] + x[j] > 0: x[j] gets +g and x[y] gets -g (g = 1/C, or 1/(N C) for the mean)."""
+    b, out = ctx.b, ctx.out[0]
+    if out.numel == 0:
+        return b.constant(0, out.dtype, out.shape)
+    cd = compute_dtype(out.dtype)
+    xv, hit, ist, z, act = _multilabel_pairs(b, x, target, cd, is_target)
+    n, c = xv.shape
+    shape3 = (n, c, c)
+    actf = b.convert(act, cd)
+    plus = reduce_sum(b, actf, [1])        # per d: how many (target, d) terms are active
+    per_k = reduce_sum(b, actf, [2])       # per target k: how many d are active
+    minus = reduce_sum(b, b.multiply(b.convert(hit, cd), b.broadcast_in_dim(per_k, shape3, [0, 1])), [1])
+    g = 1.0 / (n * c) if reduction == _MEAN else 1.0 / c
+    r = b.multiply(b.subtract(plus, minus), b.constant(g, cd, (n, c)))
+    r = _scale_by_grad_output(b, r, grad, reduction, cd)
+    return b.convert(b.reshape(r, out.shape), out.dtype)
