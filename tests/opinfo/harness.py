@@ -197,8 +197,12 @@ def run_sample(op, sample, dtype, check_grad, random_op):
     args_cpu = _map((sample.input, sample.args, sample.kwargs), _copier(None))
     spy = _RandomSpy()
     try:
+        # The reference runs outside any dispatch mode (a Python mode changes some CPU results, e.g.
+        # complex pinv); a throwaway run under the spy tells whether the op draws random numbers.
+        out_cpu = op(args_cpu[0], *args_cpu[1], **args_cpu[2])
+        spare = _map((sample.input, sample.args, sample.kwargs), _copier(None))
         with spy:
-            out_cpu = op(args_cpu[0], *args_cpu[1], **args_cpu[2])
+            op(spare[0], *spare[1], **spare[2])
     except Exception as e:  # the sample is invalid on CPU too: nothing to compare
         return f"skip: cpu raised {type(e).__name__}"
     if any(t.dtype == torch.complex32 for t in _leaves(out_cpu)):
@@ -208,7 +212,10 @@ def run_sample(op, sample, dtype, check_grad, random_op):
     out_tpu = op(args_tpu[0], *args_tpu[1], **args_tpu[2])
     ties = False  # tie order differs: gradients then go to other (equal) elements, not compared
     try:
-        _compare_structure(out_cpu, out_tpu, "output", _tol, values=not random_op)
+        if op.name in _GAUGE_OPS:
+            _compare_up_to_gauge(op.name, out_cpu, out_tpu)
+        else:
+            _compare_structure(out_cpu, out_tpu, "output", _tol, values=not random_op)
     except AssertionError:
         if _closer_to_double(op, sample, dtype, out_cpu, out_tpu):
             return None
@@ -240,6 +247,58 @@ def run_sample(op, sample, dtype, check_grad, random_op):
             raise AssertionError(f"grad[{i}]: one side is None")
         _compare_structure(c, t, f"grad[{i}]", _grad_tol)
     return None
+
+
+# Ops whose vector outputs are unique only up to a per-column sign (real) or phase (complex):
+# PyTorch's documentation of torch.linalg.eigh ("The eigenvectors of a real symmetric or complex
+# Hermitian matrix are only unique up to sign (complex phase)... the returned eigenvectors may differ
+# between implementations") and of torch.linalg.svd / torch.svd ("The returned decomposition is not
+# unique: the singular vectors ... are unique up to multiplication by a sign / a complex phase e^{i phi}
+# ... different platforms, like NumPy, or inputs on different device types, may produce different U and
+# V"). Their values are compared directly; the vectors after fixing each column's phase (dividing by the
+# phase of its largest-magnitude entry, located on the CPU result and used on both), the reconstruction
+# too, and, for full_matrices=True, the extra columns of U / rows of Vh (any orthonormal basis of the
+# complement) only for being unitary. Gradients need no rule: these OpInfos' output_process_fn_grad
+# already take abs() of the vectors (or U @ Vh), which is gauge-invariant.
+_GAUGE_OPS = {"linalg.eigh", "linalg.svd", "svd"}
+
+
+def _fix_phase(x, ref):
+    """Columns of x divided by the phase of their entry where ref's column is largest in magnitude."""
+    if x.numel() == 0:
+        return x
+    idx = ref.abs().argmax(dim=-2, keepdim=True)
+    piv = x.gather(-2, idx)
+    mag = piv.abs()
+    phase = torch.where(mag == 0, torch.ones_like(piv), piv / torch.where(mag == 0, torch.ones_like(mag), mag))
+    return x / phase
+
+
+def _compare_up_to_gauge(name, out_cpu, out_tpu):
+    _compare_structure(out_cpu, out_tpu, "output", _tol, values=False)
+    c = [t.detach() for t in out_cpu]
+    t = [x.detach().cpu() for x in out_tpu]
+    close = lambda a, b, what: _compare_structure(b, a, what, _tol, any_device=True)  # noqa: E731
+    if name == "linalg.eigh":
+        (lc, qc), (lt, qt) = c, t
+        close(lt, lc, "output[0] (eigenvalues)")
+        close(_fix_phase(qt, qc), _fix_phase(qc, qc), "output[1] (eigenvectors up to phase)")
+        rec = lambda w, q: (q * w.to(q.dtype).unsqueeze(-2)) @ q.mH  # noqa: E731
+        close(rec(lt, qt), rec(lc, qc), "eigh reconstruction")
+        return
+    (uc, sc, vc), (ut, st, vt) = c, t
+    if name == "svd":   # torch.svd returns V, not Vh
+        vc, vt = vc.mH, vt.mH
+    close(st, sc, "output[1] (singular values)")
+    k = sc.shape[-1]
+    for full_c, full_t, what in ((uc, ut, "U"), (vc.mH, vt.mH, "V")):
+        close(_fix_phase(full_t[..., :k], full_c[..., :k]), _fix_phase(full_c[..., :k], full_c[..., :k]),
+              f"{what} columns up to phase")
+        if full_t.shape[-1] > k:
+            eye = torch.eye(full_t.shape[-1], dtype=full_t.dtype).expand(full_t.shape[:-2] + (-1, -1))
+            close(full_t.mH @ full_t, eye, f"{what} unitary")
+    rec = lambda u, s_, vh: (u[..., :k] * s_.to(u.dtype).unsqueeze(-2)) @ vh[..., :k, :]  # noqa: E731
+    close(rec(ut, st, vt), rec(uc, sc, vc), "svd reconstruction")
 
 
 def _closer_to_double(op, sample, dtype, out_cpu, out_tpu):

@@ -4,8 +4,9 @@ from . import linalg, convolution, pooling  # noqa: F401
 from . import reduction, softmax_loss, normalization  # noqa: F401
 from . import random, factory, foreach  # noqa: F401
 from . import indexing, shape  # noqa: F401
-from . import upsample  # noqa: F401
-from . import linalg_decomp  # noqa: F401
-from . import complex, fft  # noqa: F401
-from . import special  # noqa: F401
 from . import sorting  # noqa: F401
+from . import linalg_decomp  # noqa: F401
+from . import linalg_eig  # noqa: F401
+from . import upsample  # noqa: F401
+from . import special  # noqa: F401
+from . import complex, fft  # noqa: F401
