@@ -41,6 +41,7 @@ COMPOSITE = [
     ("slice_scatter", lambda d: aten.slice_scatter(_x(6, 4).to(d), _x(2, 4).to(d) + 1, 0, 1, 5, 2), True),
     ("sort", lambda d: aten.sort(_x(5, 6).to(d), 1), True),
     ("split_with_sizes", lambda d: [t * 1 for t in aten.split_with_sizes(_x(6, 4).to(d), [2, 4])], True),
+    ("squeeze.dim", lambda d: aten.squeeze.dim(_x(3, 1).to(d), 1) * 1, True),
     ("squeeze.dims", lambda d: aten.squeeze.dims(_x(1, 3, 1).to(d), [0, 2]) * 1, True),
     ("unsqueeze", lambda d: aten.unsqueeze(_x(3).to(d), 0) * 1, True),
     ("upsample_bilinear2d.vec", lambda d: aten.upsample_bilinear2d.vec(_x(1, 2, 3, 4).to(d), [6, 8], False, None),

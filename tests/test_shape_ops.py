@@ -121,3 +121,18 @@ def test_shape_errors():
             fn(xt)
     assert torch.equal(xt.cpu(), x)
     assert torch_tpu.metrics.fallback_counts() == before
+
+
+@pytest.mark.parametrize("dim,index", [(0, -1), (1, 2)])
+def test_select_scatter(dim, index):
+    x = torch.randn(4, 3, requires_grad=True)
+    src = torch.randn(x.select(dim, index).shape, requires_grad=True)
+    check(lambda a, s: torch.select_scatter(a, s, dim, index), x, src)
+
+
+@pytest.mark.parametrize("shape,kw", [
+    ((2, 3 * 2 * 2, 12), dict(output_size=(4, 5), kernel_size=2)),
+    ((3 * 3 * 2, 9), dict(output_size=(5, 5), kernel_size=(3, 2), dilation=(1, 2), padding=1, stride=2)),
+])
+def test_fold_col2im(shape, kw):
+    check(lambda x: torch.nn.functional.fold(x, **kw), torch.randn(*shape, requires_grad=True))

@@ -116,5 +116,8 @@ def register_decompositions():
             continue  # e.g. detach: returning the input itself breaks nn.Parameter (needs a new TensorImpl)
         if any(a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments):
             continue  # in-place / out= decompositions go through their functional op instead
+        if any(r.alias_info is not None for r in op._schema.returns) and \
+                torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeExplicitAutograd"):
+            continue  # a view (squeeze.dim): PyTorch's own view kernel, over as_strided, stays a view
         _lib.impl(name, _decomposed(op, fn), "PrivateUse1")
         _registered[name] = fn

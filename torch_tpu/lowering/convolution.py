@@ -182,3 +182,32 @@ def convolution_backward(ctx, gy, x, w, bias_sizes, stride, padding, dilation, t
     if output_mask[2]:
         gb = b.convert(_bias(b, gy, cd), ctx.out[2].dtype)
     return gi, gw, gb
+
+
+@register("col2im")
+def col2im(ctx, cols, output_size, kernel_size, dilation, padding, stride):
+    """nn.functional.fold: (N, C*kh*kw, L) columns -> (N, C, H, W), overlapping patches summed.
+    Each kernel offset (i, j) is one block of columns, spread into a padded canvas by a strided pad
+    (interior padding = stride - 1) and added in (i, j) order, as CPU's col2im accumulates."""
+    b, out = ctx.b, ctx.out[0]
+    if out.numel == 0:
+        return b.constant(0, out.dtype, out.shape)
+    (H, W), (kh, kw), (dh, dw), (ph, pw), (sh, sw) = output_size, kernel_size, dilation, padding, stride
+    oh = (H + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    ow = (W + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    lead = out.shape[:-3]
+    c = out.shape[-3]
+    x = b.reshape(cols, (*lead, c, kh, kw, oh, ow))
+    n = len(lead) + 1
+    zero = b.constant(0, x.dtype)
+    acc = None
+    for i in range(kh):
+        for j in range(kw):
+            blk = b.slice(x, [0] * n + [i, j, 0, 0], [*lead, c, i + 1, j + 1, oh, ow])
+            blk = b.reshape(blk, (*lead, c, oh, ow))
+            top, left = i * dh, j * dw
+            placed = b.pad(blk, zero, [0] * n + [top, left],
+                           [0] * n + [H + 2 * ph - top - (oh - 1) * sh - 1, W + 2 * pw - left - (ow - 1) * sw - 1],
+                           [0] * n + [sh - 1, sw - 1])
+            acc = placed if acc is None else b.add(acc, placed)
+    return b.slice(acc, [0] * n + [ph, pw], [*lead, c, ph + H, pw + W])

@@ -505,3 +505,15 @@ def rrelu_with_noise_backward(ctx, grad, self, noise, lower, upper, training, se
     ranged = b.compare(b.subtract(hi, lo), b.constant(1e-6, torch.float64), "GT")
     noisy = b.multiply(g, operand(ctx, noise, cd))
     return b.convert(b.select(b.broadcast_to(ranged, out.shape), noisy, leaky), out.dtype)
+
+
+@register("randperm.generator_out", rng=True)
+def randperm_generator_out(ctx, n, state, out):
+    """A uniformly random permutation of 0..n-1: iota sorted by 64-bit random keys (a tie, which
+    would favour the original order, has probability about n^2 / 2^65)."""
+    b, out = ctx.b, ctx.out[0]
+    if n == 0:
+        return b.constant(0, out.dtype, (0,))
+    _, keys = b.rng_bit_generator(state, (n,), torch.uint64)
+    perm = b.sort([keys, b.iota((n,), 0)], 0, lambda sb, a, c, i, j: sb.compare(a, c, "LT"), stable=True)[1]
+    return b.convert(perm, out.dtype)

@@ -200,3 +200,14 @@ for _kind in ("reflection", "replication"):
     for _n in (1, 2, 3):
         register(f"{_kind}_pad{_n}d")(_fwd)
         register(f"{_kind}_pad{_n}d_backward")(_bwd)
+
+
+@register("select_scatter")
+def select_scatter(ctx, x, src, dim, index):
+    """x with x.select(dim, index) replaced by src: one dynamic_update_slice."""
+    b = ctx.b
+    d = dim % x.rank
+    index = index % x.shape[d]
+    upd = b.reshape(b.convert(src, x.dtype), tuple(1 if k == d else s for k, s in enumerate(x.shape)))
+    starts = [b.constant(index if k == d else 0, torch.int64) for k in range(x.rank)]
+    return b.dynamic_update_slice(x, upd, starts)
