@@ -10,3 +10,4 @@ from . import linalg_eig  # noqa: F401
 from . import upsample  # noqa: F401
 from . import special  # noqa: F401
 from . import complex, fft  # noqa: F401
+from . import bags  # noqa: F401
