@@ -79,6 +79,14 @@ void CompileCache::clear_memory() {
   memory_.clear();
 }
 
+void CompileCache::remember_locked(const std::string& key, std::shared_ptr<pjrt::Executable> exe) {
+  // Each loaded executable holds a few JIT code mappings; a process with tens of thousands of them
+  // hits the kernel's map limit (LLVM: "Unable to allocate section memory"). Past the cap the memory
+  // tier starts over: entries stay on disk, and live front-end entries keep their own references.
+  if (memory_.size() >= kMaxMemoryEntries) memory_.clear();
+  memory_[key] = std::move(exe);
+}
+
 std::shared_ptr<pjrt::Executable> CompileCache::get_or_compile(pjrt::Client& client, const std::string& key,
                                                                const std::string& mlir) {
   {
@@ -95,7 +103,7 @@ std::shared_ptr<pjrt::Executable> CompileCache::get_or_compile(pjrt::Client& cli
       std::lock_guard<std::mutex> g(mu_);
       stats_.disk_hits++;
       stats_.saved_seconds += seconds;
-      memory_[key] = exe;
+      remember_locked(key, exe);
       return exe;
     }
   }
@@ -107,7 +115,7 @@ std::shared_ptr<pjrt::Executable> CompileCache::get_or_compile(pjrt::Client& cli
     std::lock_guard<std::mutex> g(mu_);
     stats_.misses++;
     stats_.compile_seconds += seconds;
-    memory_[key] = exe;
+    remember_locked(key, exe);
   }
   if (disk_enabled()) store(client, key, *exe, seconds);
   return exe;

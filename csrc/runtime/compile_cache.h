@@ -41,6 +41,8 @@ class CompileCache {
   std::shared_ptr<pjrt::Executable> load(pjrt::Client& client, const std::string& key, double* seconds);
   void store(pjrt::Client& client, const std::string& key, const pjrt::Executable& exe, double seconds);
   void evict_locked();
+  void remember_locked(const std::string& key, std::shared_ptr<pjrt::Executable> exe);
+  static constexpr size_t kMaxMemoryEntries = 4096;
 
   std::mutex mu_;
   std::unordered_map<std::string, std::shared_ptr<pjrt::Executable>> memory_;

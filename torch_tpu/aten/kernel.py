@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass, field
 
 import torch
+from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
 
 from .. import _C
 from .. import _state, runtime
@@ -98,7 +99,10 @@ class _Entry:
     uid: int | None = None
 
 
-_CACHE: dict = {}
+_CACHE: dict = {}    # key -> _Entry, least recently used first
+# Loaded executables hold JIT code mappings (about 3 each); tens of thousands exhaust the process's
+# map limit, so the least recently used entries go past this many (they reload from the disk tier).
+_CACHE_MAX = 4096
 _ON_HOST = object()  # cache entry of a key whose lowering raised NotLowered
 
 
@@ -289,6 +293,8 @@ def _check_overlap(vals, sig):
         for u in inputs:
             if u.numel() == 0 or _C._storage_key(u) != wk:
                 continue
+            if not (is_non_overlapping_and_dense(u) and is_non_overlapping_and_dense(w)):
+                continue  # CPU's get_overlap_status calls that "too hard" and lets it run
             same = (u.storage_offset(), u.shape, u.stride()) == (w.storage_offset(), w.shape, w.stride())
             lo, hi = _extent(u)
             if not same and lo <= whi and wlo <= hi:
@@ -366,16 +372,19 @@ class Kernel:
         key = (self.name, tuple(call.key))
         if self.sized_by_scalars:
             key += (self._meta_out_shapes(vals),)
-        entry = _CACHE.get(key)
+        entry = _CACHE.pop(key, None)
         if entry is None:
             try:
                 entry = self._build(vals, call)
             except NotLowered:
                 entry = _ON_HOST
-            _CACHE[key] = entry
+            if len(_CACHE) >= _CACHE_MAX:
+                for old in list(_CACHE)[:_CACHE_MAX // 4]:
+                    del _CACHE[old]
             _state.count("cache_misses")
         else:
             _state.count("cache_hits")
+        _CACHE[key] = entry  # most recently used last
         if entry is _ON_HOST:
             return self._run_on_host(vals)
         if entry.resize:  # out= tensors of the wrong shape: resize (as PyTorch does), then run anew

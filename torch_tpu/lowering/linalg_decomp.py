@@ -660,6 +660,14 @@ def _pade(b, a, m):
 @register("linalg_matrix_exp")
 def linalg_matrix_exp(ctx, a):
     b = ctx.b
+    if a.dtype in (torch.float16, torch.bfloat16):  # half precision: computed in float32, rounded once
+        return b.convert(_matrix_exp(b, b.convert(a, torch.float32)), a.dtype)
+    return _matrix_exp(b, a)
+
+
+def _matrix_exp(b, a):
+    """exp of each (*B, n, n) matrix: scaling and squaring with a Pade approximant of degree 7
+    (single precision) or 13 (double)."""
     n = a.shape[-1]
     if n == 0 or _empty(a.shape):
         return a
