@@ -107,3 +107,20 @@ def test_group_norm(dtype):
     check(lambda x: F.group_norm(x, 2), x)
     check(lambda x, w, b: F.group_norm(x, 6, w, b), torch.randn(3, 6, 5, dtype=dtype).requires_grad_(),
           _p(6, dtype), _p(6, dtype))
+
+
+def test_batch_norm_with_update_updates_running_stats():
+    x = torch.randn(4, 3, 5)
+    w, b = torch.randn(3), torch.randn(3)
+    rm, rv = torch.randn(3), torch.rand(3) + 0.5
+    args = [x, w, b, rm, rv]
+    dev = [t.to("tpu") for t in args]
+    want = torch.ops.aten._batch_norm_with_update(*args, 0.1, 1e-5)
+    got = torch.ops.aten._batch_norm_with_update(*dev, 0.1, 1e-5)
+    for g, c in zip(got, want):
+        assert g.device.type == "tpu" and g.dtype == c.dtype
+        torch.testing.assert_close(g.cpu(), c, atol=1e-5, rtol=1e-5)
+    for g, c in zip(dev[3:], args[3:]):  # running stats updated in place, as on CPU
+        torch.testing.assert_close(g.cpu(), c)
+    check(lambda x, w, b, rm, rv: torch.ops.aten._batch_norm_with_update(x, w, b, rm, rv, 0.1, 1e-5)[0],
+          x.requires_grad_(), w.requires_grad_(), b.requires_grad_(), rm.clone(), rv.clone())

@@ -6,7 +6,9 @@ PyTorch's decompositions reduce everything else to) runs on tpu.
 
 Each core overload is one of:
   lowered    a StableHLO lowering in torch_tpu/lowering (its in-place/out= variants derive from it)
-  kernel     a tpu kernel in C++ (views and metadata: as_strided, view, empty, ...)
+  kernel     a tpu kernel registered directly: C++ views and metadata (as_strided, view, empty, ...),
+             small Python kernels over lowered ops (nonzero's data-dependent size, batch norm's
+             running-stat update)
   composite  PyTorch's own CompositeExplicit/Implicit kernel, i.e. other ATen ops on tpu tensors
              (expand/permute/select are as_strided views, full is empty + fill_, ...);
              tests/test_core_aten.py runs each of these and fails if any reaches the CPU fallback

@@ -166,9 +166,23 @@ def _native_batch_norm_legit(x, w, bias, rm, rv, training, momentum, eps):
     return _native_batch_norm(x, w, bias, rm, rv, training, momentum, eps)
 
 
+def _batch_norm_with_update(x, w, bias, rm, rv, momentum, eps):
+    """Training batch norm updating the running stats in place (what export and newer nn.BatchNorm
+    paths call); the 4th result is CPU's empty uint8 reserve."""
+    out, mean, invstd = _native_batch_norm(x, w, bias, rm, rv, True, momentum, eps)
+    return out, mean, invstd, torch.empty(0, dtype=torch.uint8, device=x.device)
+
+
+def _batch_norm_backward(grad, x, w, rm, rv, save_mean, save_var, update, eps, output_mask, reserve):
+    return torch.ops.aten.native_batch_norm_backward(grad, x, w, rm, rv, save_mean, save_var, update, eps,
+                                                     output_mask)
+
+
 _lib = torch.library.Library("aten", "IMPL")
 _lib.impl("native_batch_norm", _native_batch_norm, "PrivateUse1")
 _lib.impl("_native_batch_norm_legit", _native_batch_norm_legit, "PrivateUse1")
+_lib.impl("_batch_norm_with_update", _batch_norm_with_update, "PrivateUse1")
+_lib.impl("batch_norm_backward", _batch_norm_backward, "PrivateUse1")
 
 
 # -- layer norm --------------------------------------------------------------------------------------
