@@ -132,3 +132,13 @@ def test_fused_memory_is_bounded():
             longest = max(longest, fused.pending())
     assert longest < fused.MAX_OPS
     torch.testing.assert_close(x.cpu(), torch.full((16,), 3.0 * fused.MAX_OPS))
+
+
+def test_fused_run_reads_a_new_storage_as_another_dtype():
+    """A complex result recorded in a fused run, then read through view_as_real in the same run."""
+    a = torch.randn(3, 2, dtype=torch.complex64)
+    with torch_tpu.eager_mode("fused"):
+        z = a.to("tpu") * (1 + 2j)
+        r = torch.view_as_real(z) * 2
+        got = r.cpu()
+    torch.testing.assert_close(got, torch.view_as_real(a * (1 + 2j)) * 2)

@@ -89,6 +89,8 @@ def record(entry, inputs, sinks, device, name):
         _run = _Run(device)
     run = _run
     new = _C._empty_like_specs(entry.new_outputs, device) if entry.new_outputs else []
+    for t in new:  # type each new storage now: a later op may read it as another dtype (view_as_real)
+        _C._storage_spec(t)
     wiring = []
     for o in inputs:
         if o.__class__ is tuple:  # a scalar or rng operand
