@@ -122,3 +122,9 @@ def test_runtime_scalars_share_programs():
         check(lambda x: x.var(1, correction=c), x)
     for p in (1, 2, 0.5, 3, math.inf):
         check(lambda x: torch.linalg.vector_norm(x, p, dim=1), x)
+
+
+def test_logsumexp_complex():
+    z = torch.randn(3, 4, dtype=torch.complex64) * 3
+    check(lambda x: x.logsumexp(1), z, grad=False)
+    check(lambda x: x.logsumexp((0, 1), keepdim=True), z, grad=False)

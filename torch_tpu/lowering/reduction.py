@@ -277,10 +277,14 @@ def logsumexp(ctx, x, dim, keepdim=False):
     cd = compute_dtype(ctx.out[0].dtype)
     xv = b.convert(x, cd)
     dims = reduce_dims(dim, x.rank)
-    m = reduce_max(b, xv, dims, True)
+    # Complex input shifts by the largest real part (PyTorch's reference logsumexp does the same).
+    re = b.unary("real", xv, cd.to_real()) if cd.is_complex else xv
+    m = reduce_max(b, re, dims, True)
     # An infinite max would give inf - inf = nan: shift by 0 instead (CPU does the same).
     m = b.select(b.compare(b.abs(m), b.full_like(m, math.inf), "EQ"), b.zeros_like(m), m)
     keep_shape = [1 if i in dims else d for i, d in enumerate(x.shape)]
+    if cd.is_complex:
+        m = b.convert(m, cd)
     shifted = b.subtract(xv, b.broadcast_to(b.reshape(m, keep_shape), x.shape))
     r = b.add(b.log(reduce_sum(b, b.exp(shifted), dims)), m)
     return _keep(ctx, b.convert(r, ctx.out[0].dtype))
