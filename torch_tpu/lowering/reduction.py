@@ -321,6 +321,17 @@ def vector_norm(ctx, x, ord=2, dim=None, keepdim=False, dtype=None):
     return _keep(ctx, b.convert(r, out))
 
 
+def _scan_window(x, dim):
+    """(window, padding) of a reduce_window that computes an inclusive scan of x along dim: each
+    output reads its whole prefix (window = dim size, that size - 1 padding before)."""
+    d, n = dim % x.rank, max(x.shape[dim % x.rank], 1)
+    window = [1] * x.rank
+    window[d] = n
+    padding = [(0, 0)] * x.rank
+    padding[d] = (n - 1, 0)
+    return window, padding
+
+
 def _cumulative(op):
     def lower(ctx, x, dim, dtype=None):
         b = ctx.b
@@ -329,12 +340,7 @@ def _cumulative(op):
         xv = b.convert(x, acc)
         if x.rank == 0:
             return b.convert(xv, out)
-        d = dim % x.rank
-        n = x.shape[d]
-        window = [1] * x.rank
-        window[d] = max(n, 1)
-        padding = [(0, 0)] * x.rank
-        padding[d] = (max(n, 1) - 1, 0)
+        window, padding = _scan_window(x, dim)
         init = b.constant(0 if op == "add" else 1, acc)
         r = b.reduce_window([xv], [init], window, [1] * x.rank, padding,
                             lambda s, a, e: s.binary(op, a, e))[0]
@@ -383,12 +389,7 @@ def logcumsumexp(ctx, x, dim):
     xv = b.convert(x, cd)
     if x.rank == 0 or x.type.numel == 0:
         return b.convert(xv, out)
-    d = dim % x.rank
-    n = x.shape[d]
-    window = [1] * x.rank
-    window[d] = n
-    padding = [(0, 0)] * x.rank
-    padding[d] = (n - 1, 0)
+    window, padding = _scan_window(x, dim)
     init = b.constant(complex(-math.inf, 0) if cd.is_complex else -math.inf, cd)
     r = b.reduce_window([xv], [init], window, [1] * x.rank, padding, lambda s, a, e: _log_add_exp(s, a, e))[0]
     return b.convert(r, out)
@@ -419,11 +420,7 @@ def _cum_extreme(is_max):
         if ctx.out[0].numel == 0:
             return b.constant(0, x.dtype, x.shape), b.constant(0, torch.int64, x.shape)
         d = dim % x.rank
-        n = x.shape[d]
-        window = [1] * x.rank
-        window[d] = n
-        padding = [(0, 0)] * x.rank
-        padding[d] = (n - 1, 0)
+        window, padding = _scan_window(x, d)
         idx = b.iota(x.shape, d)
         init_v = b.constant(_lowest(x.dtype) if is_max else _highest(x.dtype), x.dtype)
         init_i = b.constant(-1, torch.int64)
