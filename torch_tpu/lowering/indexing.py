@@ -444,13 +444,15 @@ def _check_index_add(x, dim, index, source, alpha=1):
 
 @register("index_add", check=_check_index_add)
 def index_add(ctx, x, dim, index, source, alpha=None):
+    """x + alpha * source's slices at index, added one by one in x's dtype: CPU rounds alpha * source
+    and every addition to a half-precision result, so duplicate indices accumulate as there."""
     b = ctx.b
     dt = ctx.out[0].dtype
     cd = compute_dtype(dt)
     src = b.convert(source, cd)
     if alpha is not None:
         src = b.multiply(src, b.broadcast_to(b.convert(alpha, cd), src.shape))
-    return b.convert(_along(ctx, b.convert(x, cd), dim, index, src, _combine_fn("sum", cd)), dt)
+    return _along(ctx, b.convert(x, dt), dim, index, b.convert(src, dt), _combine_fn("sum", dt))
 
 
 def _check_index_copy(x, dim, index, source):
