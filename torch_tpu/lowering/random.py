@@ -374,13 +374,17 @@ def geometric_(ctx, self, p, state=None):
     return b.convert(k, out.dtype)
 
 
-def _check_cauchy(self, median=0.0, sigma=1.0, generator=None):
-    _float_only("cauchy_cpu", self)
-    if not sigma > 0:
-        raise RuntimeError(f"cauchy_ expects sigma > 0.0, but found sigma={sigma:g}")
+def _scale_check(op, kernel, param, pos):
+    """check= of a distribution on floats whose parameter `param` (number pos after self) must be
+    positive, with CPU's messages."""
+    def check(self, *args):
+        _float_only(kernel, self)
+        if not args[pos] > 0:
+            raise RuntimeError(f"{op} expects {param} > 0.0, but found {param}={float(args[pos]):g}")
+    return check
 
 
-@register("cauchy_", rng=True, check=_check_cauchy)
+@register("cauchy_", rng=True, check=_scale_check("cauchy_", "cauchy_cpu", "sigma", 1))
 def cauchy_(ctx, self, median=0.0, sigma=1.0, state=None):
     """median + sigma * tan(pi * (u - 1/2)), u in (0, 1) (never +-pi/2)."""
     b, out = ctx.b, ctx.out[0]
@@ -391,13 +395,7 @@ def cauchy_(ctx, self, median=0.0, sigma=1.0, state=None):
     return b.convert(b.add(med, b.multiply(sig, t)), out.dtype)
 
 
-def _check_log_normal(self, mean=1.0, std=2.0, generator=None):
-    _float_only("log_normal_cpu", self)
-    if not std > 0:
-        raise RuntimeError(f"log_normal_ expects std > 0.0, but found std={std:g}")
-
-
-@register("log_normal_", rng=True, check=_check_log_normal)
+@register("log_normal_", rng=True, check=_scale_check("log_normal_", "log_normal_cpu", "std", 1))
 def log_normal_(ctx, self, mean=1.0, std=2.0, state=None):
     """exp(mean + std * z), z standard normal."""
     b, out = ctx.b, ctx.out[0]

@@ -97,9 +97,15 @@ def _nth_element_all_equal(n):
     return a[0]
 
 
-def _empty_results(ctx):
+def _trivial(ctx, x, dim):
+    """(values, indices) of an order statistic along dim that needs no sort: a 0-dim input is its own
+    answer at index 0, an empty one gives empty (or zero-filled) results; None otherwise."""
     b = ctx.b
-    return tuple(b.constant(0, t.dtype, t.shape) for t in ctx.out)
+    if x.rank == 0:
+        return x, b.constant(0, torch.int64)
+    if ctx.out[0].numel == 0 or x.shape[dim % x.rank] == 0:
+        return tuple(b.constant(0, t.dtype, t.shape) for t in ctx.out)
+    return None
 
 
 # -- median / nanmedian -------------------------------------------------------------------------
@@ -146,10 +152,9 @@ def _median_dim(ignore_nan):
     stable order. nanmedian: rank (non-NaN count - 1)/2 among the non-NaN values."""
     def lower(ctx, x, dim, keepdim=False):
         b = ctx.b
-        if x.rank == 0:
-            return x, b.constant(0, torch.int64)
-        if ctx.out[0].numel == 0 or x.shape[dim % x.rank] == 0:
-            return _empty_results(ctx)
+        done = _trivial(ctx, x, dim)
+        if done is not None:
+            return done
         m = rows(b, x, dim)
         nb, n = m.shape
         sv, si = _sort(b, m, 1, False)
@@ -261,10 +266,9 @@ def kthvalue(ctx, x, k, dim=-1, keepdim=False):
     """The value of rank k-1 in the stable order (NaN last); its index from the sort when the value
     is unique in its row, else from replaying CPU's quickselect on that row."""
     b = ctx.b
-    if x.rank == 0:
-        return x, b.constant(0, torch.int64)
-    if ctx.out[0].numel == 0 or x.shape[dim % x.rank] == 0:
-        return _empty_results(ctx)
+    done = _trivial(ctx, x, dim)
+    if done is not None:
+        return done
     m = rows(b, x, dim)
     nb, n = m.shape
     sv, si = _sort(b, m, 1, False)
@@ -317,10 +321,9 @@ def mode(ctx, x, dim=-1, keepdim=False):
     longer rows are sorted stably (NaN last), which gives CPU's value whenever there is no NaN,
     and the last occurrence as the index."""
     b = ctx.b
-    if x.rank == 0:
-        return x, b.constant(0, torch.int64)
-    if ctx.out[0].numel == 0 or x.shape[dim % x.rank] == 0:
-        return _empty_results(ctx)
+    done = _trivial(ctx, x, dim)
+    if done is not None:
+        return done
     m = rows(b, x, dim)
     nb, n = m.shape
     if n <= 16:
