@@ -1,4 +1,8 @@
 """Storage, aliasing through every view kind, copy_ between devices and layouts, round trips."""
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -184,6 +188,47 @@ def test_inplace_update_donates_buffer():
     assert "tf.aliasing_output = 0" in text
     assert x.data_ptr() == ptr
     torch.testing.assert_close(x[:4].cpu(), torch.full((4,), 3.0))
+
+
+def _busy_product(n=1400):
+    """A (n, n) input, and its matrix product launched three times over: seconds of device work
+    that are still running when the next op is launched."""
+    a = torch.randn(n, n, device="tpu") / n
+    torch.tpu.synchronize()
+    c = a @ a @ a @ a
+    return a, c
+
+
+def test_inplace_update_of_a_busy_buffer_does_not_wait():
+    """Donating a buffer that a running program still reads would make PJRT block the host until
+    that program ends; the update then writes a fresh buffer instead (same storage, same values),
+    and PJRT frees the old one when its reader is done."""
+    a, c = _busy_product()
+    ptr = a.data_ptr()
+    before = torch_tpu.metrics.counters()["busy_inputs_kept"]
+    with torch_tpu.eager_mode("strict"):
+        a.add_(1.0)  # a is still being read by the product
+    assert torch_tpu.metrics.counters()["busy_inputs_kept"] > before
+    assert a.data_ptr() == ptr
+    a_before = a.cpu() - 1.0
+    torch.testing.assert_close(c.cpu(), a_before @ a_before @ a_before @ a_before, atol=1e-4, rtol=1e-3)
+
+
+def test_busy_buffers_are_donated_past_the_byte_limit(tmp_path):
+    """TORCH_TPU_KEEP_BUSY_BYTES=0: busy inputs are donated (the launch waits), with the same values."""
+    prog = ("import warnings; warnings.filterwarnings('ignore'); import torch, torch_tpu\n"
+            "from tests.test_storage_views import _busy_product\n"
+            "a, c = _busy_product()\n"
+            "a.add_(1.0)\n"
+            "b = a.cpu() - 1.0\n"
+            "ok = torch.allclose(c.cpu(), b @ b @ b @ b, atol=1e-4, rtol=1e-3)\n"
+            "print(torch_tpu.metrics.counters()['busy_inputs_kept'], ok)\n")
+    root = os.path.join(os.path.dirname(__file__), "..")
+    env = {**os.environ, "TORCH_TPU_KEEP_BUSY_BYTES": "0",
+           "PYTHONPATH": os.pathsep.join([os.path.abspath(root), os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, env=env, timeout=300, cwd=root)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == ["0", "True"]
 
 
 def test_save_and_load_tpu_state_dict(tmp_path):

@@ -11,7 +11,8 @@ def fallback_counts() -> dict:
 
 def counters() -> dict:
     """All counters: compiles, executions, cache_hits, cache_misses, host/device transfers and
-    bytes (h2d/d2h), host_syncs, fallbacks (total), and for torch.compile(backend="tpu"):
+    bytes (h2d/d2h), host_syncs, busy_inputs_kept (buffers not donated because a running program
+    still read them: TORCH_TPU_KEEP_BUSY_BYTES), fallbacks (total), and for torch.compile(backend="tpu"):
     compiled_graphs, graph_executions and graph_eager_fallbacks."""
     d = dict(_C._counters())
     d["cache_hits"] = _state.counts["cache_hits"]

@@ -110,12 +110,31 @@ std::vector<int64_t> Buffer::dims() const {
   return std::vector<int64_t>(a.dims, a.dims + a.num_dims);
 }
 
-size_t Buffer::on_device_size() const {
+size_t Buffer::on_device_size() const { return client_->on_device_size(buf_); }
+
+size_t Client::on_device_size(PJRT_Buffer* buf) const {
   auto a = PJRT_ARGS(PJRT_Buffer_OnDeviceSizeInBytes_Args);
-  a.buffer = buf_;
-  client_->plugin().check(client_->plugin().api()->PJRT_Buffer_OnDeviceSizeInBytes(&a),
-                          "PJRT_Buffer_OnDeviceSizeInBytes");
+  a.buffer = buf;
+  plugin_->check(plugin_->api()->PJRT_Buffer_OnDeviceSizeInBytes(&a), "PJRT_Buffer_OnDeviceSizeInBytes");
   return a.on_device_size_in_bytes;
+}
+
+Event::~Event() {
+  auto d = PJRT_ARGS(PJRT_Event_Destroy_Args);
+  d.event = ev_;
+  PJRT_Error* e = client_->plugin().api()->PJRT_Event_Destroy(&d);
+  if (e) {  // never throw from a destructor: drop the error
+    auto x = PJRT_ARGS(PJRT_Error_Destroy_Args);
+    x.error = e;
+    client_->plugin().api()->PJRT_Error_Destroy(&x);
+  }
+}
+
+bool Event::is_ready() const {
+  auto a = PJRT_ARGS(PJRT_Event_IsReady_Args);
+  a.event = ev_;
+  client_->plugin().check(client_->plugin().api()->PJRT_Event_IsReady(&a), "PJRT_Event_IsReady");
+  return a.is_ready;
 }
 
 bool Buffer::is_deleted() const {
@@ -361,9 +380,14 @@ std::shared_ptr<Buffer> Client::small_buffer_from_host(const void* data, PJRT_Bu
 
 std::vector<std::shared_ptr<Buffer>> Client::execute(const Executable& exe,
                                                      const std::vector<PJRT_Buffer*>& args,
-                                                     int64_t index) {
+                                                     int64_t index,
+                                                     const std::vector<int64_t>& non_donatable,
+                                                     std::shared_ptr<Event>* done) {
   const PJRT_Api* api = plugin_->api();
   auto opts = PJRT_ARGS(PJRT_ExecuteOptions);
+  opts.non_donatable_input_indices = non_donatable.empty() ? nullptr : non_donatable.data();
+  opts.num_non_donatable_input_indices = non_donatable.size();
+  PJRT_Event* complete = nullptr;
   std::vector<PJRT_Buffer*> outs(exe.num_outputs(), nullptr);
   PJRT_Buffer* const* arg_list = args.data();
   PJRT_Buffer** out_list = outs.data();
@@ -375,7 +399,9 @@ std::vector<std::shared_ptr<Buffer>> Client::execute(const Executable& exe,
   a.num_args = args.size();
   a.output_lists = &out_list;
   a.execute_device = device(index);
+  a.device_complete_events = done ? &complete : nullptr;
   plugin_->check(api->PJRT_LoadedExecutable_Execute(&a), "PJRT_LoadedExecutable_Execute");
+  if (done && complete) *done = std::make_shared<Event>(shared_from_this(), complete);
   std::vector<std::shared_ptr<Buffer>> result;
   result.reserve(outs.size());
   for (PJRT_Buffer* b : outs) result.push_back(std::make_shared<Buffer>(shared_from_this(), b));

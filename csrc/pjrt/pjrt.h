@@ -104,6 +104,21 @@ struct MemoryStats {
   int64_t bytes_in_use = -1, peak_bytes_in_use = -1, num_allocs = -1, bytes_limit = -1;
 };
 
+// One PJRT_Event (e.g. the completion of one execution), destroyed with this object.
+class Event {
+ public:
+  Event(std::shared_ptr<Client> client, PJRT_Event* ev) : client_(std::move(client)), ev_(ev) {}
+  ~Event();
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  // PJRT_Event_IsReady: true once the event has happened (with or without an error). Never blocks.
+  bool is_ready() const;
+
+ private:
+  std::shared_ptr<Client> client_;
+  PJRT_Event* ev_;
+};
+
 // A PJRT_Client over the plugin's addressable devices.
 class Client : public std::enable_shared_from_this<Client> {
  public:
@@ -134,10 +149,16 @@ class Client : public std::enable_shared_from_this<Client> {
                                                  const std::vector<int64_t>& dims, int64_t index);
 
   // Runs `exe` on device `index` with `args`; returns its outputs. Does not wait for the result.
-  // `donated` lists argument positions whose buffers the program may reuse (they become deleted).
+  // Arguments the program aliases to an output are donated (they become deleted), except the
+  // positions in `non_donatable` (PJRT_ExecuteOptions.non_donatable_input_indices): the output
+  // is then a fresh buffer. If `done` is given, it receives the execution's completion event.
   std::vector<std::shared_ptr<Buffer>> execute(const Executable& exe,
                                                const std::vector<PJRT_Buffer*>& args,
-                                               int64_t index);
+                                               int64_t index,
+                                               const std::vector<int64_t>& non_donatable = {},
+                                               std::shared_ptr<Event>* done = nullptr);
+  // PJRT_Buffer_OnDeviceSizeInBytes of a buffer not owned here.
+  size_t on_device_size(PJRT_Buffer* buf) const;
 
   PJRT_Client* get() const { return client_; }
 

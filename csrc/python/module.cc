@@ -292,12 +292,13 @@ PYBIND11_MODULE(_C, m) {
     d["h2d_bytes"] = c.h2d_bytes.load();
     d["d2h_bytes"] = c.d2h_bytes.load();
     d["host_syncs"] = c.host_syncs.load();
+    d["busy_inputs_kept"] = c.busy_inputs_kept.load();
     return d;
   });
   m.def("_reset_counters", [] {
     auto& c = torch_tpu::runtime::counters();
     for (auto* a : {&c.compiles, &c.executions, &c.h2d_transfers, &c.d2h_transfers, &c.h2d_bytes,
-                    &c.d2h_bytes, &c.host_syncs})
+                    &c.d2h_bytes, &c.host_syncs, &c.busy_inputs_kept})
       a->store(0);
   });
   m.def("_note_fallback", [](const std::string& full) {

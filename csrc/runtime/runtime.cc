@@ -2,6 +2,8 @@
 
 #include <c10/util/Exception.h>
 
+#include <cstdlib>
+#include <unordered_set>
 #include <cstring>
 
 namespace torch_tpu::runtime {
@@ -170,13 +172,54 @@ void Runtime::copy_bytes(Cell& dst, const Cell& src, size_t count) {
   upload(dst, bytes.data(), t, static_cast<int64_t>(dst.nbytes / item));
 }
 
+namespace {
+size_t keep_busy_bytes() {
+  static const size_t limit = [] {
+    const char* v = std::getenv("TORCH_TPU_KEEP_BUSY_BYTES");
+    return v && *v ? static_cast<size_t>(std::strtoull(v, nullptr, 10)) : size_t(64) << 20;
+  }();
+  return limit;
+}
+}  // namespace
+
+std::vector<int64_t> Runtime::busy_inputs(const std::vector<PJRT_Buffer*>& args, const std::vector<Cell*>& sinks) {
+  std::vector<int64_t> busy;
+  size_t bytes = 0;
+  std::lock_guard<std::mutex> g(mu_);
+  std::unordered_set<PJRT_Buffer*> rewritten;  // the donation candidates: buffers of cells written
+  for (Cell* c : sinks) {
+    if (c->buffer) rewritten.insert(c->buffer->get());
+  }
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (!rewritten.count(args[i])) continue;
+    auto it = last_use_.find(args[i]);
+    if (it == last_use_.end() || it->second->is_ready()) continue;
+    size_t n = client().on_device_size(args[i]);
+    if (bytes + n > keep_busy_bytes()) continue;  // donated: PJRT waits for its users
+    bytes += n;
+    busy.push_back(static_cast<int64_t>(i));
+    counters().busy_inputs_kept++;
+  }
+  return busy;
+}
+
 void Runtime::execute(const pjrt::Executable& exe, const std::vector<PJRT_Buffer*>& args,
                       const std::vector<Cell*>& sinks, int device, const std::string& producer) {
   TORCH_CHECK(sinks.size() == exe.num_outputs(), "program has ", exe.num_outputs(),
               " outputs but ", sinks.size(), " destinations were given");
-  auto outs = client().execute(exe, args, device);
+  std::shared_ptr<pjrt::Event> done;
+  auto outs = client().execute(exe, args, device, busy_inputs(args, sinks), &done);
   counters().executions++;
   std::lock_guard<std::mutex> g(mu_);
+  if (done) {
+    if (last_use_.size() > 8192) {  // forget executions that have finished
+      for (auto it = last_use_.begin(); it != last_use_.end();) {
+        it = it->second->is_ready() ? last_use_.erase(it) : std::next(it);
+      }
+    }
+    for (PJRT_Buffer* b : args) last_use_[b] = done;
+    for (auto& b : outs) last_use_[b->get()] = done;
+  }
   if (pending_.size() > 4096) {  // forget outputs that are already gone
     decltype(pending_) live;
     for (auto& w : pending_) if (!w.first.expired()) live.push_back(w);

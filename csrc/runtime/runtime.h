@@ -18,6 +18,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "pjrt/pjrt.h"
@@ -43,7 +44,8 @@ struct Cell {
 // Counters reported by torch_tpu.metrics.
 struct Counters {
   std::atomic<int64_t> compiles{0}, executions{0}, h2d_transfers{0}, d2h_transfers{0},
-      h2d_bytes{0}, d2h_bytes{0}, host_syncs{0};
+      h2d_bytes{0}, d2h_bytes{0}, host_syncs{0},
+      busy_inputs_kept{0};  // inputs not donated because an earlier execution still used them
 };
 Counters& counters();
 
@@ -100,6 +102,13 @@ class Runtime {
   std::function<void()> hook_;
   // Outputs not yet awaited, with the op that produces each.
   std::vector<std::pair<std::weak_ptr<pjrt::Buffer>, std::string>> pending_;
+  // The completion event of the last execution that read or wrote each buffer. Donating a buffer
+  // that such an execution still uses makes PJRT block the host until it finishes (no overlap of
+  // host work with device work), so execute() does not donate busy inputs: the output is a fresh
+  // buffer and PJRT frees the old one once its users finish. Bounded per launch by
+  // keep_busy_bytes() (env TORCH_TPU_KEEP_BUSY_BYTES, default 64 MiB); past it, inputs are donated.
+  std::unordered_map<PJRT_Buffer*, std::shared_ptr<pjrt::Event>> last_use_;
+  std::vector<int64_t> busy_inputs(const std::vector<PJRT_Buffer*>& args, const std::vector<Cell*>& sinks);
 };
 
 }  // namespace torch_tpu::runtime

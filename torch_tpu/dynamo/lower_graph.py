@@ -246,6 +246,7 @@ class GraphProgram:
             return b.add(state[0], inc)
 
         self.host_nodes = _host_nodes(nodes)
+        self.host_fn = _host_program(placeholders, self.host_nodes) if self.host_nodes else None
         self._pack_host_reads(nodes, b, env)
         self.host_mutations = []  # (placeholder index, host node): CPU inputs updated on the host
         mutations = []          # (placeholder index, Value)
@@ -344,6 +345,21 @@ class GraphProgram:
         self.mutated = dict(self.mutations)
         self.text = b.module(results)
         self.b = None
+        self._plan_run()
+
+    def _plan_run(self):
+        """The per-call work as flat lists: (kind, payload) per program argument (0 tpu input,
+        1 CPU input, 2 rng state, 3 host pack, 4 constant), the tpu inputs that receive a result
+        in place (result index, placeholder index), and one tpu input that names the device."""
+        kinds = {"rng": 2, "pack": 3, "const": 4}
+        self.run_plan = []
+        for entry in self.arg_plan:
+            if entry[0] == "in":
+                self.run_plan.append((1 if self.ph_devices[entry[1]] == "cpu" else 0, entry[1]))
+            else:
+                self.run_plan.append((kinds[entry[0]], entry[1] if len(entry) > 1 else None))
+        self.first_tpu_input = next((x for kind, x in self.run_plan if kind == 0), None)
+        self.sink_plan = sorted((k, i) for i, k in self.mutations if self.ph_devices[i] != "cpu")
 
     def _host_mutation(self, node) -> bool:
         """copy_ of a host value into a CPU input: done on the host, after the launch."""
@@ -477,7 +493,9 @@ class GraphProgram:
             if not ok:
                 break
         if ok:
-            self.checks.append((check, template))
+            reads = getattr(check, "reads", None)
+            keyed = [i for i, n in enumerate(sig.names[:len(template)]) if reads is None or n in reads]
+            self.checks.append((check, template, keyed))
         else:
             log.debug("index check of %s skipped: it reads values computed inside the graph", node.name)
 
@@ -485,57 +503,46 @@ class GraphProgram:
     def __call__(self, args):
         real = list(args)
         args.clear()  # boxed calling convention: inputs may be freed as soon as they are used
-        for check, template in self.checks:
+        for n, (check, template, keyed) in enumerate(self.checks):
             vals = [_fill(t, real) for t in template]
-            key = _content_key(vals)
+            key = _content_key([n] + [vals[i] for i in keyed])
             if key is None or key not in self.passed_checks:
                 check(*vals)  # downloads the indices: a host sync
                 if key is not None:
                     self.passed_checks.append(key)
-        host = {}
-        for node in self.host_nodes:  # CPU tensors of the graph: PyTorch's CPU kernels, before launch
-            host[node] = _run_host(node, host, real, self.ph_index)
-        inputs, device, storages, copied = [], None, {}, set()
-        for entry in self.arg_plan:
-            kind = entry[0]
-            if kind == "in":
-                i = entry[1]
-                t = real[i]
-                if t.device.type == "cpu":
-                    inputs.append(t.contiguous())
-                    continue
+        # CPU tensors of the graph: PyTorch's CPU kernels, before the launch.
+        host = dict(zip(self.host_nodes, self.host_fn(*real))) if self.host_fn is not None else {}
+        inputs, storages, copied, donated = [], {}, set(), self.donated
+        device = real[self.first_tpu_input].get_device() if self.first_tpu_input is not None else None
+        for kind, x in self.run_plan:
+            if kind == 0:  # a tpu input: its storage's buffer, whole and dense, or a dense copy
+                t = real[x]
                 key = _C._whole_key(t)
-                if device is None:
-                    device = t.device.index
-                if key < 0 or (i in self.donated and key in storages) or storages.get(key) in self.donated:
+                if key < 0 or (key in storages and (x in donated or storages[key] in donated)):
                     t = t.clone(memory_format=torch.contiguous_format)
-                    copied.add(i)
+                    copied.add(x)
                     key = _C._whole_key(t)
-                storages[key] = i
+                storages[key] = x
                 inputs.append(t)
-            elif kind == "rng":
+            elif kind == 1:  # a CPU input: uploaded by the launch
+                inputs.append(real[x].contiguous())
+            elif kind == 2:
                 inputs.append((_C._generator_next(None, self.rng_draws), torch.uint64))
-            elif kind == "pack":
-                parts = [(real[src] if where == "in" else host[src]).reshape(-1)
-                         for where, src in self.host_packs[entry[1]]]
+            elif kind == 3:
+                parts = [(real[src] if where == "in" else host[src]).reshape(-1) for where, src in self.host_packs[x]]
                 inputs.append(torch.cat(parts) if len(parts) > 1 else parts[0].contiguous())
             else:
-                t = entry[1]
-                if t.device.type != "cpu":
-                    device = t.device.index if device is None else device
-                inputs.append(t)
+                if device is None and x.device.type != "cpu":
+                    device = x.get_device()
+                inputs.append(x)
         if device is None:
             device = _C._current_device()
-        sinks, specs = [], []
-        for k, spec in enumerate(self.prog_specs):
-            sink = None
-            if self.mutations and k >= len(self.prog_specs) - len(self.mutations):
-                i = self.mutations[k - (len(self.prog_specs) - len(self.mutations))][0]
-                if i not in copied and self.ph_devices[i] != "cpu":
-                    sink = real[i]
-            sinks.append(sink)
-            if sink is None:
-                specs.append(spec)
+        # Results that replace a tpu input's value are written into that input's storage.
+        sinks, specs = [None] * len(self.prog_specs), list(self.prog_specs)
+        for k, i in reversed(self.sink_plan):
+            if i not in copied:
+                sinks[k] = real[i]
+                del specs[k]
         fresh = _launch(self.exe, inputs, sinks, specs, device, f"compiled {self.name} graph")
         _state.count("graph_executions")
         produced, it = [], iter(fresh)
@@ -544,8 +551,8 @@ class GraphProgram:
         for i, k in self.mutations:  # inputs that were copied (or live on the host): write back
             if produced[k] is not real[i]:
                 real[i].copy_(produced[k].view(real[i].shape))
-        for i, node in self.host_mutations:
-            real[i].copy_(host[node])
+        if self.host_mutations:
+            torch._foreach_copy_([real[i] for i, _ in self.host_mutations], [host[n] for _, n in self.host_mutations])
         outs = []
         for entry in self.out_plan:
             kind = entry[0]
@@ -633,14 +640,15 @@ def _cpu_only_nodes(nodes) -> dict:
     return host
 
 
-def _run_host(node, host, real, ph_index):
-    def get(a):
-        if isinstance(a, torch.fx.Node):
-            return real[ph_index[a]] if a.op == "placeholder" else host[a]
-        if isinstance(a, (list, tuple)):
-            return type(a)(get(x) for x in a)
-        return a
-    return node.target(*get(node.args), **{k: get(v) for k, v in node.kwargs.items()})
+def _host_program(placeholders, host_nodes):
+    """The host nodes as one Python function of all graph inputs, returning their values in order:
+    FX's generated code calls each ATen op directly (no per-node interpretation at run time)."""
+    g = torch.fx.Graph()
+    env = {p: g.placeholder(p.name) for p in placeholders}
+    for n in host_nodes:
+        env[n] = g.node_copy(n, lambda a: env[a])
+    g.output(tuple(env[n] for n in host_nodes))
+    return torch.fx.GraphModule(torch.nn.Module(), g).forward
 
 
 def _content_key(vals):

@@ -18,7 +18,7 @@ import torch
 from .elementwise import compute_dtype
 from .indexing import _combine_fn, _coords, _host, _i64, _point_gather, _point_scatter
 from .reduction import reduce_sum
-from .registry import NotLowered, fit, register
+from .registry import NotLowered, check_reads, fit, register
 
 MODE_SUM, MODE_MEAN, MODE_MAX = 0, 1, 2
 
@@ -64,6 +64,7 @@ def _not_padding(b, idx, padding_idx):
 
 
 # -- _embedding_bag ---------------------------------------------------------------------------------
+@check_reads('indices', 'offsets')
 def _check_embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
                          per_sample_weights=None, include_last_offset=False, padding_idx=-1):
     h = _host(indices)

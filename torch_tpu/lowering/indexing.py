@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from .elementwise import compute_dtype
-from .registry import register
+from .registry import check_reads, register
 
 _lib = torch.library.Library("aten", "IMPL")  # kernels whose result shape depends on data
 
@@ -111,6 +111,7 @@ def _identity(name, dtype):
 
 
 # -- index_select / gather / scatter -----------------------------------------------------------------
+@check_reads('index')
 def _check_index_select(x, dim, index):
     d = _dim(dim, x.dim())
     size = x.shape[d] if x.dim() else 1
@@ -140,6 +141,7 @@ def index_select(ctx, x, dim, index):
                     index_vector_dim=1, slice_sizes=sizes, out_shape=out)
 
 
+@check_reads('index')
 def _check_gather(x, dim, index, sparse_grad=False):
     d = _dim(dim, x.dim())
     _bounds(index, x.shape[d] if x.dim() else 1, d, False, _oob)
@@ -163,6 +165,7 @@ def gather(ctx, x, dim, index, sparse_grad=False):
     return _point_gather(b, x, _coords(b, _i64(b, index), _dim(dim, x.rank), x.rank))
 
 
+@check_reads('index')
 def _check_scatter(x, dim, index, *rest, **kw):
     _check_gather(x, dim, index)
 
@@ -227,6 +230,7 @@ def scatter_reduce(ctx, x, dim, index, src, reduce, include_self=True):
 
 
 # -- embedding ------------------------------------------------------------------------------------------
+@check_reads('indices')
 def _check_embedding(weight, indices, *rest):
     _bounds(indices, weight.shape[0], 0, False, lambda v, d, n: IndexError("index out of range in self"))
 
@@ -360,6 +364,7 @@ def _prepare_index_put(x, indices, values, accumulate=False, *rest):
     return [x, _prepare_indices(x, indices), values, accumulate, *rest]
 
 
+@check_reads('indices')
 def _check_index(x, indices, *rest):
     if len(indices) > x.dim():
         raise IndexError(f"too many indices for tensor of dimension {x.dim()} (got {len(indices)})")
@@ -437,6 +442,7 @@ def _along(ctx, x, dim, index, src, combine):
                      scatter_dims_to_operand_dims=[d], index_vector_dim=1, combine=combine)
 
 
+@check_reads('index')
 def _check_index_add(x, dim, index, source, alpha=1):
     d = _dim(dim, x.dim())
     _bounds(index, x.shape[d] if x.dim() else 1, d, False, _oob)
@@ -455,6 +461,7 @@ def index_add(ctx, x, dim, index, source, alpha=None):
     return _along(ctx, b.convert(x, dt), dim, index, b.convert(src, dt), _combine_fn("sum", dt))
 
 
+@check_reads('index')
 def _check_index_copy(x, dim, index, source):
     d = _dim(dim, x.dim())
     _bounds(index, x.shape[d] if x.dim() else 1, d, False,
@@ -466,6 +473,7 @@ def index_copy(ctx, x, dim, index, source):
     return _along(ctx, x, dim, index, ctx.b.convert(source, x.dtype), None)
 
 
+@check_reads('index')
 def _check_index_fill(x, dim, index, value):
     d = _dim(dim, x.dim())
     _bounds(index, x.shape[d] if x.dim() else 1, d, True, _oob_index)
@@ -535,6 +543,7 @@ def put(ctx, x, index, source, accumulate=False):
     return b.reshape(r, x.shape)
 
 
+@check_reads('mask')
 def _check_masked_scatter(x, mask, source):
     if source.numel() < int(mask.expand(torch.broadcast_shapes(x.shape, mask.shape)).cpu().sum()):
         raise RuntimeError("Number of elements of source < number of ones in mask")
@@ -562,6 +571,7 @@ def masked_scatter(ctx, x, mask, source):
     return b.reshape(b.select(m, picked, flat), out.shape)
 
 
+@check_reads('index')
 def _check_index_reduce(x, dim, index, source, reduce, include_self=True):
     d = _dim(dim, x.dim())
     _bounds(index, x.shape[d] if x.dim() else 1, d, False, lambda v, dd, n: IndexError("index out of range in self"))

@@ -40,6 +40,17 @@ class Lowering:
 REGISTRY: dict[str, Lowering] = {}
 
 
+def check_reads(*names: str):
+    """Decorator for a `check`: it reads the VALUES of only these arguments (schema names, e.g. the
+    index of gather); of the others only shapes and dtypes. A compiled graph then re-runs the check
+    (a host sync) only when those arguments' contents may have changed, not when, say, the embedding
+    weight an optimizer just updated did."""
+    def deco(fn):
+        fn.reads = frozenset(names)
+        return fn
+    return deco
+
+
 class NotLowered(NotImplementedError):
     """Raised by a lowering for arguments it does not cover (a dtype whose CPU kernel follows a
     different algorithm, e.g. uint8 bilinear resampling): eager runs that call through the counted

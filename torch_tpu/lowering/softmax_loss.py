@@ -10,7 +10,7 @@ import torch
 
 from .elementwise import compute_dtype
 from .reduction import reduce_max, reduce_sum
-from .registry import register
+from .registry import check_reads, register
 
 _NONE, _MEAN, _SUM = 0, 1, 2
 
@@ -79,6 +79,7 @@ def log_softmax_backward(ctx, grad, output, dim, input_dtype):
 
 
 # -- nll_loss ---------------------------------------------------------------------------------------
+@check_reads('target')
 def _check_targets(x, target, weight, reduction, ignore_index, *rest):
     if target.numel() == 0:
         return
