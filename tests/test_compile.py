@@ -110,6 +110,34 @@ def test_compiled_training_follows_eager(name):
     assert counts()["graph_eager_fallbacks"] == before["graph_eager_fallbacks"]
 
 
+def test_tpu_kernels_run_between_graphs_are_not_traced():
+    """loss.backward() breaks the graph (Dynamo's default): the autograd engine then runs tpu ops
+    eagerly, through our Python kernels, while the compiled function is active. Dynamo must run those
+    kernels as they are, not trace each into a graph of its own: three graphs (forward, backward,
+    optimizer step), each run once per step."""
+    make, _, _ = CASES["gpt_block"]
+    torch.manual_seed(0)
+    model = make().to(TPU)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randint(0, 64, (2, 16)).to(TPU)
+    targets = torch.randint(0, 64, (32,)).to(TPU)
+
+    def step():
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x).flatten(0, 1), targets)
+        loss.backward()
+        opt.step()
+        return loss
+
+    compiled = torch.compile(step, backend="tpu")
+    before = counts()
+    for _ in range(3):
+        compiled()
+    after = counts()
+    assert after["compiled_graphs"] - before["compiled_graphs"] == 3
+    assert after["graph_executions"] - before["graph_executions"] == 9
+
+
 def test_traced_backward_gives_one_forward_backward_graph():
     """With PyTorch's torch._dynamo.config.trace_autograd_ops, loss.backward() is traced into the
     graph: forward and backward become one inference graph (no autograd-engine backward graph), and

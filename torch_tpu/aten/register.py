@@ -18,7 +18,6 @@ from ..lowering import registry
 from . import copy as copy_ops
 from .kernel import Kernel
 
-_lib = torch.library.Library("aten", "IMPL")
 _registered: dict[str, object] = {}
 copy_kernel = None
 
@@ -36,7 +35,7 @@ def _impl(overload, fn):
     name = overload._schema.name.split("::")[1] + ("." + overload._overloadname if overload._overloadname != "default" else "")
     if name in _registered:
         return
-    _lib.impl(name, fn, "PrivateUse1")
+    registry.register_kernel(name, fn)
     _registered[name] = fn
 
 
@@ -76,7 +75,7 @@ def register_lowerings():
                 _impl(k, kern)
     for name, fn in (("_copy_from", copy_ops._copy_from), ("_copy_from_and_resize", copy_ops._copy_from_and_resize),
                      ("_local_scalar_dense", copy_ops._local_scalar_dense)):
-        _lib.impl(name, fn, "PrivateUse1")
+        registry.register_kernel(name, fn)
 
 
 _active = threading.local()
@@ -119,5 +118,5 @@ def register_decompositions():
         if any(r.alias_info is not None for r in op._schema.returns) and \
                 torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeExplicitAutograd"):
             continue  # a view (squeeze.dim): PyTorch's own view kernel, over as_strided, stays a view
-        _lib.impl(name, _decomposed(op, fn), "PrivateUse1")
+        registry.register_kernel(name, _decomposed(op, fn))
         _registered[name] = fn

@@ -529,8 +529,13 @@ class GraphProgram:
             elif kind == 2:
                 inputs.append((_C._generator_next(None, self.rng_draws), torch.uint64))
             elif kind == 3:
-                parts = [(real[src] if where == "in" else host[src]).reshape(-1) for where, src in self.host_packs[x]]
-                inputs.append(torch.cat(parts) if len(parts) > 1 else parts[0].contiguous())
+                parts = [real[src] if where == "in" else host[src] for where, src in self.host_packs[x]]
+                if len(parts) == 1:
+                    inputs.append(parts[0].reshape(-1).contiguous())
+                elif all(p.dim() == 0 for p in parts):  # step counts: one stack, no reshapes
+                    inputs.append(torch.stack(parts))
+                else:
+                    inputs.append(torch.cat([p.reshape(-1) for p in parts]))
             else:
                 if device is None and x.device.type != "cpu":
                     device = x.get_device()

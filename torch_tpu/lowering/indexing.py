@@ -12,9 +12,8 @@ from __future__ import annotations
 import torch
 
 from .elementwise import compute_dtype
-from .registry import check_reads, register
+from .registry import check_reads, register, register_kernel
 
-_lib = torch.library.Library("aten", "IMPL")  # kernels whose result shape depends on data
 
 
 # -- helpers ------------------------------------------------------------------------------------
@@ -314,7 +313,7 @@ def nonzero(x):
     return torch.ops.aten.nonzero_static(x, size=count, fill_value=-1)
 
 
-_lib.impl("nonzero", nonzero, "PrivateUse1")
+register_kernel("nonzero", nonzero)
 
 
 def masked_select(x, mask):
@@ -324,7 +323,7 @@ def masked_select(x, mask):
     return torch.ops.aten.index.Tensor(xb, [mb])
 
 
-_lib.impl("masked_select", masked_select, "PrivateUse1")
+register_kernel("masked_select", masked_select)
 
 
 # -- advanced indexing -----------------------------------------------------------------------------------

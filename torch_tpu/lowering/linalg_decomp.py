@@ -22,7 +22,7 @@ import torch
 
 from .builder import TensorType, Value
 from .linalg import dot
-from .registry import register
+from .registry import register, register_kernel
 
 _I64 = torch.int64
 
@@ -812,8 +812,7 @@ def _geqrf_meta(a):
 
 
 if not torch._C._dispatch_has_kernel_for_dispatch_key("aten::geqrf", "Meta"):
-    _META_LIB = torch.library.Library("aten", "IMPL")
-    _META_LIB.impl("geqrf", _geqrf_meta, "Meta")
+    register_kernel("geqrf", _geqrf_meta, "Meta")
 
 
 @register("geqrf")

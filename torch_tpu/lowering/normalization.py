@@ -12,7 +12,7 @@ import torch
 
 from .elementwise import compute_dtype
 from .reduction import reduce_sum
-from .registry import register
+from .registry import register, register_kernel
 
 
 def _chan(b, v, x, cd):
@@ -178,11 +178,10 @@ def _batch_norm_backward(grad, x, w, rm, rv, save_mean, save_var, update, eps, o
                                                      output_mask)
 
 
-_lib = torch.library.Library("aten", "IMPL")
-_lib.impl("native_batch_norm", _native_batch_norm, "PrivateUse1")
-_lib.impl("_native_batch_norm_legit", _native_batch_norm_legit, "PrivateUse1")
-_lib.impl("_batch_norm_with_update", _batch_norm_with_update, "PrivateUse1")
-_lib.impl("batch_norm_backward", _batch_norm_backward, "PrivateUse1")
+register_kernel("native_batch_norm", _native_batch_norm)
+register_kernel("_native_batch_norm_legit", _native_batch_norm_legit)
+register_kernel("_batch_norm_with_update", _batch_norm_with_update)
+register_kernel("batch_norm_backward", _batch_norm_backward)
 
 
 # -- layer norm --------------------------------------------------------------------------------------

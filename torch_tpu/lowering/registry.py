@@ -39,6 +39,20 @@ class Lowering:
 
 REGISTRY: dict[str, Lowering] = {}
 
+_KERNEL_LIBRARY = torch.library.Library("aten", "IMPL")
+# Every Python kernel registered with the dispatcher for tpu tensors (PrivateUse1): torch.compile
+# must never trace them as user code when it meets them running eagerly (dynamo/__init__.py).
+KERNELS: list[Callable] = []
+
+
+def register_kernel(name: str, fn: Callable, dispatch_key: str = "PrivateUse1") -> None:
+    """Registers `fn` as the `dispatch_key` kernel of aten::`name` ("add.Tensor"; "PrivateUse1":
+    tpu tensors, "Meta": shape functions PyTorch lacks). For kernels that are not one lowering: host
+    logic (data-dependent result shapes, composite wrappers), fallback chains, meta functions."""
+    _KERNEL_LIBRARY.impl(name, fn, dispatch_key)
+    if dispatch_key == "PrivateUse1":
+        KERNELS.append(fn)
+
 
 def check_reads(*names: str):
     """Decorator for a `check`: it reads the VALUES of only these arguments (schema names, e.g. the

@@ -10,7 +10,7 @@ import torch
 
 from .elementwise import compute_dtype
 from .reduction import reduce_max, reduce_sum
-from .registry import check_reads, register
+from .registry import check_reads, register, register_kernel
 
 _NONE, _MEAN, _SUM = 0, 1, 2
 
@@ -244,15 +244,14 @@ def _scale_by_grad_output(b, r, grad, reduction, cd):
 
 # PyTorch has no meta kernels for these two (the eager front-end types results with them): the
 # gradient has the input's shape and dtype.
-_lib = torch.library.Library("aten", "IMPL")
 
 
 def _like_input_meta(grad, x, *rest, **kw):
     return torch.empty_like(x)
 
 
-_lib.impl("multi_margin_loss_backward", _like_input_meta, "Meta")
-_lib.impl("multilabel_margin_loss_backward", _like_input_meta, "Meta")
+register_kernel("multi_margin_loss_backward", _like_input_meta, "Meta")
+register_kernel("multilabel_margin_loss_backward", _like_input_meta, "Meta")
 
 
 @register("multi_margin_loss_backward")
@@ -317,7 +316,7 @@ def _multilabel_forward_meta(x, target, reduction):
     return x.new_empty(out), x.new_empty(x.shape)
 
 
-_lib.impl("multilabel_margin_loss_forward", _multilabel_forward_meta, "Meta")
+register_kernel("multilabel_margin_loss_forward", _multilabel_forward_meta, "Meta")
 
 
 @register("multilabel_margin_loss_forward")
