@@ -133,3 +133,46 @@ def test_work_on_a_second_device_and_between_devices():
 def test_pinned_memory_with_tpu_as_accelerator():
     p = torch.ones(4).pin_memory()
     torch.testing.assert_close(p.to("tpu", non_blocking=True).cpu(), torch.ones(4))
+
+
+_ADD4 = """module @m {
+  func.func public @main(%a: tensor<4xf32>) -> tensor<4xf32> {
+    %0 = stablehlo.add %a, %a : tensor<4xf32>
+    return %0 : tensor<4xf32>
+  }
+}"""
+
+
+def test_launch_errors_surface_at_the_next_host_read():
+    """Launches are issued by the runtime's launcher thread: an error PJRT reports when issuing one
+    (here a 3-element argument for a 4-element parameter) is raised by the next host read, naming
+    the op, and only once."""
+    exe = torch_tpu.runtime.compile(_ADD4)
+    x = torch.zeros(3, device="tpu")
+    out = torch_tpu._C._launch(exe, [x], [None], [((4,), torch.float32)], 0, "my_test_op")
+    assert out[0].shape == (4,)
+    with pytest.raises(RuntimeError, match="my_test_op"):
+        torch.tpu.synchronize()
+    torch.tpu.synchronize()  # reported once
+    y = torch.ones(4, device="tpu")
+    torch_tpu._C._launch(exe, [y], [None], [((4,), torch.float32)], 0, "ok")  # the queue still works
+    assert (y + y).cpu().tolist() == [2.0] * 4
+
+
+def test_launches_on_the_calling_thread(tmp_path):
+    """TORCH_TPU_ASYNC_LAUNCH=0: launches are issued by the caller, and their errors raised there."""
+    prog = ("import warnings; warnings.filterwarnings('ignore'); import torch, torch_tpu\n"
+            "from tests.test_device import _ADD4\n"
+            "exe = torch_tpu.runtime.compile(_ADD4)\n"
+            "x = torch.arange(4., device='tpu')\n"
+            "print((x * 2 + 1).sum().item())\n"
+            "try:\n"
+            "    torch_tpu._C._launch(exe, [torch.zeros(3, device='tpu')], [None], [((4,), torch.float32)], 0, 'bad')\n"
+            "except RuntimeError as e:\n"
+            "    print('raised by the launch:', 'bad' in str(e))\n")
+    root = os.path.join(os.path.dirname(__file__), "..")
+    env = {**os.environ, "TORCH_TPU_ASYNC_LAUNCH": "0",
+           "PYTHONPATH": os.pathsep.join([os.path.abspath(root), os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, env=env, timeout=300, cwd=root)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip().splitlines() == ["16.0", "raised by the launch: True"]

@@ -15,6 +15,8 @@ def _autoload():
     autoload entry point, which finds this partially imported module and calls this."""
 
 
+import atexit  # noqa: E402
+
 import torch  # noqa: E402
 
 from . import _C  # noqa: F401  (registers the allocator, guard, hooks and metadata kernels)
@@ -22,6 +24,8 @@ from . import runtime
 
 runtime.configure()
 runtime.configure_cache()
+# Launches are issued by a runtime thread: let them finish before the interpreter tears down.
+atexit.register(_C._synchronize, -1)
 torch.utils.rename_privateuse1_backend("tpu")
 
 from . import tpu as _tpu_module  # noqa: E402

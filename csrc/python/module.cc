@@ -94,7 +94,6 @@ PYBIND11_MODULE(_C, m) {
     Runtime::get().ensure_typed(*c, t.scalar_type());
     return std::make_tuple(*c->dtype, c->numel);
   }, "(dtype, numel) of the storage's 1-D PJRT buffer, fixing it from t on first use.");
-  m.def("_storage_has_buffer", [](const at::Tensor& t) { return cell_of(t)->buffer != nullptr; });
   m.def("_upload", [](const at::Tensor& dst, const at::Tensor& src) {
     TORCH_CHECK(src.is_cpu() && src.is_contiguous(), "_upload: source must be a contiguous CPU tensor");
     Cell* c = cell_of(dst);
@@ -143,15 +142,14 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("_cache_reset_stats", [] { torch_tpu::runtime::compile_cache().reset_stats(); });
   m.def("_cache_clear_memory", [] { torch_tpu::runtime::compile_cache().clear_memory(); });
-  m.def("_launch", [](const torch_tpu::pjrt::Executable& exe, py::list inputs, py::list sinks,
-                      py::list new_specs, int device, const std::string& producer) {
+  m.def("_launch", [](std::shared_ptr<torch_tpu::pjrt::Executable> exe, py::list inputs, py::list sinks,
+                      py::list new_specs, int device, std::string producer) {
     auto& rt = Runtime::get();
-    std::vector<PJRT_Buffer*> args;
-    std::vector<std::shared_ptr<torch_tpu::pjrt::Buffer>> keep;  // host operands live until launched
+    std::vector<torch_tpu::runtime::LaunchArg> args;
     args.reserve(inputs.size());
     for (py::handle h : inputs) {
       if (PyLong_Check(h.ptr())) {  // a storage by its key (fused eager replays by address)
-        args.push_back(rt.materialize(*cell_by_key(h.cast<uintptr_t>())).get());
+        args.push_back({cell_by_key(h.cast<uintptr_t>()), nullptr});
         continue;
       }
       if (THPVariable_Check(h.ptr())) {
@@ -159,12 +157,11 @@ PYBIND11_MODULE(_C, m) {
         if (t.is_cpu()) {  // a host tensor operand (0-dim CPU tensor, copy_ source)
           at::Tensor c = t.contiguous();
           std::vector<int64_t> dims(c.sizes().begin(), c.sizes().end());
-          keep.push_back(rt.client().buffer_from_host(
-              c.data_ptr(), torch_tpu::runtime::to_pjrt_type(c.scalar_type()), dims, device));
+          args.push_back({nullptr, rt.client().buffer_from_host(
+              c.data_ptr(), torch_tpu::runtime::to_pjrt_type(c.scalar_type()), dims, device)});
           torch_tpu::runtime::counters().h2d_transfers++;
-          args.push_back(keep.back()->get());
         } else {
-          args.push_back(rt.materialize(*cell_of(t)).get());
+          args.push_back({cell_of(t), nullptr});
         }
         continue;
       }
@@ -199,8 +196,8 @@ PYBIND11_MODULE(_C, m) {
       }
       std::vector<int64_t> dims;
       if (st == c10::ScalarType::UInt64) dims.push_back(2);  // an RNG (seed, offset) pair
-      keep.push_back(rt.client().small_buffer_from_host(bytes, torch_tpu::runtime::to_pjrt_type(st), dims, device));
-      args.push_back(keep.back()->get());
+      args.push_back({nullptr, rt.client().small_buffer_from_host(bytes, torch_tpu::runtime::to_pjrt_type(st), dims,
+                                                                  device)});
     }
     std::vector<at::Tensor> fresh;
     fresh.reserve(new_specs.size());
@@ -227,7 +224,7 @@ PYBIND11_MODULE(_C, m) {
         out_cells.push_back(cell_of(THPVariable_Unpack(h.ptr())));
       }
     }
-    rt.execute(exe, args, out_cells, device, producer);
+    rt.execute(std::move(exe), std::move(args), std::move(out_cells), device, std::move(producer));
     return fresh;
   }, "Runs exe on tpu:device. inputs: tpu tensors (their storages' buffers), CPU tensors (uploaded) or "
      "(number, dtype) scalar operands. sinks: per output, the tensor whose storage receives it, or None "

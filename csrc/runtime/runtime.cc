@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include <cstdlib>
+#include <thread>
 #include <unordered_set>
 #include <cstring>
 
@@ -102,7 +103,7 @@ void Runtime::free_cell(Cell* cell) {
     std::lock_guard<std::mutex> g(mu_);
     cells_.erase(cell->addr);
   }
-  delete cell;
+  if (!defer([cell] { delete cell; })) delete cell;  // queued launches may still read it
 }
 
 Cell* Runtime::cell_at(const void* addr) {
@@ -125,11 +126,16 @@ pjrt::Buffer& Runtime::materialize(Cell& cell) {
   if (cell.buffer) return *cell.buffer;
   if (!cell.dtype) ensure_typed(cell, c10::ScalarType::Byte);
   std::vector<char> zeros(cell.numel * c10::elementSize(*cell.dtype), 0);
-  upload(cell, zeros.data(), *cell.dtype, cell.numel);
+  upload_now(cell, zeros.data(), *cell.dtype, cell.numel);
   return *cell.buffer;
 }
 
 void Runtime::upload(Cell& cell, const void* data, c10::ScalarType dtype, int64_t numel) {
+  drain();
+  upload_now(cell, data, dtype, numel);
+}
+
+void Runtime::upload_now(Cell& cell, const void* data, c10::ScalarType dtype, int64_t numel) {
   auto buf = client().buffer_from_host(data, to_pjrt_type(dtype), {numel}, cell.device);
   counters().h2d_transfers++;
   counters().h2d_bytes += numel * c10::elementSize(dtype);
@@ -140,6 +146,7 @@ void Runtime::upload(Cell& cell, const void* data, c10::ScalarType dtype, int64_
 
 void Runtime::download(Cell& cell, void* dst, size_t size) {
   run_hook();
+  drain();
   pjrt::Buffer& b = materialize(cell);
   counters().d2h_transfers++;
   counters().d2h_bytes += size;
@@ -157,6 +164,7 @@ void Runtime::download(Cell& cell, void* dst, size_t size) {
 void Runtime::copy_bytes(Cell& dst, const Cell& src, size_t count) {
   if (count == 0) return;
   run_hook();
+  drain();
   std::vector<char> bytes(std::max(dst.nbytes, src.nbytes), 0);
   if (src.buffer) download(const_cast<Cell&>(src), bytes.data(), src.numel * c10::elementSize(*src.dtype));
   if (dst.buffer && count < dst.nbytes) {  // keep the destination's bytes past `count`
@@ -203,13 +211,93 @@ std::vector<int64_t> Runtime::busy_inputs(const std::vector<PJRT_Buffer*>& args,
   return busy;
 }
 
-void Runtime::execute(const pjrt::Executable& exe, const std::vector<PJRT_Buffer*>& args,
-                      const std::vector<Cell*>& sinks, int device, const std::string& producer) {
-  TORCH_CHECK(sinks.size() == exe.num_outputs(), "program has ", exe.num_outputs(),
+bool async_launch() {
+  static const bool on = [] {
+    const char* v = std::getenv("TORCH_TPU_ASYNC_LAUNCH");
+    return !(v && std::string(v) == "0");
+  }();
+  return on;
+}
+
+void Runtime::execute(std::shared_ptr<const pjrt::Executable> exe, std::vector<LaunchArg> args,
+                      std::vector<Cell*> sinks, int device, std::string producer) {
+  TORCH_CHECK(sinks.size() == exe->num_outputs(), "program has ", exe->num_outputs(),
               " outputs but ", sinks.size(), " destinations were given");
-  std::shared_ptr<pjrt::Event> done;
-  auto outs = client().execute(exe, args, device, busy_inputs(args, sinks), &done);
+  for (size_t i = 0; i < sinks.size(); ++i) {  // known now: later ops read them before the launch runs
+    const auto& dims = exe->output_dims[i];
+    sinks[i]->numel = dims.empty() ? 1 : dims[0];
+    sinks[i]->dtype = from_pjrt_type(exe->output_types[i]);
+    sinks[i]->producer = producer;
+  }
   counters().executions++;
+  if (!async_launch()) {
+    issue(*exe, args, sinks, device, producer);
+    return;
+  }
+  std::lock_guard<std::mutex> g(qmu_);
+  if (!launcher_started_) {
+    std::thread([this] { launcher_loop(); }).detach();  // lives as long as the process
+    launcher_started_ = true;
+  }
+  queue_.push_back([this, exe = std::move(exe), args = std::move(args), sinks = std::move(sinks), device,
+                    producer = std::move(producer)] { issue(*exe, args, sinks, device, producer); });
+  qwork_.notify_one();
+}
+
+bool Runtime::defer(std::function<void()> job) {
+  std::lock_guard<std::mutex> g(qmu_);
+  if (queue_.empty() && !issuing_) return false;
+  queue_.push_back(std::move(job));
+  qwork_.notify_one();
+  return true;
+}
+
+void Runtime::launcher_loop() {
+  for (;;) {
+    std::function<void()> job;
+    {
+      std::unique_lock<std::mutex> lk(qmu_);
+      qwork_.wait(lk, [this] { return !queue_.empty(); });
+      job = std::move(queue_.front());
+      queue_.pop_front();
+      issuing_ = true;
+    }
+    try {
+      job();
+    } catch (...) {
+      std::lock_guard<std::mutex> g(qmu_);
+      if (!launch_error_) launch_error_ = std::current_exception();
+    }
+    job = nullptr;  // release the launch's buffers before reporting idle
+    std::lock_guard<std::mutex> g(qmu_);
+    issuing_ = false;
+    if (queue_.empty()) qidle_.notify_all();
+  }
+}
+
+void Runtime::drain() {
+  std::exception_ptr err;
+  {
+    std::unique_lock<std::mutex> lk(qmu_);
+    qidle_.wait(lk, [this] { return queue_.empty() && !issuing_; });
+    std::swap(err, launch_error_);
+  }
+  if (err) std::rethrow_exception(err);
+}
+
+void Runtime::issue(const pjrt::Executable& exe, const std::vector<LaunchArg>& largs,
+                    const std::vector<Cell*>& sinks, int device, const std::string& producer) {
+  std::vector<PJRT_Buffer*> args;
+  args.reserve(largs.size());
+  for (const auto& a : largs) args.push_back(a.cell ? materialize(*a.cell).get() : a.buffer->get());
+  std::shared_ptr<pjrt::Event> done;
+  std::vector<std::shared_ptr<pjrt::Buffer>> outs;
+  try {
+    outs = client().execute(exe, args, device, busy_inputs(args, sinks), &done);
+  } catch (const pjrt::PjrtError& e) {
+    throw pjrt::PjrtError(std::string(e.what()) + "\n(raised launching the tpu op " + producer + ")", e.code());
+  }
+
   std::lock_guard<std::mutex> g(mu_);
   if (done) {
     if (last_use_.size() > 8192) {  // forget executions that have finished
@@ -226,18 +314,14 @@ void Runtime::execute(const pjrt::Executable& exe, const std::vector<PJRT_Buffer
     pending_.swap(live);
   }
   for (size_t i = 0; i < outs.size(); ++i) {
-    const auto& dims = exe.output_dims[i];
-    Cell* c = sinks[i];
-    c->numel = dims.empty() ? 1 : dims[0];
-    c->dtype = from_pjrt_type(exe.output_types[i]);
-    c->buffer = outs[i];
-    c->producer = producer;
+    sinks[i]->buffer = outs[i];
     pending_.emplace_back(outs[i], producer);
   }
 }
 
 void Runtime::synchronize(int device) {
   run_hook();
+  drain();
   std::vector<std::pair<std::shared_ptr<pjrt::Buffer>, std::string>> todo;
   {
     std::lock_guard<std::mutex> g(mu_);

@@ -11,6 +11,9 @@
 #include <c10/core/ScalarType.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <exception>
 #include <functional>
 #include <cstdint>
 #include <map>
@@ -39,6 +42,13 @@ struct Cell {
   int64_t numel = 0;
   std::shared_ptr<pjrt::Buffer> buffer;  // null: never written (reads as zeros)
   std::string producer;                  // the op whose program wrote `buffer` (error messages)
+};
+
+// One argument of a launch: a storage cell, whose buffer is taken when the launch is issued (after
+// every launch queued before it), or a buffer of its own (a host operand the caller uploaded).
+struct LaunchArg {
+  Cell* cell = nullptr;
+  std::shared_ptr<pjrt::Buffer> buffer;
 };
 
 // Counters reported by torch_tpu.metrics.
@@ -70,7 +80,8 @@ class Runtime {
 
   // Gives `cell` a typed layout if it has none yet (numel = nbytes / itemsize).
   void ensure_typed(Cell& cell, c10::ScalarType dtype);
-  // The cell's buffer, creating a zero-filled one if it has never been written.
+  // The cell's buffer, creating a zero-filled one if it has never been written. Called where no
+  // queued launch can write the cell (after drain(), or by the launcher itself).
   pjrt::Buffer& materialize(Cell& cell);
   // Replaces the cell's contents with `nbytes` host bytes of `dtype` (dense).
   void upload(Cell& cell, const void* data, c10::ScalarType dtype, int64_t numel);
@@ -81,8 +92,15 @@ class Runtime {
 
   // Runs `exe` on `device`; output i replaces sinks[i]'s buffer. `producer` names the op(s), so that
   // an error of this asynchronous execution, surfacing later, can say where it came from.
-  void execute(const pjrt::Executable& exe, const std::vector<PJRT_Buffer*>& args,
-               const std::vector<Cell*>& sinks, int device, const std::string& producer);
+  // Launches are queued, in order, for one launcher thread that issues them (PJRT Execute runs a
+  // small program to completion before it returns, so issuing on the caller would serialize host
+  // and device work); the sinks' element type and count are set at once. Every host access to a
+  // cell's buffer (upload, download, byte copies, synchronize) waits for the queue first.
+  // TORCH_TPU_ASYNC_LAUNCH=0 issues on the caller instead.
+  void execute(std::shared_ptr<const pjrt::Executable> exe, std::vector<LaunchArg> args,
+               std::vector<Cell*> sinks, int device, std::string producer);
+  // Waits until every queued launch has been issued; raises the first error one of them met.
+  void drain();
   // Called before the host reads device data (downloads, synchronize): fused eager flushes its
   // recorded ops there.
   void set_host_read_hook(std::function<void()> hook) { hook_ = std::move(hook); }
@@ -109,6 +127,18 @@ class Runtime {
   // keep_busy_bytes() (env TORCH_TPU_KEEP_BUSY_BYTES, default 64 MiB); past it, inputs are donated.
   std::unordered_map<PJRT_Buffer*, std::shared_ptr<pjrt::Event>> last_use_;
   std::vector<int64_t> busy_inputs(const std::vector<PJRT_Buffer*>& args, const std::vector<Cell*>& sinks);
+  // The launch queue (see execute) and its thread; `deferred` queues work behind pending launches.
+  void issue(const pjrt::Executable& exe, const std::vector<LaunchArg>& args, const std::vector<Cell*>& sinks,
+             int device, const std::string& producer);
+  bool defer(std::function<void()> job);
+  void upload_now(Cell& cell, const void* data, c10::ScalarType dtype, int64_t numel);
+  void launcher_loop();
+  std::mutex qmu_;
+  std::condition_variable qwork_, qidle_;
+  std::deque<std::function<void()>> queue_;
+  bool issuing_ = false;
+  bool launcher_started_ = false;
+  std::exception_ptr launch_error_;
 };
 
 }  // namespace torch_tpu::runtime
