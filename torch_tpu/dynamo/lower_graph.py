@@ -360,6 +360,9 @@ class GraphProgram:
                 self.run_plan.append((kinds[entry[0]], entry[1] if len(entry) > 1 else None))
         self.first_tpu_input = next((x for kind, x in self.run_plan if kind == 0), None)
         self.sink_plan = sorted((k, i) for i, k in self.mutations if self.ph_devices[i] != "cpu")
+        sunk = {k for k, _ in self.sink_plan}
+        self.fresh_specs = [spec for k, spec in enumerate(self.prog_specs) if k not in sunk]
+        self.host_side_mutations = [(i, k) for i, k in self.mutations if self.ph_devices[i] == "cpu"]
 
     def _host_mutation(self, node) -> bool:
         """copy_ of a host value into a CPU input: done on the host, after the launch."""
@@ -543,18 +546,23 @@ class GraphProgram:
         if device is None:
             device = _C._current_device()
         # Results that replace a tpu input's value are written into that input's storage.
-        sinks, specs = [None] * len(self.prog_specs), list(self.prog_specs)
-        for k, i in reversed(self.sink_plan):
-            if i not in copied:
-                sinks[k] = real[i]
-                del specs[k]
+        sinks = [None] * len(self.prog_specs)
+        if copied:
+            plan = [(k, i) for k, i in self.sink_plan if i not in copied]
+            sunk = {k for k, _ in plan}
+            specs = [spec for k, spec in enumerate(self.prog_specs) if k not in sunk]
+        else:
+            plan, specs = self.sink_plan, self.fresh_specs
+        for k, i in plan:
+            sinks[k] = real[i]
         fresh = _launch(self.exe, inputs, sinks, specs, device, f"compiled {self.name} graph")
         _state.count("graph_executions")
-        produced, it = [], iter(fresh)
+        produced, it = sinks, iter(fresh)  # the sinks, with each fresh result in its empty slot
         for k, sink in enumerate(sinks):
-            produced.append(next(it) if sink is None else sink)
-        for i, k in self.mutations:  # inputs that were copied (or live on the host): write back
-            if produced[k] is not real[i]:
+            if sink is None:
+                produced[k] = next(it)
+        for i, k in self.mutations if copied else self.host_side_mutations:
+            if produced[k] is not real[i]:  # a copied input, or one on the host: write back
                 real[i].copy_(produced[k].view(real[i].shape))
         if self.host_mutations:
             torch._foreach_copy_([real[i] for i, _ in self.host_mutations], [host[n] for _, n in self.host_mutations])
