@@ -660,8 +660,28 @@ def _host_program(placeholders, host_nodes):
     env = {p: g.placeholder(p.name) for p in placeholders}
     for n in host_nodes:
         env[n] = g.node_copy(n, lambda a: env[a])
+        batched = _BATCHED_FOREACH.get(n.target)
+        if batched is not None:
+            env[n].target = batched
     g.output(tuple(env[n] for n in host_nodes))
     return torch.fx.GraphModule(torch.nn.Module(), g).forward
+
+
+def _batch_foreach(foreach, op):
+    """`foreach(tensors, scalar)` run as ONE `op` on the stack of the tensors when they are 0-dim CPU
+    tensors of one dtype (an optimizer's step counts): the same values, one kernel call instead of
+    one per tensor (PyTorch's CPU foreach kernels loop over the list)."""
+    def run(tensors, scalar):
+        if len(tensors) > 1 and all(t.dim() == 0 for t in tensors) and len({t.dtype for t in tensors}) == 1:
+            return list(op(torch.stack(tensors), scalar).unbind())
+        return foreach(tensors, scalar)
+    run.__name__ = f"batched_{foreach.__name__.replace('.', '_')}"
+    return run
+
+
+_BATCHED_FOREACH = {f: _batch_foreach(f, op) for f, op in (
+    (torch.ops.aten._foreach_add.Scalar, torch.add), (torch.ops.aten._foreach_sub.Scalar, torch.sub),
+    (torch.ops.aten._foreach_mul.Scalar, torch.mul), (torch.ops.aten._foreach_div.Scalar, torch.div))}
 
 
 def _content_key(vals):
