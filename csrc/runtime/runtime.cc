@@ -3,9 +3,9 @@
 #include <c10/util/Exception.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <thread>
 #include <unordered_set>
-#include <cstring>
 
 namespace torch_tpu::runtime {
 

@@ -342,7 +342,6 @@ class GraphProgram:
                 if a.type == results[-1].type:
                     b._args[pos] = (a, f"tf.aliasing_output = {k} : i32")
                     self.donated.add(i)
-        self.mutated = dict(self.mutations)
         self.text = b.module(results)
         self.b = None
         self._plan_run()
