@@ -1,6 +1,10 @@
 """Compare an op on tpu with PyTorch's CPU result: forward values, dtypes and gradients."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import torch
 
 TPU = torch.device("tpu")
@@ -93,3 +97,16 @@ def data(shape, dtype):
 def grad(x):
     """x requiring grad when it is a float tensor."""
     return x.requires_grad_() if x.dtype.is_floating_point else x
+
+
+def run_python(prog: str, **env: str) -> str:
+    """Runs `prog` in a new interpreter from the repository root (so `tests.*` and the test modules'
+    own `helpers` import), with the extra environment variables `env` (a runtime setting read once
+    per process); asserts that it exits cleanly and returns its stdout."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(here)
+    full = {**os.environ, **env, "PYTHONPATH": os.pathsep.join([root, here, os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, env=full, timeout=300,
+                       cwd=root)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r.stdout

@@ -7,6 +7,8 @@ import torch
 
 import torch_tpu
 
+from helpers import run_python
+
 
 def test_device_basics():
     assert torch.tpu.is_available()
@@ -159,7 +161,7 @@ def test_launch_errors_surface_at_the_next_host_read():
     assert (y + y).cpu().tolist() == [2.0] * 4
 
 
-def test_launches_on_the_calling_thread(tmp_path):
+def test_launches_on_the_calling_thread():
     """TORCH_TPU_ASYNC_LAUNCH=0: launches are issued by the caller, and their errors raised there."""
     prog = ("import warnings; warnings.filterwarnings('ignore'); import torch, torch_tpu\n"
             "from tests.test_device import _ADD4\n"
@@ -170,9 +172,5 @@ def test_launches_on_the_calling_thread(tmp_path):
             "    torch_tpu._C._launch(exe, [torch.zeros(3, device='tpu')], [None], [((4,), torch.float32)], 0, 'bad')\n"
             "except RuntimeError as e:\n"
             "    print('raised by the launch:', 'bad' in str(e))\n")
-    root = os.path.join(os.path.dirname(__file__), "..")
-    env = {**os.environ, "TORCH_TPU_ASYNC_LAUNCH": "0",
-           "PYTHONPATH": os.pathsep.join([os.path.abspath(root), os.environ.get("PYTHONPATH", "")])}
-    r = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, env=env, timeout=300, cwd=root)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.strip().splitlines() == ["16.0", "raised by the launch: True"]
+    out = run_python(prog, TORCH_TPU_ASYNC_LAUNCH="0")
+    assert out.strip().splitlines() == ["16.0", "raised by the launch: True"]

@@ -1,12 +1,10 @@
 """Storage, aliasing through every view kind, copy_ between devices and layouts, round trips."""
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
 import torch_tpu
+
+from helpers import run_python
 
 ALL_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.int16, torch.int32,
               torch.int64, torch.uint8, torch.bool, torch.complex64]
@@ -214,7 +212,7 @@ def test_inplace_update_of_a_busy_buffer_does_not_wait():
     torch.testing.assert_close(c.cpu(), a_before @ a_before @ a_before @ a_before, atol=1e-4, rtol=1e-3)
 
 
-def test_busy_buffers_are_donated_past_the_byte_limit(tmp_path):
+def test_busy_buffers_are_donated_past_the_byte_limit():
     """TORCH_TPU_KEEP_BUSY_BYTES=0: busy inputs are donated (the launch waits), with the same values."""
     prog = ("import warnings; warnings.filterwarnings('ignore'); import torch, torch_tpu\n"
             "from tests.test_storage_views import _busy_product\n"
@@ -223,12 +221,7 @@ def test_busy_buffers_are_donated_past_the_byte_limit(tmp_path):
             "b = a.cpu() - 1.0\n"
             "ok = torch.allclose(c.cpu(), b @ b @ b @ b, atol=1e-4, rtol=1e-3)\n"
             "print(torch_tpu.metrics.counters()['busy_inputs_kept'], ok)\n")
-    root = os.path.join(os.path.dirname(__file__), "..")
-    env = {**os.environ, "TORCH_TPU_KEEP_BUSY_BYTES": "0",
-           "PYTHONPATH": os.pathsep.join([os.path.abspath(root), os.environ.get("PYTHONPATH", "")])}
-    r = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, env=env, timeout=300, cwd=root)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.split() == ["0", "True"]
+    assert run_python(prog, TORCH_TPU_KEEP_BUSY_BYTES="0").split() == ["0", "True"]
 
 
 def test_save_and_load_tpu_state_dict(tmp_path):

@@ -69,6 +69,13 @@ Plugin::Plugin(const std::string& path, const std::string& env_var) : path_(path
   // The handle stays open for the life of the process: buffers and executables point into it.
 }
 
+void Plugin::drop(PJRT_Error* err) const {
+  if (!err) return;
+  auto destroy = PJRT_ARGS(PJRT_Error_Destroy_Args);
+  destroy.error = err;
+  api_->PJRT_Error_Destroy(&destroy);
+}
+
 void Plugin::check(PJRT_Error* err, const char* what) const {
   if (!err) return;
   auto msg = PJRT_ARGS(PJRT_Error_Message_Args);
@@ -78,9 +85,7 @@ void Plugin::check(PJRT_Error* err, const char* what) const {
   auto code = PJRT_ARGS(PJRT_Error_GetCode_Args);
   code.error = err;
   int c = api_->PJRT_Error_GetCode(&code) == nullptr ? static_cast<int>(code.code) : 2;
-  auto destroy = PJRT_ARGS(PJRT_Error_Destroy_Args);
-  destroy.error = err;
-  api_->PJRT_Error_Destroy(&destroy);
+  drop(err);
   throw PjrtError(std::string(what) + " failed (PJRT error code " + std::to_string(c) + "): " + text, c);
 }
 
@@ -88,12 +93,7 @@ void Plugin::check(PJRT_Error* err, const char* what) const {
 Buffer::~Buffer() {
   auto a = PJRT_ARGS(PJRT_Buffer_Destroy_Args);
   a.buffer = buf_;
-  PJRT_Error* e = client_->plugin().api()->PJRT_Buffer_Destroy(&a);
-  if (e) {  // never throw from a destructor: drop the error
-    auto d = PJRT_ARGS(PJRT_Error_Destroy_Args);
-    d.error = e;
-    client_->plugin().api()->PJRT_Error_Destroy(&d);
-  }
+  client_->plugin().drop(client_->plugin().api()->PJRT_Buffer_Destroy(&a));  // never throw from a destructor
 }
 
 PJRT_Buffer_Type Buffer::element_type() const {
@@ -122,12 +122,7 @@ size_t Client::on_device_size(PJRT_Buffer* buf) const {
 Event::~Event() {
   auto d = PJRT_ARGS(PJRT_Event_Destroy_Args);
   d.event = ev_;
-  PJRT_Error* e = client_->plugin().api()->PJRT_Event_Destroy(&d);
-  if (e) {  // never throw from a destructor: drop the error
-    auto x = PJRT_ARGS(PJRT_Error_Destroy_Args);
-    x.error = e;
-    client_->plugin().api()->PJRT_Error_Destroy(&x);
-  }
+  client_->plugin().drop(client_->plugin().api()->PJRT_Event_Destroy(&d));  // never throw from a destructor
 }
 
 bool Event::is_ready() const {
@@ -179,12 +174,7 @@ void Buffer::await_ready() const {
 Executable::~Executable() {
   auto a = PJRT_ARGS(PJRT_LoadedExecutable_Destroy_Args);
   a.executable = exe_;
-  PJRT_Error* e = client_->plugin().api()->PJRT_LoadedExecutable_Destroy(&a);
-  if (e) {
-    auto d = PJRT_ARGS(PJRT_Error_Destroy_Args);
-    d.error = e;
-    client_->plugin().api()->PJRT_Error_Destroy(&d);
-  }
+  client_->plugin().drop(client_->plugin().api()->PJRT_LoadedExecutable_Destroy(&a));  // never throw from a destructor
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -228,12 +218,7 @@ Client::~Client() {
   if (!client_) return;
   auto a = PJRT_ARGS(PJRT_Client_Destroy_Args);
   a.client = client_;
-  PJRT_Error* e = plugin_->api()->PJRT_Client_Destroy(&a);
-  if (e) {
-    auto d = PJRT_ARGS(PJRT_Error_Destroy_Args);
-    d.error = e;
-    plugin_->api()->PJRT_Error_Destroy(&d);
-  }
+  plugin_->drop(plugin_->api()->PJRT_Client_Destroy(&a));  // never throw from a destructor
 }
 
 PJRT_Device* Client::device(int64_t index) const {
@@ -253,9 +238,7 @@ MemoryStats Client::memory_stats(int64_t index) const {
   a.device = device(index);
   PJRT_Error* err = api->PJRT_Device_MemoryStats(&a);
   if (err) {  // the CPU plugin does not report memory statistics: say "unknown", not an error
-    auto d = PJRT_ARGS(PJRT_Error_Destroy_Args);
-    d.error = err;
-    api->PJRT_Error_Destroy(&d);
+    plugin_->drop(err);
     return s;
   }
   s.bytes_in_use = a.bytes_in_use;

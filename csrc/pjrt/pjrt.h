@@ -45,6 +45,8 @@ class Plugin {
   const std::string& path() const { return path_; }
   // Throws PjrtError (with `what` prefixed) if `err` is non-null; always destroys `err`.
   void check(PJRT_Error* err, const char* what) const;
+  // Destroys `err` (if non-null) without raising: for destructors, which must not throw.
+  void drop(PJRT_Error* err) const;
 
  private:
   std::string path_;
