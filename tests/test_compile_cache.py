@@ -38,6 +38,17 @@ def test_second_process_loads_from_disk(tmp_path):
     assert second["compile_seconds_saved"] > 0
 
 
+def test_xla_flags_are_part_of_the_key(tmp_path):
+    # The plugin compiles under XLA_FLAGS' DebugOptions: an executable built under other flags
+    # must not be reused.
+    env = {"XLA_FLAGS": ""}
+    first, _ = run(tmp_path, env)
+    again, _ = run(tmp_path, env)
+    assert again["misses"] == 0 and again["disk_hits"] == first["misses"]
+    other, _ = run(tmp_path, {"XLA_FLAGS": "--xla_cpu_enable_fast_math=false"})
+    assert other["ok"] and other["disk_hits"] == 0 and other["misses"] == first["misses"]
+
+
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "flip"])
 def test_corrupt_or_foreign_entry_is_rebuilt(tmp_path, damage):
     first, _ = run(tmp_path)

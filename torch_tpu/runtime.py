@@ -143,12 +143,14 @@ _identity: str | None = None
 def compile(program: str):
     """The executable of a StableHLO program (text with a public @main), through the cache shared
     by eager and torch.compile. Its key covers the program text, the plugin's identity (path,
-    platform, version, API version), the compile options and the torch_tpu version."""
+    platform, version, API version), the compile options, XLA_FLAGS (the plugin reads its
+    DebugOptions from it) and the torch_tpu version."""
     global _identity
     if _identity is None:
         start()
         _identity = "\0".join([_C._plugin_path(), _C._platform_name(), _C._platform_version(),
-                               "%d.%d" % tuple(_C._api_version()), _CACHE_FORMAT])
+                               "%d.%d" % tuple(_C._api_version()), _CACHE_FORMAT,
+                               os.environ.get("XLA_FLAGS", "")])
     key = hashlib.sha256((_identity + "\0" + program).encode()).hexdigest()
     return _C._compile_cached(key, program)
 
