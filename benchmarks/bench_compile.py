@@ -6,15 +6,18 @@
    digits CNN: compiled tpu (with torch._dynamo.config.trace_autograd_ops, forward and backward in
    one graph; and with Dynamo's defaults, the backward a second graph), strict eager tpu, torch.compile(backend="inductor") on CPU (skipped
    when Inductor cannot build, e.g. no C++ compiler), eager CPU;
+   against jax.jit of the same step: as jax installs it, and with YNNPACK fusions off, as the CPU
+   plugin's XLA compiles (it makes none), so both sides use the same compiler features;
 2. host time to lower a ~1000-node ATen graph to StableHLO text (XLA's compile time excluded).
 On a machine without a TPU, "tpu" is OpenXLA's CPU plugin.
 """
 from __future__ import annotations
 
 import argparse
-import copy
+import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 import warnings
@@ -61,9 +64,9 @@ def digits_case(dev):
     return DigitsCNN, x, lambda out: F.cross_entropy(out, y)
 
 
-def time_step(case, dev, backend, steps, trace_backward=False):
-    """Seconds per training step (median of 3 timed runs of `steps` steps, after warm-up).
-    trace_backward: compile with torch._dynamo.config.trace_autograd_ops, which traces
+def step_runner(case, dev, backend, trace_backward=False):
+    """run(steps) -> seconds per training step over `steps` steps, after 3 warm-up steps (which
+    compile). trace_backward: compile with torch._dynamo.config.trace_autograd_ops, which traces
     loss.backward() into the graph (forward and backward: one graph)."""
     make, x, loss_fn = case(dev)
     torch.manual_seed(0)
@@ -79,19 +82,63 @@ def time_step(case, dev, backend, steps, trace_backward=False):
         return loss
 
     torch._dynamo.reset()
-    with torch._dynamo.config.patch(trace_autograd_ops=trace_backward):
-        fn = step if backend is None else torch.compile(step, backend=backend)
-        for _ in range(3):
-            fn(x)
-        _sync(dev)
-        runs = []
-        for _ in range(3):
+    fn = step if backend is None else torch.compile(step, backend=backend)
+
+    def run(steps):
+        with torch._dynamo.config.patch(trace_autograd_ops=trace_backward):
             t0 = time.perf_counter()
             for _ in range(steps):
                 loss = fn(x)
             loss.item()
-            runs.append((time.perf_counter() - t0) / steps)
-    return statistics.median(runs)
+        return (time.perf_counter() - t0) / steps
+
+    run(3)
+    _sync(dev)
+    return run
+
+
+def time_step(case, dev, backend, steps, trace_backward=False):
+    """Seconds per training step: median of 3 runs of `steps` steps (see step_runner)."""
+    run = step_runner(case, dev, backend, trace_backward)
+    return statistics.median(run(steps) for _ in range(3))
+
+
+def side_by_side(runners, steps, rounds=5):
+    """{name: seconds per step}: the medians of `rounds` rounds, each running every runner for
+    `steps` steps in turn, so that a slow spell of a shared machine hits all of them alike."""
+    times = {k: [] for k in runners}
+    for _ in range(rounds):
+        for k, run in runners.items():
+            times[k].append(run(steps))
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def vs_jax(case, steps):
+    """{"tpu": s, "jax": s}: the compiled tpu step and jax.jit's (benchmarks/jax_reference.py) side
+    by side, or None without jax."""
+    try:
+        import jax_reference
+    except ImportError:
+        return None
+    make, x, _ = case(torch.device("cpu"))
+    torch.manual_seed(0)
+    if case is gpt_case:
+        jax_run = jax_reference.gpt_runner(make(), x, _gpt_targets())
+    else:
+        jax_run = jax_reference.digits_runner(make(), x, _digits_targets())
+    tpu_run = step_runner(case, torch.device("tpu"), "tpu", trace_backward=True)
+    return side_by_side({"tpu": tpu_run, "jax": jax_run}, steps)
+
+
+def vs_jax_without_ynn(name, steps):
+    """vs_jax in a new process whose jax makes no YNNPACK fusions (--xla_cpu_experimental_ynn_fusion_type
+    empty), as the CPU plugin's XLA compiles: the same compiler features on both sides. XLA reads
+    XLA_FLAGS once per process, hence the subprocess; the flag changes nothing in the plugin."""
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_experimental_ynn_fusion_type=").strip()
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--vs-jax", name, "--steps", str(steps)],
+                         env=env, capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def lower_time(n_nodes=1000):
@@ -117,13 +164,20 @@ def lower_time(n_nodes=1000):
     return nodes, best, len(prog.text)
 
 
+CASES = {"GPT-style decoder block": gpt_case, "digits CNN (batch 64)": digits_case}
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--vs-jax", metavar="CASE", help="print only vs_jax(CASE) as JSON")
     args = p.parse_args(argv)
+    if args.vs_jax:
+        print(json.dumps(vs_jax(CASES[args.vs_jax], args.steps)))
+        return
     tpu, cpu = torch.device("tpu"), torch.device("cpu")
     print(f"platform: {torch_tpu.runtime.platform()}, torch {torch.__version__}, {os.cpu_count()} CPUs")
-    for name, case in (("GPT-style decoder block", gpt_case), ("digits CNN (batch 64)", digits_case)):
+    for name, case in CASES.items():
         t_comp = time_step(case, tpu, "tpu", args.steps, trace_backward=True)
         t_split = time_step(case, tpu, "tpu", args.steps)
         t_eager = time_step(case, tpu, None, args.steps)
@@ -142,19 +196,16 @@ def main(argv=None):
         else:
             print(f"  inductor CPU          skipped ({why})")
         print(f"  eager CPU             {t_cpu * 1e3:8.2f} ms   compiled tpu / eager CPU = {t_comp / t_cpu:5.2f}")
-        try:
-            import jax_reference
-        except ImportError:
+        pair = vs_jax(case, args.steps)
+        if pair is None:
             print("  jax.jit               skipped (pip install jax to compare)")
-        else:
-            make, x, _ = case(cpu)
-            torch.manual_seed(0)
-            if case is gpt_case:
-                t_jax = jax_reference.gpt_step_seconds(make(), x, _gpt_targets(), args.steps)
-            else:
-                t_jax = jax_reference.digits_step_seconds(make(), x, _digits_targets(), args.steps)
-            print(f"  jax.jit (XLA CPU)     {t_jax * 1e3:8.2f} ms   compiled tpu / jax.jit = {t_comp / t_jax:5.2f}"
-                  f" (target <= 1.1)")
+            continue
+        plain = vs_jax_without_ynn(name, args.steps)
+        print("  against jax.jit, side by side (rounds alternate; medians):")
+        for label, d in (("jax as installed", pair), ("jax, YNNPACK off", plain)):
+            print(f"    {label:18s} compiled tpu {d['tpu'] * 1e3:6.2f} ms, jax.jit {d['jax'] * 1e3:6.2f} ms:"
+                  f" ratio {d['tpu'] / d['jax']:5.2f} (target <= 1.1)")
+        print("    (jaxlib's XLA hands dots and reductions to YNNPACK; the plugin's XLA makes no such fusions)")
     nodes, secs, chars = lower_time()
     print(f"\nlowering a {nodes}-node graph to StableHLO ({chars // 1024} KiB of text): {secs * 1e3:.1f} ms "
           f"(target < 1000 ms)")

@@ -7,7 +7,6 @@ cases. Needs `pip install jax` (not a dependency of torch_tpu).
 """
 from __future__ import annotations
 
-import statistics
 import time
 
 
@@ -26,9 +25,10 @@ def _cross_entropy(logits, tgt):
     return -jnp.mean(jax.nn.log_softmax(logits)[jnp.arange(tgt.shape[0]), tgt])
 
 
-def _time_adamw(loss_fn, params, state, steps, lr=1e-3):
-    """Seconds per jitted step (value_and_grad + AdamW, median of 3 runs of `steps` after warm-up).
-    `loss_fn(P, state) -> (loss, new_state)` (state: non-trained buffers such as BatchNorm's)."""
+def _adamw_runner(loss_fn, params, state, lr=1e-3):
+    """run(steps) -> seconds per jitted step (value_and_grad + AdamW) over `steps` steps, after 3
+    warm-up steps. `loss_fn(P, state) -> (loss, new_state)` (state: non-trained buffers such as
+    BatchNorm's)."""
     import jax
     import jax.numpy as jnp
 
@@ -47,24 +47,23 @@ def _time_adamw(loss_fn, params, state, steps, lr=1e-3):
             newP[k] = p - lr * mh / (jnp.sqrt(vh) + eps)
         return newP, newm, newv, t, state, loss
 
-    m = {k: jnp.zeros_like(p) for k, p in params.items()}
-    v = {k: jnp.zeros_like(p) for k, p in params.items()}
-    t = jnp.zeros((), jnp.float32)
-    P = params
-    for _ in range(3):
-        P, m, v, t, state, loss = step(P, m, v, t, state)
-    loss.block_until_ready()
-    runs = []
-    for _ in range(3):
+    carry = [params, {k: jnp.zeros_like(p) for k, p in params.items()},
+             {k: jnp.zeros_like(p) for k, p in params.items()}, jnp.zeros((), jnp.float32), state]
+
+    def run(steps):
+        P, m, v, t, st = carry
         t0 = time.perf_counter()
         for _ in range(steps):
-            P, m, v, t, state, loss = step(P, m, v, t, state)
+            P, m, v, t, st, loss = step(P, m, v, t, st)
         float(loss)
-        runs.append((time.perf_counter() - t0) / steps)
-    return statistics.median(runs)
+        carry[:] = [P, m, v, t, st]
+        return (time.perf_counter() - t0) / steps
+
+    run(3)
+    return run
 
 
-def gpt_step_seconds(torch_model, idx, tgt, steps, lr=1e-3, heads=4):
+def gpt_runner(torch_model, idx, tgt, lr=1e-3, heads=4):
     """examples/tiny_models.py's TinyGPT: idx (B, T) int64 tokens, tgt (B*T,) int64."""
     import jax
     import jax.numpy as jnp
@@ -95,10 +94,10 @@ def gpt_step_seconds(torch_model, idx, tgt, steps, lr=1e-3, heads=4):
         logits = forward(P, idx).reshape(-1, P["emb.weight"].shape[0])
         return _cross_entropy(logits, tgt), state
 
-    return _time_adamw(loss_fn, _params(torch_model), (), steps, lr)
+    return _adamw_runner(loss_fn, _params(torch_model), (), lr)
 
 
-def digits_step_seconds(torch_model, x, y, steps, lr=1e-3):
+def digits_runner(torch_model, x, y, lr=1e-3):
     """examples/train_digits.py's DigitsCNN in training mode (BatchNorm on batch statistics, running
     statistics updated with momentum 0.1 and the unbiased variance, as PyTorch does): x (N, 1, 8, 8)
     float32, y (N,) int64."""
@@ -134,4 +133,4 @@ def digits_step_seconds(torch_model, x, y, steps, lr=1e-3):
                      + 0.1 * lax.stop_gradient(var) * n / (n - 1)}
         return _cross_entropy(logits, y), new_state
 
-    return _time_adamw(loss_fn, _params(torch_model), buffers, steps, lr)
+    return _adamw_runner(loss_fn, _params(torch_model), buffers, lr)
