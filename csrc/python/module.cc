@@ -1,19 +1,16 @@
 // torch_tpu._C: the Python binding of the runtime (PJRT client, cells, compile/execute) and of
 // the device integration (current device, generators, fallback counters).
 #include <torch/csrc/utils/pybind.h>
-#include <pybind11/complex.h>
-#include <torch/csrc/Generator.h>
-#include <torch/csrc/Exceptions.h>
 #include <ATen/Tensor.h>
-#include <c10/core/DeviceGuard.h>
-#include <ATen/EmptyTensor.h>
-#include <torch/csrc/autograd/python_variable.h>
-#include <torch/csrc/Dtype.h>
 #include <torch/csrc/DynamicTypes.h>
-#include <complex>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/Generator.h>
+#include <torch/csrc/autograd/python_variable.h>
 
 #include "aten/device.h"
 #include "aten/fallback.h"
+#include "python/graph_runner.h"
+#include "python/launch_args.h"
 #include "runtime/compile_cache.h"
 #include "runtime/runtime.h"
 
@@ -21,23 +18,8 @@ namespace py = pybind11;
 using torch_tpu::runtime::Cell;
 using torch_tpu::runtime::Runtime;
 
-namespace {
-
-Cell* cell_of(const at::Tensor& t) {
-  TORCH_CHECK(t.device().type() == c10::DeviceType::PrivateUse1, "expected a tpu tensor, got one on ",
-              t.device());
-  auto* c = static_cast<Cell*>(t.storage().data_ptr().get_context());
-  TORCH_CHECK(c, "tpu tensor has no storage cell");
-  return c;
-}
-
-Cell* cell_by_key(uintptr_t key) {
-  Cell* c = Runtime::get().cell_at(reinterpret_cast<void*>(key));
-  TORCH_CHECK(c && c->addr == key, "no live tpu storage has key ", key);
-  return c;
-}
-
-}  // namespace
+using torch_tpu::python::cell_by_key;
+using torch_tpu::python::cell_of;
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "TorchTPU core: PJRT runtime and PrivateUse1 device integration";
@@ -144,73 +126,15 @@ PYBIND11_MODULE(_C, m) {
   m.def("_cache_clear_memory", [] { torch_tpu::runtime::compile_cache().clear_memory(); });
   m.def("_launch", [](std::shared_ptr<torch_tpu::pjrt::Executable> exe, py::list inputs, py::list sinks,
                       py::list new_specs, int device, std::string producer) {
-    auto& rt = Runtime::get();
     std::vector<torch_tpu::runtime::LaunchArg> args;
     args.reserve(inputs.size());
-    for (py::handle h : inputs) {
-      if (PyLong_Check(h.ptr())) {  // a storage by its key (fused eager replays by address)
-        args.push_back({cell_by_key(h.cast<uintptr_t>()), nullptr});
-        continue;
-      }
-      if (THPVariable_Check(h.ptr())) {
-        const at::Tensor& t = THPVariable_Unpack(h.ptr());
-        if (t.is_cpu()) {  // a host tensor operand (0-dim CPU tensor, copy_ source)
-          at::Tensor c = t.contiguous();
-          std::vector<int64_t> dims(c.sizes().begin(), c.sizes().end());
-          args.push_back({nullptr, rt.client().buffer_from_host(
-              c.data_ptr(), torch_tpu::runtime::to_pjrt_type(c.scalar_type()), dims, device)});
-          torch_tpu::runtime::counters().h2d_transfers++;
-        } else {
-          args.push_back({cell_of(t), nullptr});
-        }
-        continue;
-      }
-      // (python number, torch.dtype): a Scalar operand, 0-dim.
-      auto tup = h.cast<py::tuple>();
-      auto st = reinterpret_cast<THPDtype*>(tup[1].ptr())->scalar_type;
-      alignas(16) unsigned char bytes[16] = {0};
-      py::handle v = tup[0];
-      switch (st) {
-        case c10::ScalarType::Bool: { bool x = v.cast<bool>(); std::memcpy(bytes, &x, 1); break; }
-        case c10::ScalarType::Long: { int64_t x = v.cast<int64_t>(); std::memcpy(bytes, &x, 8); break; }
-        case c10::ScalarType::Float: { float x = v.cast<float>(); std::memcpy(bytes, &x, 4); break; }
-        case c10::ScalarType::Double: { double x = v.cast<double>(); std::memcpy(bytes, &x, 8); break; }
-        case c10::ScalarType::UInt64: {
-          auto pair = v.cast<std::pair<uint64_t, uint64_t>>();
-          std::memcpy(bytes, &pair.first, 8);
-          std::memcpy(bytes + 8, &pair.second, 8);
-          break;
-        }
-        case c10::ScalarType::ComplexFloat: {
-          auto c = v.cast<std::complex<double>>();
-          float x[2] = {static_cast<float>(c.real()), static_cast<float>(c.imag())};
-          std::memcpy(bytes, x, 8);
-          break;
-        }
-        case c10::ScalarType::ComplexDouble: {
-          auto c = v.cast<std::complex<double>>();
-          std::memcpy(bytes, &c, 16);
-          break;
-        }
-        default: TORCH_CHECK(false, "unsupported scalar operand dtype ", st);
-      }
-      std::vector<int64_t> dims;
-      if (st == c10::ScalarType::UInt64) dims.push_back(2);  // an RNG (seed, offset) pair
-      args.push_back({nullptr, rt.client().small_buffer_from_host(bytes, torch_tpu::runtime::to_pjrt_type(st), dims,
-                                                                  device)});
-    }
+    for (py::handle h : inputs) args.push_back(torch_tpu::python::launch_arg(h, device));
     std::vector<at::Tensor> fresh;
     fresh.reserve(new_specs.size());
-    {
-      c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, device));
-      auto* alloc = c10::GetAllocator(c10::DeviceType::PrivateUse1);
-      for (py::handle h : new_specs) {
-        auto spec = h.cast<py::tuple>();
-        auto shape = spec[0].cast<std::vector<int64_t>>();
-        auto st = reinterpret_cast<THPDtype*>(spec[1].ptr())->scalar_type;
-        fresh.push_back(at::detail::empty_generic(shape, alloc, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-                                                  st, std::nullopt));
-      }
+    for (py::handle h : new_specs) {
+      auto spec = h.cast<py::tuple>();
+      fresh.push_back(torch_tpu::python::new_tpu_tensor(spec[0].cast<std::vector<int64_t>>(),
+                                                        torch_tpu::python::dtype_of(spec[1]), device));
     }
     std::vector<Cell*> out_cells;
     out_cells.reserve(sinks.size());
@@ -224,11 +148,12 @@ PYBIND11_MODULE(_C, m) {
         out_cells.push_back(cell_of(THPVariable_Unpack(h.ptr())));
       }
     }
-    rt.execute(std::move(exe), std::move(args), std::move(out_cells), device, std::move(producer));
+    Runtime::get().execute(std::move(exe), std::move(args), std::move(out_cells), device, std::move(producer));
     return fresh;
   }, "Runs exe on tpu:device. inputs: tpu tensors (their storages' buffers), CPU tensors (uploaded) or "
      "(number, dtype) scalar operands. sinks: per output, the tensor whose storage receives it, or None "
      "for a new tensor of the next (shape, dtype) in new_specs. Returns the new tensors.");
+  torch_tpu::python::bind_graph_runner(m);
   m.def("_describe", [](const at::Tensor& t) {
     Cell* c = cell_of(t);
     Runtime::get().ensure_typed(*c, t.scalar_type());
@@ -262,14 +187,10 @@ PYBIND11_MODULE(_C, m) {
   }, "fn() runs before the host reads device data (fused eager flushes there); None removes it.");
   m.def("_empty_like_specs", [](py::list specs, int device) {
     std::vector<at::Tensor> out;
-    c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, device));
-    auto* alloc = c10::GetAllocator(c10::DeviceType::PrivateUse1);
     for (py::handle h : specs) {
       auto spec = h.cast<py::tuple>();
-      out.push_back(at::detail::empty_generic(spec[0].cast<std::vector<int64_t>>(), alloc,
-                                              c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-                                              reinterpret_cast<THPDtype*>(spec[1].ptr())->scalar_type,
-                                              std::nullopt));
+      out.push_back(torch_tpu::python::new_tpu_tensor(spec[0].cast<std::vector<int64_t>>(),
+                                                      torch_tpu::python::dtype_of(spec[1]), device));
     }
     return out;
   }, "New tpu tensors (storage not yet written) of the given (shape, dtype) specs.");

@@ -164,6 +164,8 @@ class GraphProgram:
         except RuntimeError as e:
             raise RuntimeError(f"torch.compile(backend='tpu'): compiling the {name} graph failed: {e}\n"
                                f"--- program ---\n{self.text}") from None
+        self.runner = _C.GraphRunner(self.exe, self.run_plan, sorted(self.donated), self.sink_plan, self.prog_specs,
+                                     f"compiled {name} graph", self.rng_draws)
         _state.count("compiled_graphs")
         log.info("compiled %s graph: %d nodes, %d program inputs, %d outputs", name, self.num_nodes,
                  len(self.arg_plan), len(self.prog_specs))
@@ -347,9 +349,9 @@ class GraphProgram:
         self._plan_run()
 
     def _plan_run(self):
-        """The per-call work as flat lists: (kind, payload) per program argument (0 tpu input,
-        1 CPU input, 2 rng state, 3 host pack, 4 constant), the tpu inputs that receive a result
-        in place (result index, placeholder index), and one tpu input that names the device."""
+        """The per-call work as flat lists, for _C.GraphRunner: (kind, payload) per program argument
+        (0 tpu input, 1 CPU input, 2 rng state, 3 host pack, 4 constant) and the tpu inputs that
+        receive a result in place (result index, placeholder index)."""
         kinds = {"rng": 2, "pack": 3, "const": 4}
         self.run_plan = []
         for entry in self.arg_plan:
@@ -357,10 +359,7 @@ class GraphProgram:
                 self.run_plan.append((1 if self.ph_devices[entry[1]] == "cpu" else 0, entry[1]))
             else:
                 self.run_plan.append((kinds[entry[0]], entry[1] if len(entry) > 1 else None))
-        self.first_tpu_input = next((x for kind, x in self.run_plan if kind == 0), None)
         self.sink_plan = sorted((k, i) for i, k in self.mutations if self.ph_devices[i] != "cpu")
-        sunk = {k for k, _ in self.sink_plan}
-        self.fresh_specs = [spec for k, spec in enumerate(self.prog_specs) if k not in sunk]
         self.host_side_mutations = [(i, k) for i, k in self.mutations if self.ph_devices[i] == "cpu"]
 
     def _host_mutation(self, node) -> bool:
@@ -514,52 +513,17 @@ class GraphProgram:
                     self.passed_checks.append(key)
         # CPU tensors of the graph: PyTorch's CPU kernels, before the launch.
         host = dict(zip(self.host_nodes, self.host_fn(*real))) if self.host_fn is not None else {}
-        inputs, storages, copied, donated = [], {}, set(), self.donated
-        device = real[self.first_tpu_input].get_device() if self.first_tpu_input is not None else None
-        for kind, x in self.run_plan:
-            if kind == 0:  # a tpu input: its storage's buffer, whole and dense, or a dense copy
-                t = real[x]
-                key = _C._whole_key(t)
-                if key < 0 or (key in storages and (x in donated or storages[key] in donated)):
-                    t = t.clone(memory_format=torch.contiguous_format)
-                    copied.add(x)
-                    key = _C._whole_key(t)
-                storages[key] = x
-                inputs.append(t)
-            elif kind == 1:  # a CPU input: uploaded by the launch
-                inputs.append(real[x].contiguous())
-            elif kind == 2:
-                inputs.append((_C._generator_next(None, self.rng_draws), torch.uint64))
-            elif kind == 3:
-                parts = [real[src] if where == "in" else host[src] for where, src in self.host_packs[x]]
-                if len(parts) == 1:
-                    inputs.append(parts[0].reshape(-1).contiguous())
-                elif all(p.dim() == 0 for p in parts):  # step counts: one stack, no reshapes
-                    inputs.append(torch.stack(parts))
-                else:
-                    inputs.append(torch.cat([p.reshape(-1) for p in parts]))
-            else:
-                if device is None and x.device.type != "cpu":
-                    device = x.get_device()
-                inputs.append(x)
-        if device is None:
-            device = _C._current_device()
-        # Results that replace a tpu input's value are written into that input's storage.
-        sinks = [None] * len(self.prog_specs)
-        if copied:
-            plan = [(k, i) for k, i in self.sink_plan if i not in copied]
-            sunk = {k for k, _ in plan}
-            specs = [spec for k, spec in enumerate(self.prog_specs) if k not in sunk]
-        else:
-            plan, specs = self.sink_plan, self.fresh_specs
-        for k, i in plan:
-            sinks[k] = real[i]
-        fresh = _launch(self.exe, inputs, sinks, specs, device, f"compiled {self.name} graph")
+        packs = [_host_pack(parts, real, host) for parts in self.host_packs]
+        if _state.eager_mode == "fused":  # ops it recorded run first: they may produce this graph's inputs
+            from ..aten import fused
+            fused.flush()
+        produced, copied = self.runner(real, packs)
+        if _state.eager_mode == "debug":
+            try:
+                _C._synchronize(-1)
+            except RuntimeError as e:
+                raise RuntimeError(f"tpu: compiled {self.name} graph failed: {e}") from None
         _state.count("graph_executions")
-        produced, it = sinks, iter(fresh)  # the sinks, with each fresh result in its empty slot
-        for k, sink in enumerate(sinks):
-            if sink is None:
-                produced[k] = next(it)
         for i, k in self.mutations if copied else self.host_side_mutations:
             if produced[k] is not real[i]:  # a copied input, or one on the host: write back
                 real[i].copy_(produced[k].view(real[i].shape))
@@ -585,22 +549,14 @@ class GraphProgram:
         return outs
 
 
-
-
-def _launch(exe, inputs, sinks, specs, device, name):
-    """_C._launch in the current eager mode's manner: ops recorded by fused mode run first (they
-    may produce this graph's inputs); debug mode waits and names the graph on error."""
-    mode = _state.eager_mode
-    if mode == "fused":
-        from ..aten import fused
-        fused.flush()
-    new = _C._launch(exe, inputs, sinks, specs, device, name)
-    if mode == "debug":
-        try:
-            _C._synchronize(device)
-        except RuntimeError as e:
-            raise RuntimeError(f"tpu: {name} failed: {e}") from None
-    return new
+def _host_pack(parts, real, host):
+    """One host pack: the CPU values it lists (graph inputs, host results) flattened into one tensor."""
+    parts = [real[src] if where == "in" else host[src] for where, src in parts]
+    if len(parts) == 1:
+        return parts[0].reshape(-1).contiguous()
+    if all(p.dim() == 0 for p in parts):  # step counts: one stack, no reshapes
+        return torch.stack(parts)
+    return torch.cat([p.reshape(-1) for p in parts])
 
 
 def _host_nodes(nodes) -> dict:

@@ -1,0 +1,31 @@
+// What the Python bindings hand to Runtime::execute: the storage cell of a tpu tensor, host operands
+// uploaded as buffers of their own, and the new tpu tensors that receive fresh results. Shared by
+// _C._launch (one op or fused run) and GraphRunner (a compiled graph).
+#pragma once
+
+#include <torch/csrc/utils/pybind.h>
+#include <ATen/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "runtime/runtime.h"
+
+namespace torch_tpu::python {
+
+namespace py = pybind11;
+
+// The cell behind a tpu tensor's storage. Raises (RuntimeError) for a tensor on another device.
+runtime::Cell* cell_of(const at::Tensor& t);
+// The live cell whose fake device address is `key` (_C._storage_key). Raises if none is.
+runtime::Cell* cell_by_key(uintptr_t key);
+// One launch operand from Python: an int (a storage key), a tpu tensor (its storage), a CPU tensor
+// (uploaded to `device`, row-major), or a (number, torch.dtype) pair (a 0-dim scalar; uint64 takes a
+// (seed, offset) pair and is 1-D of 2). Raises for an unsupported scalar dtype.
+runtime::LaunchArg launch_arg(py::handle h, int device);
+// A new tpu tensor on `device` whose storage no program has written yet.
+at::Tensor new_tpu_tensor(const std::vector<int64_t>& shape, c10::ScalarType dtype, int device);
+// The scalar type of a torch.dtype object.
+c10::ScalarType dtype_of(py::handle dtype);
+
+}  // namespace torch_tpu::python
