@@ -2,10 +2,14 @@
 // the device integration (current device, generators, fallback counters).
 #include <torch/csrc/utils/pybind.h>
 #include <ATen/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/autograd/python_variable.h>
+
+#include <cstring>
+#include <optional>
 
 #include "aten/device.h"
 #include "aten/fallback.h"
@@ -194,6 +198,41 @@ PYBIND11_MODULE(_C, m) {
     }
     return out;
   }, "New tpu tensors (storage not yet written) of the given (shape, dtype) specs.");
+  // Host scalars: an optimizer's step counts are many 0-dim CPU tensors; a compiled graph updates
+  // them as one packed tensor (torch_tpu/dynamo/host_part.py). These two move their bytes.
+  m.def("_gather_scalars", [](const std::vector<at::Tensor>& ts) {
+    TORCH_CHECK(!ts.empty(), "_gather_scalars: no tensors");
+    auto dtype = ts[0].scalar_type();
+    for (const auto& t : ts)
+      TORCH_CHECK(t.is_cpu() && t.dim() == 0 && t.scalar_type() == dtype,
+                  "_gather_scalars: expected 0-dim CPU tensors of one dtype (", dtype, "), got one of ",
+                  t.scalar_type(), " with ", t.dim(), " dims on ", t.device());
+    at::Tensor out = at::empty({static_cast<int64_t>(ts.size())}, ts[0].options());
+    size_t size = c10::elementSize(dtype);
+    auto* dst = static_cast<char*>(out.data_ptr());
+    for (size_t i = 0; i < ts.size(); ++i) std::memcpy(dst + i * size, ts[i].const_data_ptr(), size);
+    return out;
+  }, "torch.stack of 0-dim CPU tensors of one dtype (a 1-D tensor); raises for any other tensor.");
+  m.def("_scatter_scalars", [](const at::Tensor& src, const std::vector<std::optional<at::Tensor>>& dsts) {
+    // copy_ of src[i] into dsts[i] (skipping None), when that is a plain byte copy; otherwise
+    // writes nothing and returns False (the caller copies with PyTorch's kernels).
+    if (!src.is_cpu() || src.dim() != 1 || !src.is_contiguous() || src.numel() != static_cast<int64_t>(dsts.size()))
+      return false;
+    for (const auto& d : dsts) {
+      if (d && (!d->is_cpu() || d->dim() != 0 || d->scalar_type() != src.scalar_type() || d->requires_grad() ||
+                d->is_inference()))
+        return false;
+    }
+    size_t size = c10::elementSize(src.scalar_type());
+    const auto* from = static_cast<const char*>(src.const_data_ptr());
+    for (size_t i = 0; i < dsts.size(); ++i) {
+      if (!dsts[i]) continue;
+      std::memcpy(dsts[i]->mutable_data_ptr(), from + i * size, size);
+      dsts[i]->unsafeGetTensorImpl()->bump_version();  // as copy_ does
+    }
+    return true;
+  }, "Writes src[i] into the 0-dim CPU tensor dsts[i] (None: skipped) as copy_ would; False (nothing "
+     "written) when some pair needs more than a byte copy (another dtype or device, requires_grad).");
   m.def("_synchronize", [](int device) {
     py::gil_scoped_release nogil;
     Runtime::get().synchronize(device);

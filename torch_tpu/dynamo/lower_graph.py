@@ -33,6 +33,7 @@ from ..aten.views import _contiguous_strides
 from ..lowering.builder import Builder, TensorType, Value
 from ..lowering.registry import REGISTRY, LoweringContext, fit
 from .graph_ops import GRAPH_LOWERINGS
+from .host_part import HostPart
 
 log = logging.getLogger("torch_tpu.dynamo")
 _GEN = object()  # stands for a Generator? argument until the rng state replaces it
@@ -247,8 +248,8 @@ class GraphProgram:
             inc = b.concatenate([b.constant(0, torch.uint64, (1,)), b.constant(off, torch.uint64, (1,))], 0)
             return b.add(state[0], inc)
 
-        self.host_nodes = _host_nodes(nodes)
-        self.host_fn = _host_program(placeholders, self.host_nodes) if self.host_nodes else None
+        self.host = HostPart(placeholders, nodes)
+        self.host_nodes = self.host.nodes
         self._pack_host_reads(nodes, b, env)
         self.host_mutations = []  # (placeholder index, host node): CPU inputs updated on the host
         mutations = []          # (placeholder index, Value)
@@ -305,7 +306,7 @@ class GraphProgram:
             elif o.op == "placeholder":
                 self.out_plan.append(("in", self.ph_index[o]))
             elif o in self.host_nodes:
-                self.out_plan.append(("host", o))
+                self.out_plan.append(("host", self.host.slot(o)))
             elif _is_view_of_input(o, placeholders_set):
                 self.out_plan.append(("view", o))
             elif o in seen:
@@ -344,6 +345,7 @@ class GraphProgram:
                 if a.type == results[-1].type:
                     b._args[pos] = (a, f"tf.aliasing_output = {k} : i32")
                     self.donated.add(i)
+        self.host.finish(self.host_mutations)
         self.text = b.module(results)
         self.b = None
         self._plan_run()
@@ -385,6 +387,7 @@ class GraphProgram:
                     groups.setdefault(val.dtype, []).append(d)
         self.host_packs = []
         for dtype, members in groups.items():
+            members = self.host.order(members)
             a = b.arg(TensorType((sum(d.meta["val"].numel() for d in members),), dtype))
             self.arg_plan.append(("pack", len(self.host_packs)))
             off = 0
@@ -393,8 +396,7 @@ class GraphProgram:
                 v = b.reshape(b.slice(a, [off], [off + val.numel()]), tuple(val.shape))
                 env[d] = Value(v.name, v.type, _meta(val))
                 off += val.numel()
-            self.host_packs.append([("in", self.ph_index[d]) if d.op == "placeholder" else ("host", d)
-                                    for d in members])
+            self.host_packs.append(self.host.pack_slot(members))
 
     def _lower_node(self, node, value_of, scalar, rng_state):
         found = find_lowering(node.target)
@@ -512,8 +514,8 @@ class GraphProgram:
                 if key is not None:
                     self.passed_checks.append(key)
         # CPU tensors of the graph: PyTorch's CPU kernels, before the launch.
-        host = dict(zip(self.host_nodes, self.host_fn(*real))) if self.host_fn is not None else {}
-        packs = [_host_pack(parts, real, host) for parts in self.host_packs]
+        host = self.host.run(real)
+        packs = [host[k] for k in self.host_packs]
         if _state.eager_mode == "fused":  # ops it recorded run first: they may produce this graph's inputs
             from ..aten import fused
             fused.flush()
@@ -527,8 +529,7 @@ class GraphProgram:
         for i, k in self.mutations if copied else self.host_side_mutations:
             if produced[k] is not real[i]:  # a copied input, or one on the host: write back
                 real[i].copy_(produced[k].view(real[i].shape))
-        if self.host_mutations:
-            torch._foreach_copy_([real[i] for i, _ in self.host_mutations], [host[n] for _, n in self.host_mutations])
+        self.host.write_back(real, host)
         outs = []
         for entry in self.out_plan:
             kind = entry[0]
@@ -547,96 +548,6 @@ class GraphProgram:
             else:
                 outs.append(entry[1])
         return outs
-
-
-def _host_pack(parts, real, host):
-    """One host pack: the CPU values it lists (graph inputs, host results) flattened into one tensor."""
-    parts = [real[src] if where == "in" else host[src] for where, src in parts]
-    if len(parts) == 1:
-        return parts[0].reshape(-1).contiguous()
-    if all(p.dim() == 0 for p in parts):  # step counts: one stack, no reshapes
-        return torch.stack(parts)
-    return torch.cat([p.reshape(-1) for p in parts])
-
-
-def _host_nodes(nodes) -> dict:
-    """Nodes whose CPU results the host itself needs: new values of CPU inputs the graph mutates (an
-    optimizer's step counts) and CPU outputs, with what they are computed from. They run on the host
-    with PyTorch's CPU kernels, as the user placed them there; no device round trip. Every other node
-    on CPU tensors (the bias corrections derived from the step counts) is lowered into the program,
-    which reads the host values it needs as operands."""
-    on_host = _cpu_only_nodes(nodes)
-    need = []
-    for n in nodes:
-        if n.op == "call_function" and n.target is torch.ops.aten.copy_.default and \
-                n.args[0].op == "placeholder" and n.args[1] in on_host:
-            need.append(n.args[1])
-        elif n.op == "output":
-            outs = n.args[0] if isinstance(n.args[0], (list, tuple)) else [n.args[0]]
-            need.extend(o for o in outs if isinstance(o, torch.fx.Node) and o in on_host)
-    keep = set()
-    while need:
-        n = need.pop()
-        if n in keep:
-            continue
-        keep.add(n)
-        need.extend(d for d in n.all_input_nodes if d in on_host)
-    return {n: True for n in on_host if n in keep}
-
-
-def _cpu_only_nodes(nodes) -> dict:
-    """Nodes that compute CPU tensors from CPU tensors only."""
-    host = {}
-    on_cpu = set()
-    for n in nodes:
-        val = n.meta.get("val")
-        if n.op == "placeholder":
-            if isinstance(val, torch.Tensor) and val.device.type == "cpu":
-                on_cpu.add(n)
-            continue
-        if n.op != "call_function" or n.target is torch.ops.aten.copy_.default:
-            continue
-        if not (isinstance(n.target, torch._ops.OpOverload) or n.target is operator.getitem):
-            continue
-        vals = val if isinstance(val, (list, tuple)) else [val]
-        if not vals or not all(isinstance(v, torch.Tensor) and v.device.type == "cpu" for v in vals):
-            continue
-        deps = [a for a in n.all_input_nodes]
-        if all(d in on_cpu for d in deps):
-            host[n] = True
-            on_cpu.add(n)
-    return host
-
-
-def _host_program(placeholders, host_nodes):
-    """The host nodes as one Python function of all graph inputs, returning their values in order:
-    FX's generated code calls each ATen op directly (no per-node interpretation at run time)."""
-    g = torch.fx.Graph()
-    env = {p: g.placeholder(p.name) for p in placeholders}
-    for n in host_nodes:
-        env[n] = g.node_copy(n, lambda a: env[a])
-        batched = _BATCHED_FOREACH.get(n.target)
-        if batched is not None:
-            env[n].target = batched
-    g.output(tuple(env[n] for n in host_nodes))
-    return torch.fx.GraphModule(torch.nn.Module(), g).forward
-
-
-def _batch_foreach(foreach, op):
-    """`foreach(tensors, scalar)` run as ONE `op` on the stack of the tensors when they are 0-dim CPU
-    tensors of one dtype (an optimizer's step counts): the same values, one kernel call instead of
-    one per tensor (PyTorch's CPU foreach kernels loop over the list)."""
-    def run(tensors, scalar):
-        if len(tensors) > 1 and all(t.dim() == 0 for t in tensors) and len({t.dtype for t in tensors}) == 1:
-            return list(op(torch.stack(tensors), scalar).unbind())
-        return foreach(tensors, scalar)
-    run.__name__ = f"batched_{foreach.__name__.replace('.', '_')}"
-    return run
-
-
-_BATCHED_FOREACH = {f: _batch_foreach(f, op) for f, op in (
-    (torch.ops.aten._foreach_add.Scalar, torch.add), (torch.ops.aten._foreach_sub.Scalar, torch.sub),
-    (torch.ops.aten._foreach_mul.Scalar, torch.mul), (torch.ops.aten._foreach_div.Scalar, torch.div))}
 
 
 def _content_key(vals):
