@@ -198,6 +198,23 @@ PYBIND11_MODULE(_C, m) {
     }
     return out;
   }, "New tpu tensors (storage not yet written) of the given (shape, dtype) specs.");
+  m.def("_content_key", [](const std::vector<at::Tensor>& ts) -> py::object {
+    std::vector<int64_t> key;
+    for (const auto& t : ts) {
+      // Host allocators reuse addresses; inference tensors have no version counter.
+      if (t.device().type() != c10::DeviceType::PrivateUse1 || t.is_inference()) return py::none();
+      key.push_back(t.get_device());
+      key.push_back(reinterpret_cast<int64_t>(t.data_ptr()));
+      key.push_back(static_cast<int64_t>(t._version()));
+      key.push_back(static_cast<int64_t>(t.scalar_type()));
+      key.push_back(t.dim());
+      key.insert(key.end(), t.sizes().begin(), t.sizes().end());
+      key.insert(key.end(), t.strides().begin(), t.strides().end());
+    }
+    return py::tuple(py::cast(key));
+  }, "A hashable identity of the tensors' data (device, address, version, dtype, layout), or None when "
+     "one is not a tpu tensor or has no version counter. tpu storage addresses are never reused and "
+     "every write bumps the version, so an unchanged key means unchanged data.");
   // Host scalars: an optimizer's step counts are many 0-dim CPU tensors; a compiled graph updates
   // them as one packed tensor (torch_tpu/dynamo/host_part.py). These two move their bytes.
   m.def("_gather_scalars", [](const std::vector<at::Tensor>& ts) {

@@ -36,6 +36,7 @@ class HostPart:
         self.nodes = host_nodes(nodes)          # in graph order
         self._g = torch.fx.Graph()
         self._env = {p: self._g.placeholder(p.name) for p in placeholders}
+        self._inputs = []      # indices of the graph inputs the function takes (the ones it reads)
         self._packed = {}      # packed foreach node -> its FX value (a 1-D tensor)
         self._lanes = {}       # getitem of a packed foreach -> (that foreach node, lane)
         self._selected = {}    # lane node -> its FX value as a 0-dim tensor (when needed alone)
@@ -128,12 +129,17 @@ class HostPart:
             self.scatters.append((self._slot(self._packed[src]), dsts))
         if self._slots:
             self._g.output(tuple(self._slots))
+            for i, ph in enumerate(list(self._g.find_nodes(op="placeholder"))):
+                if ph.users:
+                    self._inputs.append(i)
+                else:
+                    self._g.erase_node(ph)
             self.fn = torch.fx.GraphModule(torch.nn.Module(), self._g).forward
 
     # -- running -----------------------------------------------------------------------------------
     def run(self, inputs):
         """The slots' values for the graph's `inputs` (PyTorch's CPU kernels)."""
-        return self.fn(*inputs) if self.fn is not None else ()
+        return self.fn(*[inputs[i] for i in self._inputs]) if self.fn is not None else ()
 
     def write_back(self, inputs, values):
         """copy_ of the new host values into the CPU inputs they replace."""

@@ -498,7 +498,12 @@ class GraphProgram:
         if ok:
             reads = getattr(check, "reads", None)
             keyed = [i for i, n in enumerate(sig.names[:len(template)]) if reads is None or n in reads]
-            self.checks.append((check, template, keyed))
+            # The usual case, every keyed argument a graph input or a constant (fixed with the
+            # check): the key is the inputs' content keys alone, computed in C++.
+            refs = [template[i][1] for i in keyed if _is_ref(template[i])]
+            if any(isinstance(template[i], (list, torch.Tensor)) for i in keyed):
+                refs = None
+            self.checks.append((check, template, keyed, refs))
         else:
             log.debug("index check of %s skipped: it reads values computed inside the graph", node.name)
 
@@ -506,11 +511,14 @@ class GraphProgram:
     def __call__(self, args):
         real = list(args)
         args.clear()  # boxed calling convention: inputs may be freed as soon as they are used
-        for n, (check, template, keyed) in enumerate(self.checks):
-            vals = [_fill(t, real) for t in template]
-            key = _content_key([n] + [vals[i] for i in keyed])
+        for n, (check, template, keyed, refs) in enumerate(self.checks):
+            if refs is not None:
+                key = _C._content_key([real[i] for i in refs])
+                key = None if key is None else (n, key)
+            else:
+                key = _content_key([n] + [_fill(template[i], real) for i in keyed])
             if key is None or key not in self.passed_checks:
-                check(*vals)  # downloads the indices: a host sync
+                check(*[_fill(t, real) for t in template])  # downloads the indices: a host sync
                 if key is not None:
                     self.passed_checks.append(key)
         # CPU tensors of the graph: PyTorch's CPU kernels, before the launch.
@@ -573,8 +581,12 @@ def _content_key(vals):
     return tuple(key)
 
 
+def _is_ref(t) -> bool:
+    return isinstance(t, tuple) and len(t) == 2 and t[0] == "in"
+
+
 def _fill(t, real):
-    if isinstance(t, tuple) and len(t) == 2 and t[0] == "in":
+    if _is_ref(t):
         return real[t[1]]
     if isinstance(t, list):
         return [_fill(x, real) for x in t]
