@@ -115,7 +115,7 @@ def side_by_side(runners, steps, rounds=5):
 
 def vs_jax(case, steps):
     """{"tpu": s, "jax": s}: the compiled tpu step and jax.jit's (benchmarks/jax_reference.py) side
-    by side, or None without jax."""
+    by side (medians of 15 alternating rounds), or None without jax."""
     try:
         import jax_reference
     except ImportError:
@@ -127,7 +127,7 @@ def vs_jax(case, steps):
     else:
         jax_run = jax_reference.digits_runner(make(), x, _digits_targets())
     tpu_run = step_runner(case, torch.device("tpu"), "tpu", trace_backward=True)
-    return side_by_side({"tpu": tpu_run, "jax": jax_run}, steps)
+    return side_by_side({"tpu": tpu_run, "jax": jax_run}, steps, rounds=15)
 
 
 def vs_jax_without_ynn(name, steps):

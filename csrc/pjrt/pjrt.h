@@ -146,7 +146,7 @@ class Client : public std::enable_shared_from_this<Client> {
   // longer needed, so the caller may free it on return.
   std::shared_ptr<Buffer> buffer_from_host(const void* data, PJRT_Buffer_Type type,
                                            const std::vector<int64_t>& dims, int64_t index);
-  // The same for a few bytes (a scalar operand): the plugin copies them during the call.
+  // The same for small host data (scalars, step counts): the plugin copies it during the call.
   std::shared_ptr<Buffer> small_buffer_from_host(const void* data, PJRT_Buffer_Type type,
                                                  const std::vector<int64_t>& dims, int64_t index);
 

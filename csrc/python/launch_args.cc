@@ -14,6 +14,10 @@ namespace torch_tpu::python {
 using runtime::Cell;
 using runtime::Runtime;
 
+// Host operands up to this size (step counts, scalars, small index tensors) are copied during the
+// transfer call.
+constexpr size_t kSmallOperandBytes = 64 << 10;
+
 Cell* cell_of(const at::Tensor& t) {
   TORCH_CHECK(t.device().type() == c10::DeviceType::PrivateUse1, "expected a tpu tensor, got one on ",
               t.device());
@@ -42,8 +46,10 @@ runtime::LaunchArg launch_arg(py::handle h, int device) {
     at::Tensor c = t.contiguous();  // a host operand (0-dim CPU tensor, copy_ source, host pack)
     std::vector<int64_t> dims(c.sizes().begin(), c.sizes().end());
     runtime::counters().h2d_transfers++;
-    return {nullptr, rt.client().buffer_from_host(c.data_ptr(), runtime::to_pjrt_type(c.scalar_type()), dims,
-                                                  device)};
+    auto type = runtime::to_pjrt_type(c.scalar_type());
+    if (c.nbytes() <= kSmallOperandBytes)  // copied inside the call: no completion event to wait for
+      return {nullptr, rt.client().small_buffer_from_host(c.data_ptr(), type, dims, device)};
+    return {nullptr, rt.client().buffer_from_host(c.data_ptr(), type, dims, device)};
   }
   auto tup = h.cast<py::tuple>();
   auto st = dtype_of(tup[1]);
