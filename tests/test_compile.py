@@ -215,6 +215,36 @@ def test_input_mutation_and_noncontiguous_inputs():
     torch.testing.assert_close(buft_base.cpu(), torch.zeros(8).index_put_((torch.arange(0, 8, 2),), x.sum(0)))
 
 
+def test_transposed_inputs_are_read_in_place():
+    """A transposed (permuted dense) input, such as a weight AOTAutograd saves for the backward, is
+    read from its storage in that layout: no copy is launched. The same layout at an offset of a
+    larger storage (Dynamo's guards do not tell them apart) is copied into the layout first."""
+    def f(w, x):
+        return x @ w + 1
+
+    w, x = torch.randn(5, 3), torch.randn(4, 5)
+    wt, xt = w.t().contiguous().to(TPU).t(), x.to(TPU)
+    assert wt.stride() == (1, 5)
+    compiled = torch.compile(f, backend="tpu")
+    compiled(wt, xt)
+    before = counts()["executions"]
+    out = compiled(wt, xt)
+    assert counts()["executions"] - before == 1  # the graph alone
+    torch.testing.assert_close(out.cpu(), f(w, x))
+    big = torch.randn(4, 5)
+    shifted = big.to(TPU)[1:].t()  # strides (1, 5), offset 5
+    torch.testing.assert_close(compiled(shifted, xt).cpu(), f(big[1:].t(), x))
+
+    def g(w, x):  # a written input stays dense: its result replaces the storage's buffer
+        w.mul_(2)
+        return x @ w
+
+    wt2 = w.t().contiguous().to(TPU).t()
+    out = torch.compile(g, backend="tpu")(wt2, xt)
+    torch.testing.assert_close(wt2.cpu(), w * 2)
+    torch.testing.assert_close(out.cpu(), x @ (w * 2))
+
+
 def test_channels_last_and_transposed_outputs_keep_strides():
     def f(x):
         return (x + 1).permute(0, 2, 3, 1), x.mT * 2

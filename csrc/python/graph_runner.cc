@@ -1,5 +1,6 @@
 #include "python/graph_runner.h"
 
+#include <ATen/ops/empty_strided.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <string>
@@ -21,14 +22,25 @@ enum Kind : int { kTpuInput = 0, kCpuInput = 1, kRngState = 2, kHostPack = 3, kC
 
 struct Arg {
   int kind;
-  int64_t index;         // the graph input (kTpuInput, kCpuInput) or host pack (kHostPack)
-  py::object constant;   // kConstant: a tensor
+  int64_t index;                 // the graph input (kTpuInput, kCpuInput) or host pack (kHostPack)
+  py::object constant;           // kConstant: a tensor
+  std::vector<int64_t> strides;  // kTpuInput: the layout the program reads it in (empty: contiguous)
 };
 
+// True when t has `strides` (dims of size 1 excepted), or is contiguous when `strides` is empty.
+bool has_layout(const at::Tensor& t, const std::vector<int64_t>& strides) {
+  if (strides.empty()) return t.is_contiguous();
+  if (static_cast<size_t>(t.dim()) != strides.size()) return false;
+  for (int64_t d = 0; d < t.dim(); ++d)
+    if (t.size(d) != 1 && t.stride(d) != strides[d]) return false;
+  return true;
+}
+
 // Runs one compiled graph per call:
-// - a tpu input that is its whole storage, dense and in the storage's dtype, is passed as that
-//   storage's buffer; any other view, and a storage passed twice where one use is donated, as a dense
-//   copy (clone), reported in `copied` so that the caller writes results back into the view;
+// - a tpu input that is its whole storage, in the storage's dtype and the layout the program reads
+//   (contiguous, or the strides its plan entry gives), is passed as that storage's buffer; any other
+//   view, and a storage passed twice where one use is donated, as a copy in that layout, reported in
+//   `copied` so that the caller writes results back into the view;
 // - CPU inputs, host packs and CPU constants are uploaded; the rng operand advances the generator;
 // - result k that replaces input i's value (sink_plan) is written into i's storage unless i was
 //   copied; every other result gets a new tensor of its (shape, dtype) spec.
@@ -49,6 +61,8 @@ class GraphRunner {
       } else if (a.kind != kRngState) {
         a.index = entry[1].cast<int64_t>();
       }
+      if (a.kind == kTpuInput && entry.size() > 2 && !entry[2].is_none())
+        a.strides = entry[2].cast<std::vector<int64_t>>();
       if (a.kind == kTpuInput && first_tpu_input_ < 0) first_tpu_input_ = a.index;
       if (a.kind == kTpuInput || a.kind == kCpuInput) num_inputs_ = std::max(num_inputs_, a.index + 1);
       plan_.push_back(std::move(a));
@@ -95,15 +109,20 @@ class GraphRunner {
           Cell* c = cell_of(t);
           rt.ensure_typed(*c, t.scalar_type());
           bool whole = *c->dtype == t.scalar_type() && t.storage_offset() == 0 && t.numel() == c->numel &&
-                       t.is_contiguous();
+                       has_layout(t, a.strides);
           bool clash = false;
           if (whole) {
             for (auto& [key, owner] : owners) {
               if (key == c->addr && (donated_[a.index] || donated_[owner])) clash = true;
             }
           }
-          if (!whole || clash) {  // the program takes whole dense buffers; donation needs a sole user
-            copies.push_back(t.clone(at::MemoryFormat::Contiguous));
+          if (!whole || clash) {  // the program takes whole buffers in its layout; donation needs a sole user
+            if (a.strides.empty()) {
+              copies.push_back(t.clone(at::MemoryFormat::Contiguous));
+            } else {
+              copies.push_back(at::empty_strided(t.sizes(), a.strides, t.options()));
+              copies.back().copy_(t);
+            }
             copied.push_back(a.index);
             c = cell_of(copies.back());
             rt.ensure_typed(*c, copies.back().scalar_type());

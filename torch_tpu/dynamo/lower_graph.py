@@ -4,9 +4,11 @@ Every call_function node is lowered by the shared registry (torch_tpu/lowering),
 lowerings of views, factories and casts (graph_ops.py), into ONE Builder. Result types come from the
 nodes' FakeTensors (node.meta["val"]), so no meta kernel runs again.
 
-Inputs: each tpu input is passed as its storage's 1-D buffer, as eager does. An input that is not
-its whole storage, densely (a slice, a transposed view), is copied to a fresh contiguous tensor
-first, so the program does not depend on input layouts. CPU inputs are uploaded.
+Inputs: each tpu input is passed as its storage's 1-D buffer, as eager does. The program reads it
+in the layout the graph's metadata gives: contiguous, or a permuted dense layout (a transposed
+weight that AOTAutograd saved for the backward) for inputs the graph does not write. An input that
+is not its whole storage in that layout (a slice, a view of another layout) is copied to a fresh
+tensor of that layout first. CPU inputs are uploaded.
 Outputs: fresh tensors, laid out with the strides the graph's metadata says (a permuted layout is
 produced as a permute of a dense buffer). Outputs that ARE inputs, or views of inputs, are returned
 as those tensors / real views of them, not copies.
@@ -143,6 +145,21 @@ def _is_view_of_input(node, placeholders) -> bool:
             return False
 
 
+def _view_output(node, index):
+    """The out_plan entry of an output that is a view of an input: ("strided", input, size, stride,
+    offset from the input's) when it keeps the input's dtype (one as_strided call at run time; Dynamo
+    guards the input's sizes and strides, so the view's layout is fixed), else ("view", node), its
+    view chain replayed."""
+    base = node
+    while base.op != "placeholder":
+        base = base.args[0]
+    bv, ov = base.meta.get("val"), node.meta.get("val")
+    if isinstance(bv, torch.Tensor) and isinstance(ov, torch.Tensor) and ov.dtype == bv.dtype:
+        return ("strided", index[base], tuple(ov.shape), tuple(ov.stride()),
+                ov.storage_offset() - bv.storage_offset())
+    return ("view", node)
+
+
 def _replay_view(node, real_inputs, index):
     """Runs node's view chain on the real input tensor (metadata only: a real view)."""
     if node.op == "placeholder":
@@ -191,6 +208,13 @@ class GraphProgram:
         # bumps a tensor's version counter, so an unchanged key means unchanged data.
         self.passed_checks = collections.deque(maxlen=16)
         self.wide = False
+        # tpu inputs read in a permuted dense layout (a transposed weight saved for the backward):
+        # the program reads their storage's buffer in that layout instead of a dense copy of it.
+        # Dynamo guards the layout (strides); the runner copies an input that does not have it.
+        # Inputs the graph writes stay dense: their result replaces the storage's buffer.
+        written = {self.ph_index[n.args[0]] for n in nodes if n.op == "call_function"
+                   and n.target is torch.ops.aten.copy_.default and n.args[0].op == "placeholder"}
+        self.ph_strides = {}    # placeholder index -> the strides its program argument assumes
         env = {}
         state = [None]
 
@@ -208,7 +232,13 @@ class GraphProgram:
                 a = b.arg(TensorType((val.numel(),), val.dtype))
             self.ph_arg[i] = len(self.arg_plan)
             self.arg_plan.append(("in", i))
-            v = b.reshape(a, tuple(val.shape))
+            perm = _layout_perm(val) if val.device.type != "cpu" and i not in written else None
+            if perm is None:
+                v = b.reshape(a, tuple(val.shape))
+            else:
+                self.ph_strides[i] = tuple(val.stride())
+                v = b.reshape(a, tuple(val.shape[d] for d in perm))
+                v = b.transpose(v, [perm.index(d) for d in range(len(perm))])
             return Value(v.name, v.type, _meta(val))
 
         def value_of(node):
@@ -308,7 +338,7 @@ class GraphProgram:
             elif o in self.host_nodes:
                 self.out_plan.append(("host", self.host.slot(o)))
             elif _is_view_of_input(o, placeholders_set):
-                self.out_plan.append(("view", o))
+                self.out_plan.append(_view_output(o, self.ph_index))
             elif o in seen:
                 self.out_plan.append(("prog", seen[o]))
             else:
@@ -352,13 +382,16 @@ class GraphProgram:
 
     def _plan_run(self):
         """The per-call work as flat lists, for _C.GraphRunner: (kind, payload) per program argument
-        (0 tpu input, 1 CPU input, 2 rng state, 3 host pack, 4 constant) and the tpu inputs that
-        receive a result in place (result index, placeholder index)."""
+        (0 tpu input, with the strides it is read in or None for contiguous; 1 CPU input; 2 rng state;
+        3 host pack; 4 constant) and the tpu inputs that receive a result in place (result index,
+        placeholder index)."""
         kinds = {"rng": 2, "pack": 3, "const": 4}
         self.run_plan = []
         for entry in self.arg_plan:
-            if entry[0] == "in":
-                self.run_plan.append((1 if self.ph_devices[entry[1]] == "cpu" else 0, entry[1]))
+            if entry[0] == "in" and self.ph_devices[entry[1]] == "cpu":
+                self.run_plan.append((1, entry[1]))
+            elif entry[0] == "in":
+                self.run_plan.append((0, entry[1], self.ph_strides.get(entry[1])))
             else:
                 self.run_plan.append((kinds[entry[0]], entry[1] if len(entry) > 1 else None))
         self.sink_plan = sorted((k, i) for i, k in self.mutations if self.ph_devices[i] != "cpu")
@@ -549,6 +582,9 @@ class GraphProgram:
                 outs.append(t.cpu() if to_cpu else t)
             elif kind == "in":
                 outs.append(real[entry[1]])
+            elif kind == "strided":
+                _, i, size, stride, delta = entry
+                outs.append(real[i].as_strided(size, stride, real[i].storage_offset() + delta))
             elif kind == "view":
                 outs.append(_replay_view(entry[1], real, self.ph_index))
             elif kind == "host":
