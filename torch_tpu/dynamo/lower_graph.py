@@ -202,7 +202,7 @@ class GraphProgram:
         self.arg_plan = []      # per program argument: ("in", i), ("const", tensor) or ("rng",)
         self.ph_arg = {}        # placeholder index -> program argument position
         self.rng_draws = 0
-        self.checks = []        # (check fn, args with ("in", i) markers)
+        self.checks = []        # (check fn, args with ("in", i) markers, what its key covers)
         # Content keys of argument sets that passed their checks: a training loop feeding the same
         # index tensor again skips the host sync. Storage addresses are never reused and every write
         # bumps a tensor's version counter, so an unchanged key means unchanged data.
@@ -531,12 +531,16 @@ class GraphProgram:
         if ok:
             reads = getattr(check, "reads", None)
             keyed = [i for i, n in enumerate(sig.names[:len(template)]) if reads is None or n in reads]
-            # The usual case, every keyed argument a graph input or a constant (fixed with the
-            # check): the key is the inputs' content keys alone, computed in C++.
-            refs = [template[i][1] for i in keyed if _is_ref(template[i])]
-            if any(isinstance(template[i], (list, torch.Tensor)) for i in keyed):
-                refs = None
-            self.checks.append((check, template, keyed, refs))
+            # The key covers the tensors the check reads (graph inputs by index, constant tensors);
+            # the other arguments are fixed with the check.
+            keyed_tensors = []
+            for i in keyed:
+                for t in template[i] if isinstance(template[i], list) else [template[i]]:
+                    if _is_ref(t):
+                        keyed_tensors.append(t[1])
+                    elif isinstance(t, torch.Tensor):
+                        keyed_tensors.append(t)
+            self.checks.append((check, template, keyed_tensors))
         else:
             log.debug("index check of %s skipped: it reads values computed inside the graph", node.name)
 
@@ -544,12 +548,9 @@ class GraphProgram:
     def __call__(self, args):
         real = list(args)
         args.clear()  # boxed calling convention: inputs may be freed as soon as they are used
-        for n, (check, template, keyed, refs) in enumerate(self.checks):
-            if refs is not None:
-                key = _C._content_key([real[i] for i in refs])
-                key = None if key is None else (n, key)
-            else:
-                key = _content_key([n] + [_fill(template[i], real) for i in keyed])
+        for n, (check, template, keyed) in enumerate(self.checks):
+            key = _C._content_key([real[x] if isinstance(x, int) else x for x in keyed])
+            key = None if key is None else (n, key)
             if key is None or key not in self.passed_checks:
                 check(*[_fill(t, real) for t in template])  # downloads the indices: a host sync
                 if key is not None:
@@ -592,29 +593,6 @@ class GraphProgram:
             else:
                 outs.append(entry[1])
         return outs
-
-
-def _content_key(vals):
-    """A hashable identity of the data in `vals` (tensors by address, version and layout), or None
-    when some tensor has no version counter (inference mode)."""
-    key = []
-    for v in vals:
-        if isinstance(v, (list, tuple)):
-            sub = _content_key(v)
-            if sub is None:
-                return None
-            key.append(sub)
-        elif isinstance(v, torch.Tensor):
-            if v.device.type != "tpu":  # host allocators reuse addresses
-                return None
-            try:
-                version = v._version
-            except RuntimeError:
-                return None
-            key.append((v.device, v.data_ptr(), version, tuple(v.shape), v.stride(), v.dtype))
-        else:
-            key.append(v if isinstance(v, (int, float, bool, str, type(None), torch.dtype)) else id(v))
-    return tuple(key)
 
 
 def _is_ref(t) -> bool:
