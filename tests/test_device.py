@@ -159,6 +159,9 @@ def test_launch_errors_surface_at_the_next_host_read():
     y = torch.ones(4, device="tpu")
     torch_tpu._C._launch(exe, [y], [None], [((4,), torch.float32)], 0, "ok")  # the queue still works
     assert (y + y).cpu().tolist() == [2.0] * 4
+    # The thread is named, so that top, perf and py-spy tell its CPU time from PJRT's own threads.
+    names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+    assert names.count("tpu-launcher") == 1
 
 
 def test_launches_on_the_calling_thread():

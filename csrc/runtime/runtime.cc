@@ -2,6 +2,8 @@
 
 #include <c10/util/Exception.h>
 
+#include <pthread.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -253,6 +255,7 @@ bool Runtime::defer(std::function<void()> job) {
 }
 
 void Runtime::launcher_loop() {
+  pthread_setname_np(pthread_self(), "tpu-launcher");  // what top, perf and py-spy show
   for (;;) {
     std::function<void()> job;
     {
