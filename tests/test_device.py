@@ -177,3 +177,27 @@ def test_launches_on_the_calling_thread():
             "    print('raised by the launch:', 'bad' in str(e))\n")
     out = run_python(prog, TORCH_TPU_ASYNC_LAUNCH="0")
     assert out.strip().splitlines() == ["16.0", "raised by the launch: True"]
+
+
+def test_a_child_forked_after_start_gets_an_error_not_a_hang():
+    """PJRT's client and threads do not survive fork(): a child forked after the runtime started
+    raises RuntimeError (naming the 'spawn' start method) where it would otherwise wait forever, and
+    exits cleanly with the parent's tpu tensors still alive; the parent goes on working."""
+    prog = ("import os, sys, warnings; warnings.filterwarnings('ignore'); import torch, torch_tpu\n"
+            "a = torch.arange(3.0, device='tpu') + 1\n"
+            "assert not torch.tpu._is_in_bad_fork()\n"
+            "pid = os.fork()\n"
+            "if pid == 0:\n"
+            "    print('child bad fork', torch.tpu._is_in_bad_fork(), torch.tpu.device_count() > 0, flush=True)\n"
+            "    for f in (lambda: torch.ones(2, device='tpu'), lambda: a.cpu(), lambda: a * 2,\n"
+            "              torch.tpu.synchronize):\n"
+            "        try:\n"
+            "            f()\n"
+            "            print('child no error', flush=True)\n"
+            "        except RuntimeError as e:\n"
+            "            print('child error', 'forked' in str(e) and 'spawn' in str(e), flush=True)\n"
+            "    sys.exit(0)\n"  # a normal exit: the inherited tensors are released, not waited on
+            "_, status = os.waitpid(pid, 0)\n"
+            "print('parent', status, (a * 2).cpu().tolist())\n")
+    out = run_python(prog).splitlines()
+    assert out == ["child bad fork True True"] + ["child error True"] * 4 + ["parent 0 [2.0, 4.0, 6.0]"]

@@ -144,7 +144,9 @@ def get_amp_supported_dtype():
 
 
 def _is_in_bad_fork() -> bool:
-    return False
+    """True in a process forked after the tpu runtime started, where the device cannot be used (every
+    launch, transfer or wait raises RuntimeError; see torch.cuda._is_in_bad_fork)."""
+    return _C._is_in_bad_fork()
 
 
 @contextlib.contextmanager

@@ -48,6 +48,7 @@ PYBIND11_MODULE(_C, m) {
     auto& p = Runtime::get().client().plugin();
     return std::make_pair(p.api_major(), p.api_minor());
   });
+  m.def("_is_in_bad_fork", [] { return Runtime::in_bad_fork(); });
   m.def("_device_count", [] {
     torch::PyWarningHandler warnings;  // the first start's "runs on the CPU plugin" warning
     return Runtime::get().device_count_noexcept();

@@ -52,6 +52,20 @@ Counters& counters() {
   return c;
 }
 
+namespace {
+std::atomic<bool> forked_after_start{false};
+
+void check_not_forked() {
+  TORCH_CHECK(!forked_after_start.load(std::memory_order_relaxed),
+              "the tpu device cannot be used in a process forked after it started: PJRT's client and "
+              "its threads do not survive fork(). Use the 'spawn' or 'forkserver' start method "
+              "(torch.multiprocessing.set_start_method('spawn')), or touch the tpu device only in the "
+              "child process.");
+}
+}  // namespace
+
+bool Runtime::in_bad_fork() { return forked_after_start.load(std::memory_order_relaxed); }
+
 Runtime& Runtime::get() {
   static Runtime* r = new Runtime();  // never destroyed: buffers may outlive static teardown
   return *r;
@@ -67,12 +81,14 @@ void Runtime::configure(const std::string& plugin_path, const std::string& error
 }
 
 pjrt::Client& Runtime::client() {
+  check_not_forked();
   if (client_) return *client_;
   std::lock_guard<std::mutex> g(mu_);
   if (client_) return *client_;
   TORCH_CHECK(!plugin_path_.empty(), config_error_);
   auto plugin = std::make_shared<pjrt::Plugin>(plugin_path_, "TORCH_TPU_PJRT_PLUGIN");
   client_ = pjrt::Client::create(plugin, options_);
+  pthread_atfork(nullptr, nullptr, [] { forked_after_start.store(true); });
   if (client_->platform_name() == "cpu") {
     TORCH_WARN("No TPU here: the tpu device runs on OpenXLA's CPU PJRT plugin (", plugin_path_,
                "). Set TORCH_TPU_PJRT_PLUGIN to choose another plugin.");
@@ -81,6 +97,7 @@ pjrt::Client& Runtime::client() {
 }
 
 int Runtime::device_count_noexcept() noexcept {
+  if (in_bad_fork()) return static_cast<int>(client_->device_count());  // the parent's count
   try {
     return static_cast<int>(client().device_count());
   } catch (...) {
@@ -104,6 +121,11 @@ void Runtime::free_cell(Cell* cell) {
   {
     std::lock_guard<std::mutex> g(mu_);
     cells_.erase(cell->addr);
+  }
+  if (in_bad_fork()) {  // destroying the parent's PJRT buffer here could wait on threads that are gone
+    new std::shared_ptr<pjrt::Buffer>(std::move(cell->buffer));
+    delete cell;
+    return;
   }
   if (!defer([cell] { delete cell; })) delete cell;  // queued launches may still read it
 }
@@ -231,6 +253,7 @@ void Runtime::execute(std::shared_ptr<const pjrt::Executable> exe, std::vector<L
     sinks[i]->dtype = from_pjrt_type(exe->output_types[i]);
     sinks[i]->producer = producer;
   }
+  check_not_forked();
   counters().executions++;
   if (!async_launch()) {
     issue(*exe, args, sinks, device, producer);
@@ -279,6 +302,7 @@ void Runtime::launcher_loop() {
 }
 
 void Runtime::drain() {
+  check_not_forked();  // the launcher thread is gone: waiting for its queue would never end
   std::exception_ptr err;
   {
     std::unique_lock<std::mutex> lk(qmu_);

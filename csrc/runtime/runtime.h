@@ -68,8 +68,14 @@ class Runtime {
   void configure(const std::string& plugin_path, const std::string& error,
                  const std::vector<std::pair<std::string, int64_t>>& options);
   bool started() const { return client_ != nullptr; }
-  // Starts the client on first call; throws (with the plugin's message) when it cannot.
+  // Starts the client on first call; throws (with the plugin's message) when it cannot, and in a
+  // child forked after the client started (see in_bad_fork).
   pjrt::Client& client();
+  // True in a process forked after the client started: PJRT's client, its worker threads and the
+  // launcher thread do not survive fork(), so every launch, transfer and wait there would hang.
+  // Such a child gets a RuntimeError instead (as torch.cuda's "Cannot re-initialize CUDA in
+  // forked subprocess"); its inherited tpu storages are leaked, not freed, at exit.
+  static bool in_bad_fork();
   // Number of devices, starting the client if needed; 0 when it cannot start. Never throws.
   int device_count_noexcept() noexcept;
 
