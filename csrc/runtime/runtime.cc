@@ -88,7 +88,22 @@ pjrt::Client& Runtime::client() {
   TORCH_CHECK(!plugin_path_.empty(), config_error_);
   auto plugin = std::make_shared<pjrt::Plugin>(plugin_path_, "TORCH_TPU_PJRT_PLUGIN");
   client_ = pjrt::Client::create(plugin, options_);
-  pthread_atfork(nullptr, nullptr, [] { forked_after_start.store(true); });
+  // Around fork(), hold the runtime's locks so that the child's copies are not left locked by a
+  // thread (the launcher) that does not exist there; the child may still free and allocate cells.
+  pthread_atfork(
+      [] {
+        Runtime::get().qmu_.lock();
+        Runtime::get().mu_.lock();
+      },
+      [] {
+        Runtime::get().mu_.unlock();
+        Runtime::get().qmu_.unlock();
+      },
+      [] {
+        forked_after_start.store(true);
+        Runtime::get().mu_.unlock();
+        Runtime::get().qmu_.unlock();
+      });
   if (client_->platform_name() == "cpu") {
     TORCH_WARN("No TPU here: the tpu device runs on OpenXLA's CPU PJRT plugin (", plugin_path_,
                "). Set TORCH_TPU_PJRT_PLUGIN to choose another plugin.");
