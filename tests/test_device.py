@@ -201,3 +201,23 @@ def test_a_child_forked_after_start_gets_an_error_not_a_hang():
             "print('parent', status, (a * 2).cpu().tolist())\n")
     out = run_python(prog).splitlines()
     assert out == ["child bad fork True True"] + ["child error True"] * 4 + ["parent 0 [2.0, 4.0, 6.0]"]
+
+
+def test_outputs_of_a_failed_launch_have_no_value_and_in_place_targets_keep_theirs():
+    """A launch that fails when issued changes nothing: a tensor it would have updated in place keeps
+    its value, and a tensor it would have created has none, so reading it, or anything computed from
+    it, raises the failure (naming the op) instead of silently reading zeros."""
+    exe = torch_tpu.runtime.compile(_ADD4)
+    y = torch.ones(4, device="tpu")
+    out = torch_tpu._C._launch(exe, [torch.zeros(3, device="tpu")], [None], [((4,), torch.float32)], 0,
+                               "my_failing_op")[0]
+    z = out * 2
+    y.add_(out)
+    with pytest.raises(RuntimeError, match="my_failing_op"):
+        torch.tpu.synchronize()
+    for t in (out, z):
+        with pytest.raises(RuntimeError, match="tpu tensor without a value: the tpu op my_failing_op"):
+            t.cpu()
+    assert y.cpu().tolist() == [1.0] * 4
+    out = torch.full((4,), 3.0, device="tpu")  # recomputed into a new tensor: usable again
+    assert (out * 2).cpu().tolist() == [6.0] * 4

@@ -163,6 +163,7 @@ void Runtime::ensure_typed(Cell& cell, c10::ScalarType dtype) {
 
 pjrt::Buffer& Runtime::materialize(Cell& cell) {
   if (cell.buffer) return *cell.buffer;
+  if (cell.error) throw pjrt::PjrtError(*cell.error, PJRT_Error_Code_UNKNOWN);
   if (!cell.dtype) ensure_typed(cell, c10::ScalarType::Byte);
   std::vector<char> zeros(cell.numel * c10::elementSize(*cell.dtype), 0);
   upload_now(cell, zeros.data(), *cell.dtype, cell.numel);
@@ -179,6 +180,7 @@ void Runtime::upload_now(Cell& cell, const void* data, c10::ScalarType dtype, in
   counters().h2d_transfers++;
   counters().h2d_bytes += numel * c10::elementSize(dtype);
   cell.buffer = std::move(buf);
+  cell.error.reset();
   cell.dtype = dtype;
   cell.numel = numel;
 }
@@ -331,13 +333,28 @@ void Runtime::issue(const pjrt::Executable& exe, const std::vector<LaunchArg>& l
                     const std::vector<Cell*>& sinks, int device, const std::string& producer) {
   std::vector<PJRT_Buffer*> args;
   args.reserve(largs.size());
-  for (const auto& a : largs) args.push_back(a.cell ? materialize(*a.cell).get() : a.buffer->get());
   std::shared_ptr<pjrt::Event> done;
   std::vector<std::shared_ptr<pjrt::Buffer>> outs;
   try {
-    outs = client().execute(exe, args, device, busy_inputs(args, sinks), &done);
-  } catch (const pjrt::PjrtError& e) {
-    throw pjrt::PjrtError(std::string(e.what()) + "\n(raised launching the tpu op " + producer + ")", e.code());
+    for (const auto& a : largs) args.push_back(a.cell ? materialize(*a.cell).get() : a.buffer->get());
+    try {
+      outs = client().execute(exe, args, device, busy_inputs(args, sinks), &done);
+    } catch (const pjrt::PjrtError& e) {
+      throw pjrt::PjrtError(std::string(e.what()) + "\n(raised launching the tpu op " + producer + ")", e.code());
+    }
+  } catch (const std::exception& e) {
+    // The op did not run: outputs that had a value keep it; fresh ones have none, so reading them
+    // (or anything computed from them) raises this instead of silently reading zeros.
+    std::string what = e.what();
+    auto error = std::make_shared<const std::string>(
+        what.rfind("tpu tensor without a value", 0) == 0
+            ? what
+            : "tpu tensor without a value: the tpu op " + producer + " that was to compute it failed, so it "
+              "cannot be read or used (compute it again into a new tensor). The failure: " + what);
+    for (Cell* c : sinks) {
+      if (!c->buffer) c->error = error;
+    }
+    throw;
   }
 
   std::lock_guard<std::mutex> g(mu_);
@@ -357,6 +374,7 @@ void Runtime::issue(const pjrt::Executable& exe, const std::vector<LaunchArg>& l
   }
   for (size_t i = 0; i < outs.size(); ++i) {
     sinks[i]->buffer = outs[i];
+    sinks[i]->error.reset();
     pending_.emplace_back(outs[i], producer);
   }
 }

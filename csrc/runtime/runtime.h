@@ -42,6 +42,10 @@ struct Cell {
   int64_t numel = 0;
   std::shared_ptr<pjrt::Buffer> buffer;  // null: never written (reads as zeros)
   std::string producer;                  // the op whose program wrote `buffer` (error messages)
+  // Set when the launch that was to give this never-written cell its first value failed: the cell
+  // has no value, so reading it (a later launch, a download) raises this message instead of
+  // reading zeros. Cells that already held a value keep it (a failed op changes nothing).
+  std::shared_ptr<const std::string> error;
 };
 
 // One argument of a launch: a storage cell, whose buffer is taken when the launch is issued (after
@@ -87,7 +91,8 @@ class Runtime {
   // Gives `cell` a typed layout if it has none yet (numel = nbytes / itemsize).
   void ensure_typed(Cell& cell, c10::ScalarType dtype);
   // The cell's buffer, creating a zero-filled one if it has never been written. Called where no
-  // queued launch can write the cell (after drain(), or by the launcher itself).
+  // queued launch can write the cell (after drain(), or by the launcher itself). Throws
+  // PjrtError when the launch that was to write the cell failed (Cell::error).
   pjrt::Buffer& materialize(Cell& cell);
   // Replaces the cell's contents with `nbytes` host bytes of `dtype` (dense).
   void upload(Cell& cell, const void* data, c10::ScalarType dtype, int64_t numel);
