@@ -189,7 +189,7 @@ def test_a_child_forked_after_start_gets_an_error_not_a_hang():
             "pid = os.fork()\n"
             "if pid == 0:\n"
             "    print('child bad fork', torch.tpu._is_in_bad_fork(), torch.tpu.device_count() > 0, flush=True)\n"
-            "    for f in (lambda: torch.ones(2, device='tpu'), lambda: a.cpu(), lambda: a * 2,\n"
+            "    for f in (lambda: torch.ones(2, device='tpu').cpu(), a.cpu, lambda: (a * 2).cpu(),\n"
             "              torch.tpu.synchronize):\n"
             "        try:\n"
             "            f()\n"
@@ -209,15 +209,22 @@ def test_outputs_of_a_failed_launch_have_no_value_and_in_place_targets_keep_thei
     it, raises the failure (naming the op) instead of silently reading zeros."""
     exe = torch_tpu.runtime.compile(_ADD4)
     y = torch.ones(4, device="tpu")
-    out = torch_tpu._C._launch(exe, [torch.zeros(3, device="tpu")], [None], [((4,), torch.float32)], 0,
-                               "my_failing_op")[0]
-    z = out * 2
-    y.add_(out)
-    with pytest.raises(RuntimeError, match="my_failing_op"):
-        torch.tpu.synchronize()
+    with torch_tpu.eager_mode("strict"):  # debug mode would raise at the launch, fused mode defer it
+        out = torch_tpu._C._launch(exe, [torch.zeros(3, device="tpu")], [None], [((4,), torch.float32)], 0,
+                                   "my_failing_op")[0]
+        z = out * 2
+        y.add_(out)
+        with pytest.raises(RuntimeError, match="my_failing_op"):
+            torch.tpu.synchronize()
     for t in (out, z):
         with pytest.raises(RuntimeError, match="tpu tensor without a value: the tpu op my_failing_op"):
             t.cpu()
     assert y.cpu().tolist() == [1.0] * 4
+    with torch_tpu.eager_mode("fused"):  # a fused group reading `out` fails as a whole: its new tensors
+        w = torch.ones(4, device="tpu")  # have no value either (they are not left as zeros)
+        w2 = w + out
+        for t in (w2, w):
+            with pytest.raises(RuntimeError, match="tpu tensor without a value: .*my_failing_op"):
+                t.cpu()
     out = torch.full((4,), 3.0, device="tpu")  # recomputed into a new tensor: usable again
     assert (out * 2).cpu().tolist() == [6.0] * 4

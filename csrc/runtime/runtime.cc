@@ -335,6 +335,10 @@ void Runtime::issue(const pjrt::Executable& exe, const std::vector<LaunchArg>& l
   args.reserve(largs.size());
   std::shared_ptr<pjrt::Event> done;
   std::vector<std::shared_ptr<pjrt::Buffer>> outs;
+  std::vector<Cell*> fresh;  // sinks without a value before this launch (materialize gives them zeros)
+  for (Cell* c : sinks) {
+    if (!c->buffer) fresh.push_back(c);
+  }
   try {
     for (const auto& a : largs) args.push_back(a.cell ? materialize(*a.cell).get() : a.buffer->get());
     try {
@@ -351,8 +355,9 @@ void Runtime::issue(const pjrt::Executable& exe, const std::vector<LaunchArg>& l
             ? what
             : "tpu tensor without a value: the tpu op " + producer + " that was to compute it failed, so it "
               "cannot be read or used (compute it again into a new tensor). The failure: " + what);
-    for (Cell* c : sinks) {
-      if (!c->buffer) c->error = error;
+    for (Cell* c : fresh) {
+      c->buffer.reset();
+      c->error = error;
     }
     throw;
   }
