@@ -58,6 +58,8 @@ class Client;
 
 // One PJRT_Buffer (a dense array on one device). Destroyed (PJRT_Buffer_Destroy) when the last
 // shared_ptr goes; donated buffers are destroyed too, as PJRT requires.
+class Event;
+
 class Buffer {
  public:
   Buffer(std::shared_ptr<Client> client, PJRT_Buffer* buf) : client_(std::move(client)), buf_(buf) {}
@@ -74,6 +76,10 @@ class Buffer {
   // Blocks until the buffer's value is computed; throws the producing program's error if any.
   void await_ready() const;
   bool is_deleted() const;
+
+  // The last execution issued that reads or writes this buffer (null: none yet). Kept by the
+  // runtime, under its lock, to tell whether donating the buffer would make a launch wait.
+  std::shared_ptr<Event> last_use;
 
  private:
   std::shared_ptr<Client> client_;

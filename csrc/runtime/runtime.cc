@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <thread>
-#include <unordered_set>
+#include <algorithm>
 
 namespace torch_tpu::runtime {
 
@@ -231,19 +231,16 @@ size_t keep_busy_bytes() {
 }
 }  // namespace
 
-std::vector<int64_t> Runtime::busy_inputs(const std::vector<PJRT_Buffer*>& args, const std::vector<Cell*>& sinks) {
+std::vector<int64_t> Runtime::busy_inputs(const std::vector<pjrt::Buffer*>& args, const std::vector<Cell*>& sinks) {
   std::vector<int64_t> busy;
   size_t bytes = 0;
   std::lock_guard<std::mutex> g(mu_);
-  std::unordered_set<PJRT_Buffer*> rewritten;  // the donation candidates: buffers of cells written
-  for (Cell* c : sinks) {
-    if (c->buffer) rewritten.insert(c->buffer->get());
-  }
   for (size_t i = 0; i < args.size(); ++i) {
-    if (!rewritten.count(args[i])) continue;
-    auto it = last_use_.find(args[i]);
-    if (it == last_use_.end() || it->second->is_ready()) continue;
-    size_t n = client().on_device_size(args[i]);
+    const auto& last = args[i]->last_use;
+    if (!last || last->is_ready()) continue;
+    // Only the buffers of cells this launch writes are donation candidates.
+    if (std::none_of(sinks.begin(), sinks.end(), [&](Cell* c) { return c->buffer.get() == args[i]; })) continue;
+    size_t n = args[i]->on_device_size();
     if (bytes + n > keep_busy_bytes()) continue;  // donated: PJRT waits for its users
     bytes += n;
     busy.push_back(static_cast<int64_t>(i));
@@ -331,7 +328,9 @@ void Runtime::drain() {
 
 void Runtime::issue(const pjrt::Executable& exe, const std::vector<LaunchArg>& largs,
                     const std::vector<Cell*>& sinks, int device, const std::string& producer) {
+  std::vector<pjrt::Buffer*> bufs;
   std::vector<PJRT_Buffer*> args;
+  bufs.reserve(largs.size());
   args.reserve(largs.size());
   std::shared_ptr<pjrt::Event> done;
   std::vector<std::shared_ptr<pjrt::Buffer>> outs;
@@ -340,9 +339,12 @@ void Runtime::issue(const pjrt::Executable& exe, const std::vector<LaunchArg>& l
     if (!c->buffer) fresh.push_back(c);
   }
   try {
-    for (const auto& a : largs) args.push_back(a.cell ? materialize(*a.cell).get() : a.buffer->get());
+    for (const auto& a : largs) {
+      bufs.push_back(a.cell ? &materialize(*a.cell) : a.buffer.get());
+      args.push_back(bufs.back()->get());
+    }
     try {
-      outs = client().execute(exe, args, device, busy_inputs(args, sinks), &done);
+      outs = client().execute(exe, args, device, busy_inputs(bufs, sinks), &done);
     } catch (const pjrt::PjrtError& e) {
       throw pjrt::PjrtError(std::string(e.what()) + "\n(raised launching the tpu op " + producer + ")", e.code());
     }
@@ -364,13 +366,8 @@ void Runtime::issue(const pjrt::Executable& exe, const std::vector<LaunchArg>& l
 
   std::lock_guard<std::mutex> g(mu_);
   if (done) {
-    if (last_use_.size() > 8192) {  // forget executions that have finished
-      for (auto it = last_use_.begin(); it != last_use_.end();) {
-        it = it->second->is_ready() ? last_use_.erase(it) : std::next(it);
-      }
-    }
-    for (PJRT_Buffer* b : args) last_use_[b] = done;
-    for (auto& b : outs) last_use_[b->get()] = done;
+    for (pjrt::Buffer* b : bufs) b->last_use = done;
+    for (auto& b : outs) b->last_use = done;
   }
   if (pending_.size() > 4096) {  // forget outputs that are already gone
     decltype(pending_) live;

@@ -21,7 +21,6 @@
 #include <mutex>
 #include <optional>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "pjrt/pjrt.h"
@@ -131,13 +130,12 @@ class Runtime {
   std::function<void()> hook_;
   // Outputs not yet awaited, with the op that produces each.
   std::vector<std::pair<std::weak_ptr<pjrt::Buffer>, std::string>> pending_;
-  // The completion event of the last execution that read or wrote each buffer. Donating a buffer
-  // that such an execution still uses makes PJRT block the host until it finishes (no overlap of
+  // The indices of `args` not to donate. Donating a buffer that an execution still uses (its
+  // pjrt::Buffer::last_use) makes PJRT block the host until it finishes (no overlap of
   // host work with device work), so execute() does not donate busy inputs: the output is a fresh
   // buffer and PJRT frees the old one once its users finish. Bounded per launch by
   // keep_busy_bytes() (env TORCH_TPU_KEEP_BUSY_BYTES, default 64 MiB); past it, inputs are donated.
-  std::unordered_map<PJRT_Buffer*, std::shared_ptr<pjrt::Event>> last_use_;
-  std::vector<int64_t> busy_inputs(const std::vector<PJRT_Buffer*>& args, const std::vector<Cell*>& sinks);
+  std::vector<int64_t> busy_inputs(const std::vector<pjrt::Buffer*>& args, const std::vector<Cell*>& sinks);
   // The launch queue (see execute) and its thread; `deferred` queues work behind pending launches.
   void issue(const pjrt::Executable& exe, const std::vector<LaunchArg>& args, const std::vector<Cell*>& sinks,
              int device, const std::string& producer);
