@@ -55,11 +55,10 @@ class Plugin {
 };
 
 class Client;
+class Event;
 
 // One PJRT_Buffer (a dense array on one device). Destroyed (PJRT_Buffer_Destroy) when the last
 // shared_ptr goes; donated buffers are destroyed too, as PJRT requires.
-class Event;
-
 class Buffer {
  public:
   Buffer(std::shared_ptr<Client> client, PJRT_Buffer* buf) : client_(std::move(client)), buf_(buf) {}

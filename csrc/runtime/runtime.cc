@@ -4,10 +4,10 @@
 
 #include <pthread.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
-#include <algorithm>
 
 namespace torch_tpu::runtime {
 
