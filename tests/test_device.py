@@ -36,6 +36,24 @@ def test_device_index_and_guard():
     torch.testing.assert_close(y.cpu(), torch.ones(2))
 
 
+def test_cpu_plugin_device_count():
+    """The CPU plugin exposes the usable cores clamped to [2, 4] devices unless
+    TORCH_TPU_CPU_DEVICE_COUNT says otherwise; a bad value raises on first use, naming the variable."""
+    if torch_tpu.runtime.platform() != "cpu":
+        pytest.skip("the CPU plugin's option")
+    code = "import torch, torch_tpu; print(torch.tpu.device_count())"
+    assert int(run_python(code, TORCH_TPU_CPU_DEVICE_COUNT="").split()[-1]) == \
+        min(4, max(2, len(os.sched_getaffinity(0))))
+    assert int(run_python(code, TORCH_TPU_CPU_DEVICE_COUNT="3").split()[-1]) == 3
+    bad = ("import torch, torch_tpu\n"
+           "try:\n"
+           "    torch.ones(1, device='tpu')\n"
+           "except RuntimeError as e:\n"
+           "    print(e)\n")
+    assert "TORCH_TPU_CPU_DEVICE_COUNT must be a positive integer" in \
+        run_python(bad, TORCH_TPU_CPU_DEVICE_COUNT="two")
+
+
 def test_bad_device_index():
     with pytest.raises((IndexError, RuntimeError), match="tpu device index|invalid tpu device index"):
         torch.empty(2, device="tpu:99")
