@@ -2,10 +2,12 @@
 
     python benchmarks/bench_compile.py [--steps 30]
 
-1. a whole training step (forward, backward, AdamW step) of the GPT-style decoder block and of the
-   digits CNN: compiled tpu (with torch._dynamo.config.trace_autograd_ops, forward and backward in
-   one graph; and with Dynamo's defaults, the backward a second graph), strict eager tpu, torch.compile(backend="inductor") on CPU (skipped
-   when Inductor cannot build, e.g. no C++ compiler), eager CPU;
+1. a whole training step (forward, backward, AdamW step) of the GPT-style decoder block, of the
+   digits CNN, and of the decoder block 2x wider on 4x the tokens (where the fixed per-step host cost
+   weighs less): compiled tpu (with torch._dynamo.config.trace_autograd_ops, forward and backward
+   in one graph; and with Dynamo's defaults, the backward a second graph), strict eager tpu,
+   torch.compile(backend="inductor") on CPU (skipped when Inductor cannot build, e.g. no C++
+   compiler), eager CPU;
    against jax.jit of the same step: as jax installs it, and with YNNPACK fusions off, as the CPU
    plugin's XLA compiles (it makes none), so both sides use the same compiler features;
 2. host time to lower a ~1000-node ATen graph to StableHLO text (XLA's compile time excluded).
@@ -14,6 +16,7 @@ On a machine without a TPU, "tpu" is OpenXLA's CPU plugin.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -38,10 +41,10 @@ def _sync(dev):
         torch.tpu.synchronize()
 
 
-def _gpt_targets():
+def _gpt_data(vocab, ctx, batch):
+    """CPU tokens (batch, ctx) and next-token targets (batch * ctx,), int64, seeded."""
     g = torch.Generator().manual_seed(0)
-    torch.randint(0, 64, (8, 16), generator=g)
-    return torch.randint(0, 64, (8 * 16,), generator=g)
+    return torch.randint(0, vocab, (batch, ctx), generator=g), torch.randint(0, vocab, (batch * ctx,), generator=g)
 
 
 def _digits_targets():
@@ -50,11 +53,16 @@ def _digits_targets():
     return torch.randint(0, 10, (64,), generator=g)
 
 
-def gpt_case(dev):
-    g = torch.Generator().manual_seed(0)
-    idx = torch.randint(0, 64, (8, 16), generator=g).to(dev)
-    tgt = torch.randint(0, 64, (8 * 16,), generator=g).to(dev)
-    return TinyGPT, idx, lambda out: F.cross_entropy(out.flatten(0, 1), tgt)
+def gpt_case(dev, vocab=64, dim=32, ctx=16, batch=8):
+    """examples/tiny_models.py's TinyGPT (one decoder block) on `batch` sequences of `ctx` tokens."""
+    idx, tgt = (t.to(dev) for t in _gpt_data(vocab, ctx, batch))
+    make = functools.partial(TinyGPT, vocab=vocab, dim=dim, ctx=ctx)
+    return make, idx, lambda out: F.cross_entropy(out.flatten(0, 1), tgt)
+
+
+# The same block 2x wider, on 4x the tokens: more device work per step (the fixed per-step host cost
+# weighs less).
+wide_gpt_case = functools.partial(gpt_case, vocab=256, dim=64, ctx=32, batch=16)
 
 
 def digits_case(dev):
@@ -122,10 +130,12 @@ def vs_jax(case, steps):
         return None
     make, x, _ = case(torch.device("cpu"))
     torch.manual_seed(0)
-    if case is gpt_case:
-        jax_run = jax_reference.gpt_runner(make(), x, _gpt_targets())
-    else:
+    if case is digits_case:
         jax_run = jax_reference.digits_runner(make(), x, _digits_targets())
+    else:
+        kw = case.keywords if isinstance(case, functools.partial) else {}
+        _, tgt = _gpt_data(kw.get("vocab", 64), kw.get("ctx", 16), kw.get("batch", 8))
+        jax_run = jax_reference.gpt_runner(make(), x, tgt)
     tpu_run = step_runner(case, torch.device("tpu"), "tpu", trace_backward=True)
     return side_by_side({"tpu": tpu_run, "jax": jax_run}, steps, rounds=15)
 
@@ -164,7 +174,8 @@ def lower_time(n_nodes=1000):
     return nodes, best, len(prog.text)
 
 
-CASES = {"GPT-style decoder block": gpt_case, "digits CNN (batch 64)": digits_case}
+CASES = {"GPT-style decoder block": gpt_case, "digits CNN (batch 64)": digits_case,
+         "GPT-style decoder block, 2x wider on 4x the tokens": wide_gpt_case}
 
 
 def main(argv=None):
@@ -176,7 +187,8 @@ def main(argv=None):
         print(json.dumps(vs_jax(CASES[args.vs_jax], args.steps)))
         return
     tpu, cpu = torch.device("tpu"), torch.device("cpu")
-    print(f"platform: {torch_tpu.runtime.platform()}, torch {torch.__version__}, {os.cpu_count()} CPUs")
+    print(f"platform: {torch_tpu.runtime.platform()} ({torch.tpu.device_count()} devices), torch {torch.__version__}, "
+          f"{os.cpu_count()} CPUs")
     for name, case in CASES.items():
         t_comp = time_step(case, tpu, "tpu", args.steps, trace_backward=True)
         t_split = time_step(case, tpu, "tpu", args.steps)
