@@ -54,6 +54,26 @@ def test_cpu_plugin_device_count():
         run_python(bad, TORCH_TPU_CPU_DEVICE_COUNT="two")
 
 
+def test_cpu_only_program_does_not_start_the_runtime():
+    """The autograd engine asks every backend for its device count on the first backward(); with
+    the CPU plugin that count is the configured one, so a CPU-only program (torch_tpu imported, or
+    autoloaded) starts no PJRT client and prints no "No TPU here" warning. The count is the same
+    once the plugin runs."""
+    if torch_tpu.runtime.platform() != "cpu":
+        pytest.skip("the CPU plugin's option")
+    code = ("import warnings, torch, torch_tpu\n"
+            "warnings.simplefilter('error')\n"  # a warning (the 'No TPU here' one) fails the run
+            "x = torch.randn(3, requires_grad=True)\n"
+            "(x * 2).sum().backward()\n"
+            "print(torch.tpu.is_initialized(), torch.tpu.device_count(), torch.tpu.is_initialized())\n"
+            "warnings.simplefilter('ignore')\n"
+            "torch.ones(1, device='tpu')\n"
+            "print(torch.tpu.is_initialized(), torch.tpu.device_count())\n")
+    out = run_python(code, TORCH_TPU_CPU_DEVICE_COUNT="3").split("\n")
+    assert out[0] == "False 3 False"
+    assert out[1] == "True 3"
+
+
 def test_bad_device_index():
     with pytest.raises((IndexError, RuntimeError), match="tpu device index|invalid tpu device index"):
         torch.empty(2, device="tpu:99")

@@ -113,6 +113,16 @@ pjrt::Client& Runtime::client() {
 
 int Runtime::device_count_noexcept() noexcept {
   if (in_bad_fork()) return static_cast<int>(client_->device_count());  // the parent's count
+  {
+    // The CPU plugin makes exactly the devices it is asked for, so the count needs no client. The
+    // autograd engine asks every backend for it on the first backward(), CPU-only ones included:
+    // answering here keeps a CPU-only program from starting PJRT (its threads, the "No TPU" warning).
+    std::lock_guard<std::mutex> g(mu_);
+    if (!client_) {
+      for (const auto& [name, value] : options_)
+        if (name == "cpu_device_count") return static_cast<int>(value);
+    }
+  }
   try {
     return static_cast<int>(client().device_count());
   } catch (...) {

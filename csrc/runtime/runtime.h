@@ -79,7 +79,8 @@ class Runtime {
   // Such a child gets a RuntimeError instead (as torch.cuda's "Cannot re-initialize CUDA in
   // forked subprocess"); its inherited tpu storages are leaked, not freed, at exit.
   static bool in_bad_fork();
-  // Number of devices, starting the client if needed; 0 when it cannot start. Never throws.
+  // Number of devices; 0 when the client cannot start. Never throws. For the CPU plugin it is the
+  // configured cpu_device_count and does not start the client; other plugins start it if needed.
   int device_count_noexcept() noexcept;
 
   // Storage cells, found by their fake address.
