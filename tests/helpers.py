@@ -44,9 +44,16 @@ def _tol(dtype):
     return {}
 
 
-def check(fn, *args, grad=True, atol=None, rtol=None, no_fallback=True, **kwargs):
-    """Runs fn(*args) on CPU and on tpu, asserts equal outputs (values and dtypes) and, when some
-    float input requires grad, equal gradients of sum(outputs * fixed random weights).
+def _significant_strides(t):
+    """The strides of the dims of size > 1 (the others never move a pointer): what CPU layout
+    parity means, as PyTorch's own stride checks compare them."""
+    return tuple(st for n, st in zip(t.shape, t.stride()) if n > 1) if t.numel() > 1 else ()
+
+
+def check(fn, *args, grad=True, atol=None, rtol=None, no_fallback=True, strides=True, **kwargs):
+    """Runs fn(*args) on CPU and on tpu, asserts equal outputs (values, dtypes and, unless
+    strides=False, the strides of each output) and, when some float input requires grad, equal
+    gradients of sum(outputs * fixed random weights).
     Fails if the tpu run went through the CPU fallback (unless no_fallback=False)."""
     import torch_tpu
     cpu_args = [a.detach().clone().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a
@@ -64,6 +71,9 @@ def check(fn, *args, grad=True, atol=None, rtol=None, no_fallback=True, **kwargs
         assert t.device.type == "tpu", f"result on {t.device}"
         tol = _tol(c.dtype) if atol is None else dict(atol=atol, rtol=rtol if rtol is not None else atol)
         torch.testing.assert_close(t.detach().cpu(), c.detach(), equal_nan=True, **tol)
+        if strides:
+            assert _significant_strides(t) == _significant_strides(c), \
+                f"strides {t.stride()} != CPU {c.stride()} (shape {tuple(c.shape)})"
     if not grad:
         return out_tpu
     need = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]

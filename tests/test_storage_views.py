@@ -260,3 +260,44 @@ def test_complex_python_scalars():
     t = c.to("tpu")
     torch.testing.assert_close((t * 1j).cpu(), c * 1j)
     torch.testing.assert_close(t.add(1 + 1j).cpu(), c.add(1 + 1j))
+
+
+_LAYOUT_OPS = {
+    "add": lambda x: x + 1,
+    "relu": torch.relu,
+    "clone": lambda x: x.clone(),
+    "clone_channels_last": lambda x: x.clone(memory_format=torch.channels_last),
+    "contiguous": lambda x: x.contiguous(),
+    "contiguous_channels_last": lambda x: x.contiguous(memory_format=torch.channels_last),
+    "mul_of_transposed": lambda x: x.transpose(0, 1) * 2,
+    "sum": lambda x: (x.transpose(0, 1) * 2).sum(0),
+    "batch_norm": lambda x: torch.nn.functional.batch_norm(x, None, None, training=True),
+    "max_pool2d": lambda x: torch.nn.functional.max_pool2d(x, 2),
+    "ones_like": torch.ones_like,
+    "binary_mixed_layouts": lambda x: x + x.contiguous(),
+}
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last", "permuted"])
+def test_fresh_results_take_the_cpu_layout(layout, mode):
+    """A new result has the strides CPU gives it (TensorIterator keeps a channels_last or permuted
+    input's layout; clone / contiguous honour memory_format), with the same values."""
+    x = torch.arange(2 * 3 * 4 * 6, dtype=torch.float32).reshape(2, 3, 4, 6)
+    x = {"contiguous": x, "channels_last": x.contiguous(memory_format=torch.channels_last),
+         "permuted": x.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)}[layout]
+    with torch_tpu.eager_mode(mode):
+        xt = x.to("tpu")
+        assert xt.stride() == x.stride()
+        for name, op in _LAYOUT_OPS.items():
+            c, t = op(x), op(xt)
+            assert t.stride() == c.stride(), (name, t.stride(), c.stride())
+            torch.testing.assert_close(t.cpu(), c, msg=name)
+
+
+def test_view_of_a_channels_last_result_fails_as_on_cpu():
+    x = torch.randn(2, 3, 4, 5).contiguous(memory_format=torch.channels_last)
+    for dev in ("cpu", "tpu"):
+        with pytest.raises(RuntimeError, match="view size is not compatible"):
+            (x.to(dev) + 1).view(-1)
+    torch.testing.assert_close((x.to("tpu") + 1).reshape(-1).cpu(), (x + 1).reshape(-1))

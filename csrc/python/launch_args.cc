@@ -84,10 +84,23 @@ runtime::LaunchArg launch_arg(py::handle h, int device) {
   return {nullptr, rt.client().small_buffer_from_host(bytes, runtime::to_pjrt_type(st), dims, device)};
 }
 
-at::Tensor new_tpu_tensor(const std::vector<int64_t>& shape, c10::ScalarType dtype, int device) {
+at::Tensor new_tpu_tensor(const std::vector<int64_t>& shape, c10::ScalarType dtype, int device,
+                          const std::vector<int64_t>* strides) {
   c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, device));
-  return at::detail::empty_generic(shape, c10::GetAllocator(c10::DeviceType::PrivateUse1),
-                                   c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), dtype, std::nullopt);
+  auto* alloc = c10::GetAllocator(c10::DeviceType::PrivateUse1);
+  c10::DispatchKeySet keys(c10::DispatchKey::PrivateUse1);
+  if (strides) return at::detail::empty_strided_generic(shape, *strides, alloc, keys, dtype);
+  return at::detail::empty_generic(shape, alloc, keys, dtype, std::nullopt);
+}
+
+at::Tensor new_tpu_tensor_of_spec(py::handle h, int device) {
+  auto spec = h.cast<py::tuple>();
+  auto shape = spec[0].cast<std::vector<int64_t>>();
+  if (spec.size() > 2 && !spec[2].is_none()) {
+    auto strides = spec[2].cast<std::vector<int64_t>>();
+    return new_tpu_tensor(shape, dtype_of(spec[1]), device, &strides);
+  }
+  return new_tpu_tensor(shape, dtype_of(spec[1]), device);
 }
 
 }  // namespace torch_tpu::python

@@ -136,11 +136,7 @@ PYBIND11_MODULE(_C, m) {
     for (py::handle h : inputs) args.push_back(torch_tpu::python::launch_arg(h, device));
     std::vector<at::Tensor> fresh;
     fresh.reserve(new_specs.size());
-    for (py::handle h : new_specs) {
-      auto spec = h.cast<py::tuple>();
-      fresh.push_back(torch_tpu::python::new_tpu_tensor(spec[0].cast<std::vector<int64_t>>(),
-                                                        torch_tpu::python::dtype_of(spec[1]), device));
-    }
+    for (py::handle h : new_specs) fresh.push_back(torch_tpu::python::new_tpu_tensor_of_spec(h, device));
     std::vector<Cell*> out_cells;
     out_cells.reserve(sinks.size());
     size_t next_new = 0;
@@ -157,7 +153,7 @@ PYBIND11_MODULE(_C, m) {
     return fresh;
   }, "Runs exe on tpu:device. inputs: tpu tensors (their storages' buffers), CPU tensors (uploaded) or "
      "(number, dtype) scalar operands. sinks: per output, the tensor whose storage receives it, or None "
-     "for a new tensor of the next (shape, dtype) in new_specs. Returns the new tensors.");
+     "for a new tensor of the next (shape, dtype) or (shape, dtype, strides) in new_specs. Returns the new tensors.");
   torch_tpu::python::bind_graph_runner(m);
   m.def("_describe", [](const at::Tensor& t) {
     Cell* c = cell_of(t);
@@ -192,13 +188,9 @@ PYBIND11_MODULE(_C, m) {
   }, "fn() runs before the host reads device data (fused eager flushes there); None removes it.");
   m.def("_empty_like_specs", [](py::list specs, int device) {
     std::vector<at::Tensor> out;
-    for (py::handle h : specs) {
-      auto spec = h.cast<py::tuple>();
-      out.push_back(torch_tpu::python::new_tpu_tensor(spec[0].cast<std::vector<int64_t>>(),
-                                                      torch_tpu::python::dtype_of(spec[1]), device));
-    }
+    for (py::handle h : specs) out.push_back(torch_tpu::python::new_tpu_tensor_of_spec(h, device));
     return out;
-  }, "New tpu tensors (storage not yet written) of the given (shape, dtype) specs.");
+  }, "New tpu tensors (storage not yet written) of the given (shape, dtype) or (shape, dtype, strides) specs.");
   m.def("_content_key", [](const std::vector<at::Tensor>& ts) -> py::object {
     std::vector<int64_t> key;
     for (const auto& t : ts) {

@@ -149,6 +149,21 @@ def _compare_structure(cpu, tpu, what, tol, values=True, any_device=False):
         raise AssertionError(f"{what}: {tpu!r} != cpu {cpu!r}")
 
 
+class LayoutMismatch(AssertionError):
+    """Equal values, but a result's strides differ from CPU's."""
+
+
+def _compare_layouts(cpu, tpu):
+    """Raises LayoutMismatch when a tensor result's strides (those of dims of size > 1, as PyTorch's
+    own stride checks compare) differ from the CPU result's."""
+    def significant(t):
+        return tuple(st for n, st in zip(t.shape, t.stride()) if n > 1) if t.numel() > 1 else ()
+    for i, (c, t) in enumerate(zip(_leaves(cpu), _leaves(tpu))):
+        if isinstance(c, torch.Tensor) and isinstance(t, torch.Tensor) and c.layout == t.layout == torch.strided \
+                and significant(c) != significant(t):
+            raise LayoutMismatch(f"output[{i}]: strides {t.stride()} != cpu {c.stride()} (shape {tuple(c.shape)})")
+
+
 class _RandomSpy(TorchDispatchMode):
     """Notes whether any ATen op that draws random numbers ran (its values are then not compared)."""
 
@@ -222,6 +237,7 @@ def run_sample(op, sample, dtype, check_grad, random_op):
         if not _same_order_up_to_ties(op, sample, out_cpu, out_tpu):
             raise
         ties = True
+    _compare_layouts(out_cpu, out_tpu)
     if op.name == "msort" and sample.input.numel() != sample.input.unique().numel():
         ties = True  # equal values: which of them receives which gradient is unspecified
     # in-place ops (and ops that write an argument): the arguments must agree too
@@ -427,6 +443,8 @@ def _run_pair(op, dtype, max_samples, grad_samples, random_op):
             r = run_sample(op, s, dtype, want_grad and i < grad_samples, random_op)
         except OpTimeout:
             raise
+        except LayoutMismatch as e:
+            return dict(result="layout", reason=f"sample {i}: " + _short(e))
         except AssertionError as e:
             return dict(result="mismatch", reason=f"sample {i}: " + _short(e))
         except Exception as e:

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-RESULTS = ("pass", "mismatch", "error", "fallback", "skip")
+RESULTS = ("pass", "layout", "mismatch", "error", "fallback", "skip")  # layout: equal values, other strides
 
 
 def _worker(args):

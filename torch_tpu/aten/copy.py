@@ -24,7 +24,7 @@ def to_host(src: torch.Tensor) -> torch.Tensor:
     # A conj / neg view's bytes are not its value: the clone program resolves the bits.
     if not (sdt == src.dtype and is_whole(sn, src.storage_offset(), src.shape, src.stride())) or \
             src.is_conj() or src.is_neg():
-        src = torch.ops.aten.clone.default(src)
+        src = torch.ops.aten.clone.default(src, memory_format=torch.contiguous_format)
     _C._download(src, out)
     return out
 

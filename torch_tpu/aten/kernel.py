@@ -19,13 +19,14 @@ from dataclasses import dataclass, field
 
 import torch
 from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
+from torch._prims_common import make_contiguous_strides_for
 
 from .. import _C
 from .. import _state, runtime
 from ..lowering.builder import Builder, TensorType, Value
 from ..lowering.registry import Lowering, LoweringContext, NotLowered, fit
 from .launch import launch
-from .views import is_whole, read_view, write_view
+from .views import dense_order, is_whole, read_view, write_view
 
 _NUMBER = torch._C.NumberType.get()
 _GENERATOR_KINDS = ("Generator",)
@@ -80,11 +81,28 @@ class _Signature:
         return vals
 
 
+def _fresh_layout(t: TensorType, strides: tuple):
+    """(spec, order) of a fresh result with CPU's `strides` (the meta kernel's, or the lowering's
+    `layout`: e.g. TensorIterator keeping a channels_last or transposed input's layout, clone's
+    memory_format). spec: (shape, dtype) for row-major, (shape, dtype, strides) otherwise; order: the
+    transpose that puts the value in memory order, None when none is needed. Strides that are not a
+    dense permutation (no CPU kernel makes them for a fresh result) fall back to row-major."""
+    shape, strides = tuple(t.shape), tuple(strides)
+    if strides == tuple(make_contiguous_strides_for(shape)):
+        return (shape, t.dtype), None
+    if t.numel == 0:
+        return (shape, t.dtype, strides), None
+    order = dense_order(shape, strides)
+    if order is None:
+        return (shape, t.dtype), None
+    return (shape, t.dtype, strides), (None if order == sorted(order) else order)
+
+
 @dataclass
 class _Entry:
     exe: object
     plan: list          # operand positions, in program argument order
-    new_outputs: list   # (shape, dtype) of fresh result tensors
+    new_outputs: list   # (shape, dtype) or (shape, dtype, strides) of fresh result tensors
     sinks: list         # per program output: ("new", j) or ("arg", operand position)
     structure: str      # "T", "tuple", "list", "none" for functional results
     rng_draws: int = 0
@@ -591,12 +609,19 @@ class Kernel:
         # 4. Where results go: fresh tensors, or the storages of written arguments.
         outputs, sinks, new_outputs = [], [], []
         if not sig.written:
-            for r, t in zip(fixed, out_types):
+            strides = [None if m is None else m.stride() for m in value_meta]
+            if self.lowering.layout is not None:
+                cpu = self.lowering.layout(value_meta, *f_vals)
+                strides = [m if c is None else c for m, c in zip(strides, cpu)]
+            for r, t, st in zip(fixed, out_types, strides):
                 if t is None:
                     continue
+                spec, order = _fresh_layout(t, st)
+                if order is not None:
+                    r = b.transpose(r, order)
                 outputs.append(b.reshape(r, [t.numel]))
                 sinks.append(("new", len(new_outputs)))
-                new_outputs.append((tuple(t.shape), t.dtype))
+                new_outputs.append(spec)
         else:
             targets = []
             kparts = {}

@@ -95,6 +95,22 @@ def _box_plan(sizes, strides):
     return order, extents
 
 
+def dense_order(sizes, strides):
+    """The dims from outermost to innermost in memory when (sizes, strides) lay the tensor's numel
+    elements out densely from offset 0 (a permutation of row-major, e.g. channels_last); else None.
+    Size-1 dims may sit anywhere. Transposing a value by this order and flattening it gives the
+    storage's elements in memory order."""
+    order = sorted(range(len(sizes)), key=lambda d: -strides[d])
+    expect = 1
+    for d in reversed(order):
+        if sizes[d] == 1:
+            continue
+        if strides[d] != expect:
+            return None
+        expect *= sizes[d]
+    return order
+
+
 def read_view(b: Builder, base: Value, offset: int, sizes, strides, dtype: torch.dtype) -> Value:
     """The value of the view (offset, sizes, strides) of the 1-D `base`, as a tensor of `sizes`."""
     sizes, strides = list(sizes), list(strides)

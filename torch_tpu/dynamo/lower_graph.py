@@ -294,7 +294,8 @@ class GraphProgram:
                     a = b.arg(TensorType(tuple(t.shape), t.dtype))
                 else:
                     a = b.arg(TensorType((t.numel(),), t.dtype))
-                self.arg_plan.append(("const", t.contiguous() if t.device.type == "cpu" else t.clone()))
+                row_major = t.contiguous() if t.device.type == "cpu" else t.clone(memory_format=torch.contiguous_format)
+                self.arg_plan.append(("const", row_major))
                 v = b.reshape(a, tuple(t.shape))
                 env[node] = Value(v.name, v.type, _meta(t))
                 continue

@@ -9,11 +9,12 @@ computed in float32 and rounded once, as on CPU.
 from __future__ import annotations
 
 import torch
+from torch._prims_common import suggest_memory_format
 
 from .builder import TensorType, _i64_array
 from .elementwise import compute_dtype
 from .linalg import _name
-from .registry import register
+from .registry import in_format, register
 
 
 def _conv(b, lhs, rhs, dims, strides, padding, lhs_dil, rhs_dil, fgc=1, bgc=1):
@@ -132,7 +133,17 @@ def _check(dt, transposed):
         raise NotImplementedError(f'"{name}" not implemented for \'Bool\'')
 
 
-@register("convolution")
+def _conv_format(x, w):
+    """CPU convolution (forward and backward) lays its results out channels-last when the input or
+    the weight is (their suggest_memory_format), else row-major; the meta kernel does not."""
+    fmts = {suggest_memory_format(x), suggest_memory_format(w)}
+    for cl in (torch.channels_last, torch.channels_last_3d):
+        if cl in fmts:
+            return cl
+    return torch.contiguous_format
+
+
+@register("convolution", layout=lambda outs, x, w, *args: [in_format(o, _conv_format(x, w)) for o in outs])
 def convolution(ctx, x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
     b = ctx.b
     out = ctx.out[0]
@@ -155,7 +166,8 @@ def convolution(ctx, x, w, bias, stride, padding, dilation, transposed, output_p
     return b.convert(b.reshape(r, out.shape), out.dtype)
 
 
-@register("convolution_backward")
+@register("convolution_backward",
+          layout=lambda outs, gy, x, w, *args: [in_format(o, _conv_format(x, w)) for o in outs])
 def convolution_backward(ctx, gy, x, w, bias_sizes, stride, padding, dilation, transposed, output_padding,
                          groups, output_mask):
     b = ctx.b

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from .elementwise import compute_dtype
-from .registry import check_reads, register, register_kernel
+from .registry import check_reads, in_format, register, register_kernel
 
 
 
@@ -272,7 +272,7 @@ def embedding_dense_backward(ctx, grad, indices, num_weights, padding_idx, scale
 
 
 # -- nonzero (host sync for the count) ----------------------------------------------------------------
-@register("nonzero_static")
+@register("nonzero_static", layout=lambda outs, *args: [in_format(outs[0], torch.contiguous_format)])  # meta: (1, n)
 def nonzero_static(ctx, x, size, fill_value=-1):
     """The first `size` nonzero coordinates in row-major order, then rows of fill_value: a stable
     sort of (is_zero, position) brings the nonzero positions first, in order."""
@@ -308,9 +308,11 @@ def nonzero_static(ctx, x, size, fill_value=-1):
 
 
 def nonzero(x):
+    """CPU's nonzero: the (count, dim) coordinates, column-major (strides (1, count))."""
     mask = x if x.dtype == torch.bool else torch.ne(x, 0)
     count = int(mask.cpu().sum())  # the data-dependent size: a host sync
-    return torch.ops.aten.nonzero_static(x, size=count, fill_value=-1)
+    out = torch.empty_strided((count, x.dim()), (1, count), dtype=torch.int64, device=x.device)
+    return torch.ops.aten.nonzero_static.out(x, size=count, fill_value=-1, out=out)
 
 
 register_kernel("nonzero", nonzero)

@@ -805,10 +805,14 @@ def apply_reflectors(b, v_all, tau, c, left=True, adjoint=False, reverse=False):
 
 
 def _geqrf_meta(a):
-    """Result types of geqrf (PyTorch has no meta kernel for it): a's shape, and tau (*B, min(m, n))."""
+    """Result types of geqrf (PyTorch has no meta kernel for it): a's shape, column-major as LAPACK's
+    on CPU, and tau (*B, min(m, n))."""
     if a.dim() < 2:
         raise RuntimeError("torch.geqrf: input must have at least 2 dimensions.")
-    return torch.empty_like(a), a.new_empty(a.shape[:-2] + (min(a.shape[-2:]),))
+    m, n = a.shape[-2:]
+    strides = torch._prims_common.make_contiguous_strides_for(a.shape[:-2] + (n, m))[:-2] + (1, max(m, 1))
+    return (torch.empty_strided(a.shape, strides, dtype=a.dtype, device=a.device),
+            a.new_empty(a.shape[:-2] + (min(m, n),)))
 
 
 if not torch._C._dispatch_has_kernel_for_dispatch_key("aten::geqrf", "Meta"):

@@ -30,7 +30,7 @@ from .builder import TensorType
 from .linalg_decomp import (_I64, _abs, _bcast_batch, _col, _conj, _empty, _entry, _expand, _eye, _index,
                             _matmul, _mH, _mT, _re, _real_dtype, _scalar_to, _sum_last, _to, _tri, _zero,
                             geqrf, householder_product, take_rows)
-from .registry import register, register_kernel
+from .registry import column_major, register, register_kernel
 
 # Sweep caps: Jacobi converges quadratically, typically in 5-10 sweeps at these precisions.
 _MAX_SWEEPS = {torch.float32: 20, torch.float64: 30}
@@ -309,7 +309,8 @@ def _check_svd(a, full_matrices=False, compute_uv=True, driver=None):
                                        "matrix contained non-finite values.")
 
 
-@register("_linalg_svd", check=_check_svd)
+@register("_linalg_svd", check=_check_svd,
+          layout=lambda outs, *args: [None, None, column_major(outs[2])])  # Vh as LAPACK's, not as meta
 def linalg_svd(ctx, a, full_matrices=False, compute_uv=True, driver=None):
     b = ctx.b
     u_t, s_t, vh_t = ctx.out

@@ -9,10 +9,11 @@ run the functional lowering and copy the new running statistics back."""
 from __future__ import annotations
 
 import torch
+from torch._prims_common import suggest_memory_format
 
 from .elementwise import compute_dtype
 from .reduction import reduce_sum
-from .registry import register, register_kernel
+from .registry import in_format, register, register_kernel
 
 
 def _chan(b, v, x, cd):
@@ -77,7 +78,13 @@ def _bn_eval(ctx, x, w, bias, rm, rv, eps):
     return b.convert(_affine(b, y, w, bias, xv, cd, _chan), ctx.out[0].dtype)
 
 
-@register("_native_batch_norm_legit_functional")
+def _input_format(outs, x, *args):
+    """CPU batch norm lays its output out as input.suggest_memory_format() (row-major for a permuted
+    3-D input, where the meta kernel keeps the input's strides)."""
+    return [in_format(o, suggest_memory_format(x)) for o in outs]
+
+
+@register("_native_batch_norm_legit_functional", layout=_input_format)
 def batch_norm_functional(ctx, x, w, bias, rm, rv, training, momentum, eps):
     b = ctx.b
     if not training:
@@ -94,13 +101,13 @@ def batch_norm_functional(ctx, x, w, bias, rm, rv, training, momentum, eps):
     return out, mean, invstd, new_rm, new_rv
 
 
-@register("_native_batch_norm_legit.no_stats")
+@register("_native_batch_norm_legit.no_stats", layout=_input_format)
 def batch_norm_no_stats(ctx, x, w, bias, training, momentum, eps):
     out, mean, invstd, _, _ = _bn_train(ctx, x, w, bias, eps)
     return out, mean, invstd
 
 
-@register("_native_batch_norm_legit_no_training")
+@register("_native_batch_norm_legit_no_training", layout=_input_format)
 def batch_norm_no_training(ctx, x, w, bias, rm, rv, momentum, eps):
     b = ctx.b
     out = _bn_eval(ctx, x, w, bias, rm, rv, eps)

@@ -35,9 +35,31 @@ class Lowering:
     # Rewrites the real arguments (functional overload's, in schema order) before anything else,
     # for arguments no meta kernel can type (bool masks -> long indices, a host sync). Returns the list.
     prepare: Callable | None = None
+    # Eager, where the CPU kernel lays its fresh results out otherwise than PyTorch's meta kernel
+    # (whose strides are used by default): (meta results, *real arguments) -> per result, the CPU
+    # strides, or None to keep the meta's. Helpers: in_format, column_major.
+    layout: Callable | None = None
 
 
 REGISTRY: dict[str, Lowering] = {}
+
+
+def in_format(meta, fmt: torch.memory_format):
+    """Strides of a result like `meta` (None stays None) in memory format `fmt`: channels_last(_3d)
+    for 4-D (5-D) results, row-major otherwise."""
+    if meta is None:
+        return None
+    ok = {torch.channels_last: 4, torch.channels_last_3d: 5}.get(fmt) == meta.dim()
+    return torch.empty(meta.shape, device="meta", memory_format=fmt if ok else torch.contiguous_format).stride()
+
+
+def column_major(meta):
+    """Strides of a batch of column-major matrices of meta's shape (LAPACK's layout on CPU); None
+    (the meta's) for fewer than 2 dims."""
+    if meta is None or meta.dim() < 2:
+        return None
+    *batch, m, n = meta.shape
+    return torch.empty(*batch, n, m, device="meta").mT.stride()
 
 _KERNEL_LIBRARY = torch.library.Library("aten", "IMPL")
 # Every Python kernel registered with the dispatcher for tpu tensors (PrivateUse1): torch.compile
@@ -71,13 +93,14 @@ class NotLowered(NotImplementedError):
     CPU fallback instead, and torch.compile runs the graph eagerly."""
 
 
-def register(*names: str, check: Callable | None = None, rng: bool = False, prepare: Callable | None = None):
+def register(*names: str, check: Callable | None = None, rng: bool = False, prepare: Callable | None = None,
+             layout: Callable | None = None):
     """Decorator: registers `fn` as the lowering of each named overload ("aten::" omitted)."""
     def deco(fn):
         for n in names:
             if n in REGISTRY:
                 raise RuntimeError(f"two lowerings registered for aten::{n}")
-            REGISTRY[n] = Lowering(n, fn, check, rng, prepare)
+            REGISTRY[n] = Lowering(n, fn, check, rng, prepare, layout)
         return fn
     return deco
 
