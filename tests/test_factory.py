@@ -109,6 +109,23 @@ def test_full_and_scalars():
     assert torch.empty_like(e).shape == (3, 4)
 
 
+@pytest.mark.parametrize("fmt", [torch.preserve_format, torch.contiguous_format, torch.channels_last])
+@pytest.mark.parametrize("src", ["transposed", "channels_last", "sliced"])
+def test_like_factories_keep_cpu_layout(src, fmt):
+    """*_like runs PyTorch's own C++ composite (empty_like + fill_): its strides follow the CPU
+    reference for every memory_format, on dense, permuted and overlapping-free sliced inputs."""
+    def make(d):
+        x = torch.arange(2 * 3 * 4 * 5, dtype=torch.float32, device=d).reshape(2, 3, 4, 5)
+        return {"transposed": x.transpose(1, 3), "channels_last": x.contiguous(memory_format=torch.channels_last),
+                "sliced": x[:, 1:, ::2]}[src]
+    for like in (torch.empty_like, torch.zeros_like, torch.ones_like, lambda t, **k: torch.full_like(t, 2.5, **k)):
+        c, t = like(make("cpu"), memory_format=fmt), like(make(TPU), memory_format=fmt)
+        assert t.device.type == "tpu" and (t.shape, t.stride(), t.dtype) == (c.shape, c.stride(), c.dtype)
+        if like is not torch.empty_like:
+            assert torch.equal(t.cpu(), c)
+    assert not torch._C._dispatch_has_kernel_for_dispatch_key("aten::ones_like", "PrivateUse1")
+
+
 def test_factories_in_autograd_graph():
     x = torch.randn(5, requires_grad=True)
     check(lambda x: x * torch.arange(5, device=x.device) + torch.ones_like(x), x)

@@ -98,6 +98,13 @@ def _decomposed(op, decomp):
     return kernel
 
 
+# Factories whose C++ CompositeExplicitAutograd kernel is empty_like / new_empty then fill_ / zero_,
+# which tpu has: the Python decomposition (torch._refs) would compute the same result at about twice
+# the host time. ones_like runs on every loss.backward() (autograd's implicit gradient).
+_CPP_COMPOSITE_FACTORIES = frozenset({"empty_like", "zeros_like", "ones_like", "full_like", "new_empty",
+                                      "new_zeros", "new_ones", "new_full"})
+
+
 def register_decompositions():
     """Step 2 of the fallback chain for ops with no lowering and no composite kernel: PyTorch's
     decompositions into core ATen (which never call the op they decompose)."""
@@ -105,7 +112,7 @@ def register_decompositions():
         if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten":
             continue
         name = op._schema.name.split("::")[1] + ("." + op._overloadname if op._overloadname != "default" else "")
-        if name in _registered:
+        if name in _registered or name in _CPP_COMPOSITE_FACTORIES:
             continue
         if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"):
             continue
