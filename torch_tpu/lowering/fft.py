@@ -16,7 +16,7 @@ import torch
 
 from .builder import Builder, TensorType, Value, _i64_array
 from .complex import imag_part, make_complex, real_part
-from .registry import register
+from .registry import in_format, register
 
 _MAX_FFT_RANK = 3  # stablehlo.fft transforms at most the three innermost dims
 
@@ -86,7 +86,16 @@ def fft_c2c(ctx, x, dim, normalization, forward):
     return _scale(b, y, _norm_factor(normalization, n, not forward))
 
 
-@register("_fft_r2c")
+def _r2c_layout(outs, x, dim, *args):
+    """CPU's r2c over every dim of a contiguous input, in order (rfft2 of an image, rfftn), is
+    row-major where the meta kernel permutes it; elsewhere the meta's layout is CPU's for the cases
+    checked (last dims, any subset in order), though not for all permuted inputs."""
+    if list(dim) == list(range(x.dim())) and x.is_contiguous():
+        return [in_format(outs[0], torch.contiguous_format)]
+    return [None]
+
+
+@register("_fft_r2c", layout=_r2c_layout)
 def fft_r2c(ctx, x, dim, normalization, onesided):
     """Real-to-complex forward transform over `dim`: RFFT over the last of them (and up to two
     more), FFT over the rest. Without onesided the full spectrum is the c2c transform of x."""

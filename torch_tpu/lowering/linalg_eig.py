@@ -405,7 +405,14 @@ def _check_lstsq(a, other, rcond=None, driver=None):
                                       "driver='gelsy' or compute the residuals from the solution")
 
 
-@register("linalg_lstsq", check=_check_lstsq)
+def _lstsq_layout(outs, a, *args):
+    """CPU's solution is the top of LAPACK's column-major (max(m, n), k) work buffer: column-major
+    too when m <= n; for m > n a strided view of that bigger buffer, which a fresh tpu result does
+    not reproduce (it stays row-major)."""
+    return [column_major(outs[0]) if a.shape[-2] <= a.shape[-1] else None, None, None, None]
+
+
+@register("linalg_lstsq", check=_check_lstsq, layout=_lstsq_layout)
 def linalg_lstsq(ctx, a, other, rcond=None, driver=None):
     """Least squares through the SVD: x = V diag(1/s, s > rcond * s_max) U^H B, the minimum-norm
     solution of the numerical-rank problem (what gelsd/gelss return, and gelsy/gels for full rank);
