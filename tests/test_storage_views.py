@@ -275,6 +275,8 @@ _LAYOUT_OPS = {
     "max_pool2d": lambda x: torch.nn.functional.max_pool2d(x, 2),
     "ones_like": torch.ones_like,
     "binary_mixed_layouts": lambda x: x + x.contiguous(),
+    "roll": lambda x: x.roll(1, 2),
+    "exp_into_resized_out": lambda x: torch.exp(x, out=torch.empty(0, device=x.device)),
 }
 
 
@@ -282,7 +284,8 @@ _LAYOUT_OPS = {
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last", "permuted"])
 def test_fresh_results_take_the_cpu_layout(layout, mode):
     """A new result has the strides CPU gives it (TensorIterator keeps a channels_last or permuted
-    input's layout; clone / contiguous honour memory_format), with the same values."""
+    input's layout; clone / contiguous honour memory_format; a resized out= tensor takes the
+    functional result's layout), with the same values."""
     x = torch.arange(2 * 3 * 4 * 6, dtype=torch.float32).reshape(2, 3, 4, 6)
     x = {"contiguous": x, "channels_last": x.contiguous(memory_format=torch.channels_last),
          "permuted": x.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)}[layout]

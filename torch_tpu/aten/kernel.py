@@ -106,7 +106,7 @@ class _Entry:
     sinks: list         # per program output: ("new", j) or ("arg", operand position)
     structure: str      # "T", "tuple", "list", "none" for functional results
     rng_draws: int = 0
-    resize: list = field(default_factory=list)  # out= args to resize first: (arg index, shape)
+    resize: list = field(default_factory=list)  # out= args to resize first: (arg index, shape, strides)
     absent: tuple = ()  # positions of undefined (None) results, e.g. convolution_backward's output_mask
     text: str = ""      # the program (StableHLO), and the op it is for
     name: str = ""
@@ -406,8 +406,10 @@ class Kernel:
         if entry is _ON_HOST:
             return self._run_on_host(vals)
         if entry.resize:  # out= tensors of the wrong shape: resize (as PyTorch does), then run anew
-            for i, shape in entry.resize:
+            for i, shape, strides in entry.resize:
                 vals[i].resize_(shape)
+                if strides is not None:
+                    vals[i].as_strided_(shape, strides)
             return self(*args, **kwargs)
         if self.lowering.check is not None:
             self.lowering.check(*[vals[i] for i in self.f_index])
@@ -454,6 +456,34 @@ class Kernel:
         outs = [vals[i] for i in sig.written]
         return outs[0] if sig.num_returns == 1 else tuple(outs)
 
+    def _cpu_strides(self, value_meta, f_vals):
+        """Per functional result: the strides CPU gives it (the meta kernel's, or the lowering's
+        layout hook where the CPU kernel differs); None for an undefined result."""
+        strides = [None if m is None else m.stride() for m in value_meta]
+        if self.lowering.layout is not None:
+            cpu = self.lowering.layout(value_meta, *f_vals)
+            strides = [m if c is None else c for m, c in zip(strides, cpu)]
+        return strides
+
+    def _resized_layouts(self, resize, vals, meta_vals):
+        """(arg index, shape, strides or None) for out= tensors PyTorch resizes: a structured
+        kernel restrides a resized out= tensor to the layout its functional result would have."""
+        sig = self.sig
+        if self.fsig is sig or any(sig.kinds[i] != "T" for i in sig.written):
+            return [(i, shape, None) for i, shape in resize]
+        f_vals = [vals[i] for i in self.f_index]
+        value_meta = self.fsig.invoke(meta_vals(f_vals, [sig.kinds[i] for i in self.f_index]))
+        value_meta = [value_meta] if isinstance(value_meta, torch.Tensor) else list(value_meta)
+        if len(value_meta) != len(sig.written):
+            return [(i, shape, None) for i, shape in resize]
+        by_arg = dict(zip(sig.written, self._cpu_strides(value_meta, f_vals)))
+        out = []
+        for i, shape in resize:
+            st = by_arg.get(i)
+            dense = st is not None and math.prod(shape) > 0 and dense_order(shape, st) is not None
+            out.append((i, shape, tuple(st) if dense else None))
+        return out
+
     # ------------------------------------------------------------------------------------------
     def _build(self, vals, call: _Call) -> _Entry:
         sig, fsig = self.sig, self.fsig
@@ -493,7 +523,7 @@ class Kernel:
                     if sig.kinds[i] == "T" and tuple(k_meta[i].shape) != tuple(vals[i].shape):
                         resize.append((i, tuple(k_meta[i].shape)))
                 if resize:
-                    return _Entry(None, [], [], [], "none", resize=resize)
+                    return _Entry(None, [], [], [], "none", resize=self._resized_layouts(resize, vals, meta_vals))
         f_vals = [vals[i] for i in self.f_index]
         f_kinds = [sig.kinds[i] for i in self.f_index]
         if fsig is sig and sig.written:
@@ -609,11 +639,7 @@ class Kernel:
         # 4. Where results go: fresh tensors, or the storages of written arguments.
         outputs, sinks, new_outputs = [], [], []
         if not sig.written:
-            strides = [None if m is None else m.stride() for m in value_meta]
-            if self.lowering.layout is not None:
-                cpu = self.lowering.layout(value_meta, *f_vals)
-                strides = [m if c is None else c for m, c in zip(strides, cpu)]
-            for r, t, st in zip(fixed, out_types, strides):
+            for r, t, st in zip(fixed, out_types, self._cpu_strides(value_meta, f_vals)):
                 if t is None:
                     continue
                 spec, order = _fresh_layout(t, st)

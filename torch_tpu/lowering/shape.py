@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from torch._prims_common import compute_elementwise_output_strides
 
 from .registry import register
 
@@ -47,7 +48,7 @@ def flip(ctx, x, dims):
     return ctx.b.reverse(x, dims)
 
 
-@register("roll")
+@register("roll", layout=lambda outs, x, *args: [compute_elementwise_output_strides(x)])  # as empty_like
 def roll(ctx, x, shifts, dims=()):
     b = ctx.b
     if x.type.numel == 0:
