@@ -285,6 +285,19 @@ def test_channels_last_and_transposed_outputs_keep_strides():
     torch.testing.assert_close(b.cpu(), eb.cpu())
 
 
+def test_permuted_output_is_a_tensor_of_its_own():
+    """A channels-last result is a new tensor with those strides, not a view (as CPU's), so autograd
+    lets the caller update it in place."""
+    x = torch.randn(2, 3, 4, 5).contiguous(memory_format=torch.channels_last)
+    xt = x.to(TPU).requires_grad_()
+    y = torch.compile(lambda x: x * 2, backend="tpu")(xt)
+    assert not y._is_view() and y.stride() == x.stride()
+    y.add_(1)  # raised "Output 0 of CompiledFunction is a view and is being modified inplace"
+    y.sum().backward()
+    assert xt.grad.stride() == x.stride()
+    torch.testing.assert_close(y.detach().cpu(), x * 2 + 1)
+
+
 def test_dropout_uses_the_tpu_generator():
     def f(x):
         return F.dropout(x, 0.5, training=True)

@@ -43,7 +43,7 @@ bool has_layout(const at::Tensor& t, const std::vector<int64_t>& strides) {
 //   `copied` so that the caller writes results back into the view;
 // - CPU inputs, host packs and CPU constants are uploaded; the rng operand advances the generator;
 // - result k that replaces input i's value (sink_plan) is written into i's storage unless i was
-//   copied; every other result gets a new tensor of its (shape, dtype) spec.
+//   copied; every other result gets a new tensor of its (shape, dtype[, strides]) spec.
 class GraphRunner {
  public:
   GraphRunner(std::shared_ptr<pjrt::Executable> exe, py::list plan, const std::vector<int64_t>& donated,
@@ -73,10 +73,7 @@ class GraphRunner {
       TORCH_CHECK(i >= 0 && i < num_inputs_, "GraphRunner: donated input ", i, " is not a tpu input");
       donated_[i] = true;
     }
-    for (py::handle h : specs) {
-      auto spec = h.cast<py::tuple>();
-      specs_.emplace_back(spec[0].cast<std::vector<int64_t>>(), dtype_of(spec[1]));
-    }
+    for (py::handle h : specs) specs_.push_back(py::reinterpret_borrow<py::object>(h));
     TORCH_CHECK(specs_.size() == exe_->num_outputs(), "GraphRunner: ", specs_.size(), " result specs for ",
                 exe_->num_outputs(), " program outputs");
   }
@@ -154,7 +151,7 @@ class GraphRunner {
     }
     for (size_t k = 0; k < sinks.size(); ++k) {
       if (sinks[k]) continue;
-      at::Tensor t = new_tpu_tensor(specs_[k].first, specs_[k].second, device);
+      at::Tensor t = new_tpu_tensor_of_spec(specs_[k], device);
       sinks[k] = cell_of(t);
       results[k] = py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(t)));
     }
@@ -167,7 +164,7 @@ class GraphRunner {
   std::vector<Arg> plan_;
   std::vector<bool> donated_;
   std::vector<std::pair<int64_t, int64_t>> sink_plan_;
-  std::vector<std::pair<std::vector<int64_t>, c10::ScalarType>> specs_;
+  std::vector<py::object> specs_;  // (shape, dtype) or (shape, dtype, strides), as new_tpu_tensor_of_spec
   std::string producer_;
   uint64_t rng_draws_;
   int64_t first_tpu_input_ = -1, num_inputs_ = 0;

@@ -19,14 +19,13 @@ from dataclasses import dataclass, field
 
 import torch
 from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
-from torch._prims_common import make_contiguous_strides_for
 
 from .. import _C
 from .. import _state, runtime
 from ..lowering.builder import Builder, TensorType, Value
 from ..lowering.registry import Lowering, LoweringContext, NotLowered, fit
 from .launch import launch
-from .views import dense_order, is_whole, read_view, write_view
+from .views import _contiguous_strides, dense_order, is_whole, read_view, write_view
 
 _NUMBER = torch._C.NumberType.get()
 _GENERATOR_KINDS = ("Generator",)
@@ -88,7 +87,7 @@ def _fresh_layout(t: TensorType, strides: tuple):
     transpose that puts the value in memory order, None when none is needed. Strides that are not a
     dense permutation (no CPU kernel makes them for a fresh result) fall back to row-major."""
     shape, strides = tuple(t.shape), tuple(strides)
-    if strides == tuple(make_contiguous_strides_for(shape)):
+    if strides == tuple(_contiguous_strides(shape)):
         return (shape, t.dtype), None
     if t.numel == 0:
         return (shape, t.dtype, strides), None

@@ -31,7 +31,7 @@ import torch
 
 from .. import _C, _state, runtime
 from ..aten.kernel import _Signature
-from ..aten.views import _contiguous_strides
+from ..aten.views import dense_order
 from ..lowering.builder import Builder, TensorType, Value
 from ..lowering.registry import REGISTRY, LoweringContext, fit
 from .graph_ops import GRAPH_LOWERINGS
@@ -115,12 +115,7 @@ def _layout_perm(val):
     (channels-last, transposed outputs), or None when val is contiguous or not a permuted dense."""
     if val.dim() < 2 or val.is_contiguous():
         return None
-    st, sz = list(val.stride()), list(val.shape)
-    perm = sorted(range(len(sz)), key=lambda d: -st[d])
-    want = _contiguous_strides([sz[d] for d in perm])
-    if all(st[d] == w for d, w in zip(perm, want) if sz[d] != 1):
-        return perm
-    return None
+    return dense_order(val.shape, val.stride())
 
 
 def _has_node(v):
@@ -327,8 +322,8 @@ class GraphProgram:
         outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
         placeholders_set = set(placeholders)
         results = []             # program results (1-D)
-        self.prog_specs = []     # (shape, dtype) of each program result's tensor
-        self.prog_perm = []      # inverse permutation to apply at run time, or None
+        self.prog_specs = []     # (shape, dtype[, strides]) of each program result's tensor
+        self.prog_to_cpu = []    # whether the result is a CPU tensor of the graph (copied to host)
         self.out_plan = []
         seen = {}
         for o in outs:
@@ -347,18 +342,17 @@ class GraphProgram:
                 v = value_of(o)
                 if not isinstance(v, Value):
                     raise Unsupported(f"output {o.name}", o, "is not a tensor")
+                # A permuted dense output (channels-last, transposed) is written in memory order into
+                # a new tensor with its strides: a tensor of its own, as CPU's, not a view.
                 perm = _layout_perm(val)
-                shape = tuple(val.shape)
+                spec = (tuple(val.shape), val.dtype)
                 if perm is not None:
                     v = b.transpose(v, perm)
-                    shape = tuple(shape[d] for d in perm)
-                    inv = [perm.index(d) for d in range(len(perm))]
-                else:
-                    inv = None
+                    spec += (tuple(val.stride()),)
                 k = len(results)
-                results.append(b.reshape(v, [math.prod(shape)]))
-                self.prog_specs.append((shape, val.dtype))
-                self.prog_perm.append((inv, val.device.type == "cpu"))
+                results.append(b.reshape(v, [math.prod(val.shape)]))
+                self.prog_specs.append(spec)
+                self.prog_to_cpu.append(val.device.type == "cpu")
                 seen[o] = k
                 self.out_plan.append(("prog", k))
         self.mutations = []      # (placeholder index, program result index)
@@ -367,7 +361,7 @@ class GraphProgram:
             k = len(results)
             results.append(b.reshape(v, [v.type.numel]))
             self.prog_specs.append((tuple(v.shape), v.dtype))
-            self.prog_perm.append((None, False))
+            self.prog_to_cpu.append(False)
             self.mutations.append((i, k))
             # Donate the old buffer: the result replaces it (same type: (numel,) of its dtype).
             pos = self.ph_arg.get(i)
@@ -578,10 +572,7 @@ class GraphProgram:
             kind = entry[0]
             if kind == "prog":
                 t = produced[entry[1]]
-                inv, to_cpu = self.prog_perm[entry[1]]
-                if inv is not None:
-                    t = t.permute(inv)
-                outs.append(t.cpu() if to_cpu else t)
+                outs.append(t.cpu() if self.prog_to_cpu[entry[1]] else t)
             elif kind == "in":
                 outs.append(real[entry[1]])
             elif kind == "strided":

@@ -22,7 +22,7 @@ import torch
 
 from .builder import TensorType, Value
 from .linalg import dot
-from .registry import register, register_kernel
+from .registry import column_major, register, register_kernel
 
 _I64 = torch.int64
 
@@ -809,10 +809,8 @@ def _geqrf_meta(a):
     on CPU, and tau (*B, min(m, n))."""
     if a.dim() < 2:
         raise RuntimeError("torch.geqrf: input must have at least 2 dimensions.")
-    m, n = a.shape[-2:]
-    strides = torch._prims_common.make_contiguous_strides_for(a.shape[:-2] + (n, m))[:-2] + (1, max(m, 1))
-    return (torch.empty_strided(a.shape, strides, dtype=a.dtype, device=a.device),
-            a.new_empty(a.shape[:-2] + (min(m, n),)))
+    return (torch.empty_strided(a.shape, column_major(a), dtype=a.dtype, device=a.device),
+            a.new_empty(a.shape[:-2] + (min(a.shape[-2:]),)))
 
 
 if not torch._C._dispatch_has_kernel_for_dispatch_key("aten::geqrf", "Meta"):
