@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import torch
+from torch._prims_common import check_significant_strides
 
 TPU = torch.device("tpu")
 
@@ -44,12 +45,6 @@ def _tol(dtype):
     return {}
 
 
-def _significant_strides(t):
-    """The strides of the dims of size > 1 (the others never move a pointer): what CPU layout
-    parity means, as PyTorch's own stride checks compare them."""
-    return tuple(st for n, st in zip(t.shape, t.stride()) if n > 1) if t.numel() > 1 else ()
-
-
 def check(fn, *args, grad=True, atol=None, rtol=None, no_fallback=True, strides=True, **kwargs):
     """Runs fn(*args) on CPU and on tpu, asserts equal outputs (values, dtypes and, unless
     strides=False, the strides of each output) and, when some float input requires grad, equal
@@ -71,8 +66,8 @@ def check(fn, *args, grad=True, atol=None, rtol=None, no_fallback=True, strides=
         assert t.device.type == "tpu", f"result on {t.device}"
         tol = _tol(c.dtype) if atol is None else dict(atol=atol, rtol=rtol if rtol is not None else atol)
         torch.testing.assert_close(t.detach().cpu(), c.detach(), equal_nan=True, **tol)
-        if strides:
-            assert _significant_strides(t) == _significant_strides(c), \
+        if strides:  # the dims of size > 1 (the others never move a pointer), as PyTorch compares them
+            assert check_significant_strides(t, c, only_cuda=False)[0], \
                 f"strides {t.stride()} != CPU {c.stride()} (shape {tuple(c.shape)})"
     if not grad:
         return out_tpu
