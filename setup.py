@@ -27,7 +27,9 @@ here = os.path.dirname(os.path.abspath(__file__))
 sources = sorted(os.path.relpath(p, here) for p in glob.glob(os.path.join(here, "csrc", "**", "*.cc"), recursive=True))
 
 setup(
+    # Every folder of torch_tpu has an __init__.py: find_packages skips those without one.
     packages=find_packages(include=["torch_tpu", "torch_tpu.*"]),
+    py_modules=["_torch_tpu_autoload"],  # the torch.backends entry point (see pyproject.toml)
     ext_modules=[
         CppExtension(
             "torch_tpu._C",

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 
 def _autoload():
-    """Entry point for torch's device-backend autoloading (importing is all it takes).
+    """The autoload entry point of installs made before it moved to `_torch_tpu_autoload` (their
+    metadata still names this until reinstalled; removing it would break their `import torch`).
 
     Defined before `import torch`: when `import torch_tpu` comes first, torch's own import runs the
     autoload entry point, which finds this partially imported module and calls this."""
