@@ -149,6 +149,114 @@ def _is_in_bad_fork() -> bool:
     return _C._is_in_bad_fork()
 
 
+def get_device_name(device=None) -> str:
+    """The PJRT device kind of a tpu device (e.g. "TPU v5 lite"; "cpu" on the CPU plugin)."""
+    return get_device_properties(device).name
+
+
+class _DeviceProperties:
+    """What torch.tpu.get_device_properties returns: `name` (the PJRT device kind), `platform`
+    ("tpu", "cuda" or "cpu"), `total_memory` (bytes; 0 where the plugin does not report it, as the
+    CPU plugin does not), `id` and `process_index` (PJRT's global device id and its owning process),
+    and `attributes` (the plugin's device attributes, e.g. a TPU's "coords" and "core_on_chip")."""
+
+    def __init__(self, desc: dict, platform: str, total_memory: int):
+        self.name = desc["kind"]
+        self.platform = platform
+        self.total_memory = total_memory
+        self.id = desc["id"]
+        self.process_index = desc["process_index"]
+        self.attributes = dict(desc["attributes"])
+
+    def __repr__(self):
+        return (f"_TpuDeviceProperties(name='{self.name}', platform='{self.platform}', "
+                f"total_memory={self.total_memory // (1024 * 1024)}MB, id={self.id})")
+
+
+def get_device_properties(device=None) -> _DeviceProperties:
+    """Properties of a tpu device (an index, "tpu:N", torch.device or None for the current one);
+    IndexError for an index out of range. Starts the runtime."""
+    idx = _index(device)
+    idx = current_device() if idx is None else idx
+    desc = _C._describe_device(idx)
+    limit = _C._memory_stats(idx)["bytes_limit"]
+    return _DeviceProperties(desc, runtime.platform(), max(limit, 0))
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    """bfloat16 is native on every TPU and computed by XLA on the CPU and CUDA plugins."""
+    return is_available()
+
+
+class Stream(torch.Stream):
+    """A tpu stream: `torch.Stream` on the tpu device, with CUDA's methods (query, synchronize,
+    wait_event, wait_stream, record_event) and usable as a context manager.
+
+    PJRT has no user-visible streams: every stream of a device issues to the device's one in-order
+    launch queue (csrc/aten/guard.cc). Work is never reordered across streams, so waits between
+    streams are already satisfied and cost nothing; query() and synchronize() cover all the
+    device's work. CUDA-style multi-stream code therefore runs unchanged and correctly, without
+    overlap between streams."""
+
+    def __new__(cls, device=None, priority: int = 0, **kwargs):
+        if kwargs:  # wrapping an existing stream: Stream(stream_id=, device_index=, device_type=)
+            return super().__new__(cls, **kwargs)
+        idx = _index(device)
+        return super().__new__(cls, device=torch.device("tpu", current_device() if idx is None else idx),
+                               priority=priority)
+
+
+class _EventType(type):
+    def __instancecheck__(cls, obj):
+        return isinstance(obj, torch.Event) and obj.device.type == "tpu"
+
+
+class Event(metaclass=_EventType):
+    """A tpu event: `torch.Event(device="tpu:N")` for the current device (torch.Event itself, since
+    its methods accept no subclass; isinstance(e, torch.tpu.Event) holds for any tpu torch.Event).
+    record() marks the work issued so far on the device; query() tells, without blocking, whether it
+    has finished; synchronize() waits for it and raises its error; elapsed_time(end) gives the
+    milliseconds between two events made with enable_timing=True, after end.synchronize()
+    (RuntimeError before, as on CUDA)."""
+
+    def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
+        return torch.Event(device=torch.device("tpu", current_device()), enable_timing=enable_timing,
+                           blocking=blocking, interprocess=interprocess)
+
+
+def _wrap(s: torch.Stream) -> Stream:
+    return Stream(stream_id=s.stream_id, device_index=s.device_index, device_type=s.device_type)
+
+
+def current_stream(device=None) -> Stream:
+    """The calling thread's current stream on a tpu device (the default stream unless changed)."""
+    idx = _index(device)
+    return _wrap(torch._C._accelerator_getStream(current_device() if idx is None else idx))
+
+
+def default_stream(device=None) -> Stream:
+    """The default stream (id 0) of a tpu device."""
+    cur = current_stream(device)
+    return Stream(stream_id=0, device_index=cur.device_index, device_type=cur.device_type)
+
+
+def set_stream(stream: torch.Stream) -> None:
+    """Makes `stream` the calling thread's current stream on its device."""
+    if stream is not None:
+        torch._C._accelerator_setStream(stream)
+
+
 @contextlib.contextmanager
-def stream(_=None):
-    yield
+def stream(s: torch.Stream | None):
+    """Context manager that makes `s` the current stream of its device (None: no change)."""
+    if s is None:
+        yield
+        return
+    prev = current_stream(s.device_index)
+    prev_dev = current_device()
+    set_stream(s)
+    try:
+        yield
+    finally:
+        set_stream(prev)
+        _C._set_device(prev_dev)

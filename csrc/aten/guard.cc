@@ -1,7 +1,24 @@
 // Device guard for tpu (c10::impl::DeviceGuardImplInterface), so that DeviceGuard, tensor
-// factories with device="tpu:N" and torch.tpu.device(...) switch the current device.
-// PJRT has no user-visible streams: every device has a single default stream (id 0).
+// factories with device="tpu:N" and torch.tpu.device(...) switch the current device, and so that
+// torch.Stream / torch.Event (and torch.tpu.Stream / Event over them) work on tpu.
+//
+// Streams: PJRT has no user-visible streams. Every device runs the executions the runtime issues
+// to it in one order (the launch queue), so all streams of a device share that one order: work is
+// never reordered across streams, and a stream's wait on an event or another stream is already
+// satisfied (block() does nothing). Streams still have distinct ids, a thread-local current one per
+// device, and real query/synchronize (they mean "all work issued to the device"), so CUDA-style
+// stream code runs unchanged and correctly, with no concurrency between streams.
+//
+// Events: an event records a runtime::Marker (the executions in flight when the marker is reached
+// in the launch queue): query() never blocks, synchronize() waits for them and raises their error,
+// and elapsed_time() is the difference between two markers' completion times, in milliseconds
+// (events made with enable_timing=True, as on CUDA).
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
 
 #include "aten/device.h"
 #include "runtime/runtime.h"
@@ -10,6 +27,18 @@ namespace torch_tpu::aten {
 namespace {
 
 thread_local c10::DeviceIndex tls_device = 0;
+thread_local std::map<c10::DeviceIndex, c10::StreamId> tls_stream;  // absent: the default stream
+std::atomic<c10::StreamId> next_stream_id{1};
+
+struct TpuEvent {
+  std::shared_ptr<runtime::Marker> marker;  // null until recorded
+  bool timing = false;
+};
+
+// "tpu" without an index means the current device, as for tensors.
+c10::Device resolved(c10::Device d) {
+  return d.has_index() ? d : c10::Device(c10::DeviceType::PrivateUse1, tls_device);
+}
 
 struct TpuGuardImpl final : c10::impl::DeviceGuardImplInterface {
   c10::DeviceType type() const override { return c10::DeviceType::PrivateUse1; }
@@ -22,10 +51,64 @@ struct TpuGuardImpl final : c10::impl::DeviceGuardImplInterface {
   void setDevice(c10::Device d) const override { set_device(d.index()); }
   void uncheckedSetDevice(c10::Device d) const noexcept override { tls_device = d.index(); }
   c10::Stream getStream(c10::Device d) const override {
-    return c10::Stream(c10::Stream::DEFAULT, d);
+    d = resolved(d);
+    auto it = tls_stream.find(d.index());
+    return c10::Stream(c10::Stream::UNSAFE, d, it == tls_stream.end() ? 0 : it->second);
+  }
+  c10::Stream getDefaultStream(c10::Device d) const override {
+    return c10::Stream(c10::Stream::DEFAULT, resolved(d));
+  }
+  c10::Stream getNewStream(c10::Device d, int priority) const override {
+    return c10::Stream(c10::Stream::UNSAFE, resolved(d), next_stream_id++);
+  }
+  c10::Stream getStreamFromGlobalPool(c10::Device d, bool high_priority) const override {
+    return getNewStream(d, high_priority ? -1 : 0);
   }
   c10::Stream exchangeStream(c10::Stream s) const override {
-    return c10::Stream(c10::Stream::DEFAULT, s.device());
+    c10::Stream old = getStream(s.device());
+    tls_stream[resolved(s.device()).index()] = s.id();
+    return old;
+  }
+  bool queryStream(const c10::Stream& s) const override {
+    return !runtime::Runtime::get().started() || runtime::Runtime::get().idle(s.device_index());
+  }
+  void synchronizeStream(const c10::Stream& s) const override { synchronizeDevice(s.device_index()); }
+
+  void record(void** event, const c10::Stream& stream, const c10::DeviceIndex device_index,
+              const c10::EventFlag flag) const override {
+    TORCH_CHECK(device_index == -1 || device_index == stream.device_index(), "event recorded on tpu:",
+                static_cast<int>(device_index), " cannot be recorded again on a stream of tpu:",
+                static_cast<int>(stream.device_index()), " (create a new event)");
+    if (!*event) {
+      // torch.Event(enable_timing=True) asks for BACKEND_DEFAULT, and False for PYTORCH_DEFAULT.
+      *event = new TpuEvent{nullptr, flag == c10::EventFlag::BACKEND_DEFAULT};
+    }
+    static_cast<TpuEvent*>(*event)->marker = runtime::Runtime::get().mark(stream.device_index());
+  }
+  void block(void* event, const c10::Stream& stream) const override {}  // one order per device
+  bool queryEvent(void* event) const override {
+    auto* e = static_cast<TpuEvent*>(event);
+    return !e || !e->marker || e->marker->query();
+  }
+  void synchronizeEvent(void* event) const override {
+    auto* e = static_cast<TpuEvent*>(event);
+    if (!e || !e->marker) return;
+    e->marker->synchronize();
+    runtime::Runtime::get().raise_launch_error();  // a launch before it failed when issued
+  }
+  void destroyEvent(void* event, const c10::DeviceIndex) const noexcept override {
+    delete static_cast<TpuEvent*>(event);
+  }
+  double elapsedTime(void* start, void* end, const c10::DeviceIndex) const override {
+    auto* a = static_cast<TpuEvent*>(start);
+    auto* b = static_cast<TpuEvent*>(end);
+    TORCH_CHECK(a && b && a->timing && b->timing,
+                "elapsed_time: both events must be created with enable_timing=True (as on CUDA)");
+    TORCH_CHECK(a->marker && b->marker, "elapsed_time: both events must be recorded first (event.record())");
+    auto ta = a->marker->completed_ns(), tb = b->marker->completed_ns();
+    TORCH_CHECK(ta && tb, "elapsed_time: the work before an event has not finished; call "
+                "end_event.synchronize() first");
+    return static_cast<double>(*tb - *ta) / 1e6;
   }
   c10::DeviceIndex deviceCount() const noexcept override {
     return static_cast<c10::DeviceIndex>(runtime::Runtime::get().device_count_noexcept());

@@ -82,7 +82,25 @@ at::Tensor efficientzerotensor(c10::IntArrayRef size, std::optional<c10::ScalarT
   return at::zeros(size, at::TensorOptions().dtype(c10::dtype_or_default(dtype)).device(target_device(device)));
 }
 
+// Whether `self`'s TensorImpl may take `from`'s storage and metadata in place (Module.to() keeps a
+// Parameter object, and `param.data = t` works, only when this is true). c10 answers true for two
+// dense tensors of its built-in backends and false for PrivateUse1, leaving it to the backend
+// (c10/core/TensorImpl.h): a dense tpu tensor is interchangeable with any dense tensor of those
+// backends, exactly as a CUDA tensor is with a CPU one.
+bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  auto dense = [](c10::DispatchKeySet ks) {
+    constexpr auto backends = c10::DispatchKeySet(
+        {c10::BackendComponent::CPUBit, c10::BackendComponent::CUDABit, c10::BackendComponent::MPSBit,
+         c10::BackendComponent::HIPBit, c10::BackendComponent::XPUBit, c10::BackendComponent::HPUBit,
+         c10::BackendComponent::MTIABit, c10::BackendComponent::PrivateUse1Bit});
+    return ks.has_any(c10::DispatchKeySet(c10::DispatchKey::Dense)) && ks.has_any(backends);
+  };
+  return (dense(self.key_set()) && dense(from.key_set())) ||
+         self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set());
+}
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_has_compatible_shallow_copy_type", has_compatible_shallow_copy_type);
   m.impl("empty.memory_format", empty_memory_format);
   m.impl("empty_strided", empty_strided);
   m.impl("as_strided", at::native::as_strided_tensorimpl);

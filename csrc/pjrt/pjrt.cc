@@ -132,6 +132,34 @@ bool Event::is_ready() const {
   return a.is_ready;
 }
 
+void Event::on_ready(std::function<void(const std::string&)> fn) const {
+  struct Box {
+    const Plugin* plugin;
+    std::function<void(const std::string&)> fn;
+  };
+  auto* box = new Box{&client_->plugin(), std::move(fn)};
+  auto a = PJRT_ARGS(PJRT_Event_OnReady_Args);
+  a.event = ev_;
+  a.user_arg = box;
+  a.callback = [](PJRT_Error* err, void* arg) {
+    std::unique_ptr<Box> b(static_cast<Box*>(arg));
+    std::string msg;
+    if (err) {
+      try {
+        b->plugin->check(err, "device computation");  // takes ownership of err, throws its message
+      } catch (const std::exception& e) {
+        msg = e.what();
+      }
+    }
+    b->fn(msg);
+  };
+  PJRT_Error* err = client_->plugin().api()->PJRT_Event_OnReady(&a);
+  if (err) {
+    delete box;
+    client_->plugin().check(err, "PJRT_Event_OnReady");
+  }
+}
+
 bool Buffer::is_deleted() const {
   auto a = PJRT_ARGS(PJRT_Buffer_IsDeleted_Args);
   a.buffer = buf_;
@@ -246,6 +274,43 @@ MemoryStats Client::memory_stats(int64_t index) const {
   if (a.num_allocs_is_set) s.num_allocs = a.num_allocs;
   if (a.bytes_limit_is_set) s.bytes_limit = a.bytes_limit;
   return s;
+}
+
+DeviceDescription Client::describe(int64_t index) const {
+  const PJRT_Api* api = plugin_->api();
+  auto g = PJRT_ARGS(PJRT_Device_GetDescription_Args);
+  g.device = device(index);
+  plugin_->check(api->PJRT_Device_GetDescription(&g), "PJRT_Device_GetDescription");
+  DeviceDescription out;
+  auto k = PJRT_ARGS(PJRT_DeviceDescription_Kind_Args);
+  k.device_description = g.device_description;
+  plugin_->check(api->PJRT_DeviceDescription_Kind(&k), "PJRT_DeviceDescription_Kind");
+  out.kind.assign(k.device_kind, k.device_kind_size);
+  auto i = PJRT_ARGS(PJRT_DeviceDescription_Id_Args);
+  i.device_description = g.device_description;
+  plugin_->check(api->PJRT_DeviceDescription_Id(&i), "PJRT_DeviceDescription_Id");
+  out.id = i.id;
+  auto pi = PJRT_ARGS(PJRT_DeviceDescription_ProcessIndex_Args);
+  pi.device_description = g.device_description;
+  plugin_->check(api->PJRT_DeviceDescription_ProcessIndex(&pi), "PJRT_DeviceDescription_ProcessIndex");
+  out.process_index = pi.process_index;
+  auto at = PJRT_ARGS(PJRT_DeviceDescription_Attributes_Args);
+  at.device_description = g.device_description;
+  plugin_->check(api->PJRT_DeviceDescription_Attributes(&at), "PJRT_DeviceDescription_Attributes");
+  for (size_t n = 0; n < at.num_attributes; ++n) {
+    const PJRT_NamedValue& v = at.attributes[n];
+    std::string name(v.name, v.name_size);
+    switch (v.type) {
+      case PJRT_NamedValue_kString: out.strings[name].assign(v.string_value, v.value_size); break;
+      case PJRT_NamedValue_kInt64: out.ints[name] = {v.int64_value}; break;
+      case PJRT_NamedValue_kInt64List:
+        out.ints[name].assign(v.int64_array_value, v.int64_array_value + v.value_size);
+        break;
+      case PJRT_NamedValue_kBool: out.ints[name] = {v.bool_value ? 1 : 0}; break;
+      default: break;  // float attributes: none known that matter here
+    }
+  }
+  return out;
 }
 
 std::shared_ptr<Executable> Client::compile(const std::string& mlir) const {

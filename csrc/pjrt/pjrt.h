@@ -9,6 +9,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -107,6 +109,17 @@ class Executable {
 };
 
 // Memory statistics of one device, where the plugin reports them (-1 when not).
+// What PJRT_DeviceDescription tells of one device: its kind ("cpu", "TPU v5 lite", ...), global id,
+// owning process, and the plugin's attributes (e.g. a TPU's "coords" and "core_on_chip"). Integer
+// and integer-list attributes are in `ints`, string ones in `strings`.
+struct DeviceDescription {
+  std::string kind;
+  int64_t id = 0;
+  int64_t process_index = 0;
+  std::map<std::string, std::vector<int64_t>> ints;
+  std::map<std::string, std::string> strings;
+};
+
 struct MemoryStats {
   int64_t bytes_in_use = -1, peak_bytes_in_use = -1, num_allocs = -1, bytes_limit = -1;
 };
@@ -120,6 +133,9 @@ class Event {
   Event& operator=(const Event&) = delete;
   // PJRT_Event_IsReady: true once the event has happened (with or without an error). Never blocks.
   bool is_ready() const;
+  // PJRT_Event_OnReady: calls `fn` once the event has happened, on a plugin thread or (if it has
+  // already happened) at once, with "" or the error's message. `fn` must not throw.
+  void on_ready(std::function<void(const std::string& error)> fn) const;
 
  private:
   std::shared_ptr<Client> client_;
@@ -139,6 +155,7 @@ class Client : public std::enable_shared_from_this<Client> {
   size_t device_count() const { return devices_.size(); }
   PJRT_Device* device(int64_t index) const;
   MemoryStats memory_stats(int64_t index) const;
+  DeviceDescription describe(int64_t index) const;
 
   // Compiles StableHLO (MLIR text or bytecode, format "mlir") for one replica and one partition,
   // as a portable executable that runs on any addressable device.

@@ -62,6 +62,19 @@ PYBIND11_MODULE(_C, m) {
     d["bytes_limit"] = s.bytes_limit;
     return d;
   });
+  m.def("_describe_device", [](int index) {
+    torch_tpu::aten::check_device_index(index);
+    auto d = Runtime::get().client().describe(index);
+    py::dict attrs;
+    for (auto& [k, v] : d.ints) attrs[py::str(k)] = v.size() == 1 ? py::cast(v[0]) : py::cast(v);
+    for (auto& [k, v] : d.strings) attrs[py::str(k)] = v;
+    py::dict out;
+    out["kind"] = d.kind;
+    out["id"] = d.id;
+    out["process_index"] = d.process_index;
+    out["attributes"] = attrs;
+    return out;
+  });
   m.def("_current_device", [] { return static_cast<int>(torch_tpu::aten::current_device()); });
   m.def("_set_device", [](int index) { torch_tpu::aten::set_device(index); });
   m.def("_check_device_index", [](int index) { torch_tpu::aten::check_device_index(index); });

@@ -5,6 +5,7 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -336,6 +337,15 @@ void Runtime::drain() {
   if (err) std::rethrow_exception(err);
 }
 
+void Runtime::raise_launch_error() {
+  std::exception_ptr err;
+  {
+    std::lock_guard<std::mutex> g(qmu_);
+    std::swap(err, launch_error_);
+  }
+  if (err) std::rethrow_exception(err);
+}
+
 void Runtime::issue(const pjrt::Executable& exe, const std::vector<LaunchArg>& largs,
                     const std::vector<Cell*>& sinks, int device, const std::string& producer) {
   std::vector<pjrt::Buffer*> bufs;
@@ -378,6 +388,9 @@ void Runtime::issue(const pjrt::Executable& exe, const std::vector<LaunchArg>& l
   if (done) {
     for (pjrt::Buffer* b : bufs) b->last_use = done;
     for (auto& b : outs) b->last_use = done;
+    auto& fl = inflight_[device];
+    if (fl.size() >= 64) fl = take_inflight(device);  // forget finished executions
+    fl.push_back(done);
   }
   if (pending_.size() > 4096) {  // forget outputs that are already gone
     decltype(pending_) live;
@@ -414,6 +427,90 @@ void Runtime::synchronize(int device) {
     }
   }
   (void)device;
+}
+
+}  // namespace torch_tpu::runtime
+
+namespace torch_tpu::runtime {
+
+std::vector<std::shared_ptr<pjrt::Event>> Runtime::take_inflight(int device) {
+  std::vector<std::shared_ptr<pjrt::Event>> out;
+  for (auto& e : inflight_[device]) {
+    if (!e->is_ready()) out.push_back(e);
+  }
+  return out;
+}
+
+std::shared_ptr<Marker> Runtime::mark(int device) {
+  run_hook();
+  auto m = std::make_shared<Marker>();
+  auto reach = [this, m, device] {
+    std::vector<std::shared_ptr<pjrt::Event>> fl;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      fl = take_inflight(device);
+      inflight_[device] = fl;
+    }
+    m->reach(std::move(fl));
+  };
+  if (!async_launch() || !defer(reach)) reach();
+  return m;
+}
+
+bool Runtime::idle(int device) {
+  {
+    std::lock_guard<std::mutex> g(qmu_);
+    if (!queue_.empty() || issuing_) return false;
+  }
+  std::lock_guard<std::mutex> g(mu_);
+  auto fl = take_inflight(device);
+  inflight_[device] = fl;
+  return fl.empty();
+}
+
+namespace {
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+void Marker::reach(std::vector<std::shared_ptr<pjrt::Event>> inflight) {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    reached_ = true;
+    remaining_ = static_cast<int>(inflight.size()) + 1;  // +1: held until every callback is set
+  }
+  for (auto& e : inflight) {
+    // The callback keeps the marker alive (a torch.Event may be dropped before the work ends).
+    e->on_ready([self = shared_from_this()](const std::string& err) { self->finish_one(err); });
+  }
+  finish_one("");
+}
+
+void Marker::finish_one(const std::string& error) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (!error.empty() && error_.empty()) error_ = error;
+  if (--remaining_ == 0) {
+    done_ns_ = now_ns();
+    cv_.notify_all();
+  }
+}
+
+bool Marker::query() {
+  std::lock_guard<std::mutex> g(mu_);
+  return reached_ && remaining_ == 0;
+}
+
+void Marker::synchronize() {
+  std::unique_lock<std::mutex> lk(mu_);
+  cv_.wait(lk, [this] { return reached_ && remaining_ == 0; });
+  if (!error_.empty()) throw pjrt::PjrtError(error_, 0);
+}
+
+std::optional<int64_t> Marker::completed_ns() {
+  std::lock_guard<std::mutex> g(mu_);
+  return done_ns_;
 }
 
 }  // namespace torch_tpu::runtime

@@ -62,6 +62,31 @@ struct Counters {
 };
 Counters& counters();
 
+// A point in one device's work (what torch.Event records): every execution issued on the device
+// before it. PJRT has no user streams; each device runs what the runtime issues to it, so a marker
+// is the completion of the executions that were in flight when it was reached in the launch queue.
+class Marker : public std::enable_shared_from_this<Marker> {
+ public:
+  // True once the marker was reached and every execution before it finished. Never blocks.
+  bool query();
+  // Blocks until query() is true; raises the error of a failed execution before it.
+  void synchronize();
+  // Steady-clock nanoseconds at which the last execution before it finished (or at which it was
+  // reached, when nothing was in flight); nullopt while not complete.
+  std::optional<int64_t> completed_ns();
+
+ private:
+  friend class Runtime;
+  void reach(std::vector<std::shared_ptr<pjrt::Event>> inflight);  // on the launcher thread
+  void finish_one(const std::string& error);
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool reached_ = false;
+  int remaining_ = 0;
+  std::optional<int64_t> done_ns_;
+  std::string error_;
+};
+
 class Runtime {
  public:
   static Runtime& get();
@@ -112,11 +137,18 @@ class Runtime {
                std::vector<Cell*> sinks, int device, std::string producer);
   // Waits until every queued launch has been issued; raises the first error one of them met.
   void drain();
+  // Raises (once) the first error a launch met when it was issued, without waiting for the queue.
+  void raise_launch_error();
   // Called before the host reads device data (downloads, synchronize): fused eager flushes its
   // recorded ops there.
   void set_host_read_hook(std::function<void()> hook) { hook_ = std::move(hook); }
   // Waits for every execution issued so far on `device` (-1: all); raises their errors.
   void synchronize(int device);
+  // A marker after every launch queued so far on `device` (fused eager's recorded ops flushed
+  // first); see Marker. Does not block.
+  std::shared_ptr<Marker> mark(int device);
+  // True when nothing is queued and no execution issued on `device` is still running.
+  bool idle(int device);
 
  private:
   std::mutex mu_;
@@ -129,6 +161,9 @@ class Runtime {
     if (hook_) hook_();
   }
   std::function<void()> hook_;
+  // Completion events of the executions issued on each device that may still be running.
+  std::map<int, std::vector<std::shared_ptr<pjrt::Event>>> inflight_;
+  std::vector<std::shared_ptr<pjrt::Event>> take_inflight(int device);  // the unfinished ones; mu_ held
   // Outputs not yet awaited, with the op that produces each.
   std::vector<std::pair<std::weak_ptr<pjrt::Buffer>, std::string>> pending_;
   // The indices of `args` not to donate. Donating a buffer that an execution still uses (its
