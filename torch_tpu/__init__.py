@@ -45,6 +45,9 @@ from . import _printing  # noqa: E402,F401
 from .eager import eager_mode, get_eager_mode, set_eager_mode  # noqa: E402,F401
 from . import metrics  # noqa: E402,F401
 from . import dynamo  # noqa: E402,F401  (registers torch.compile(backend="tpu"))
+from . import distributed  # noqa: E402
+
+distributed.register()  # init_process_group("tpu_dist")
 
 __version__ = "0.1.0"
-__all__ = ["runtime", "metrics", "set_eager_mode", "get_eager_mode", "eager_mode"]
+__all__ = ["runtime", "metrics", "distributed", "set_eager_mode", "get_eager_mode", "eager_mode"]

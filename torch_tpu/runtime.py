@@ -84,6 +84,7 @@ def configure() -> None:
     path, error = resolve_plugin()
     options = []
     if "xla_cpu_pjrt" in os.path.basename(path):
+        _take_local_share_of_cores()
         try:
             options.append(("cpu_device_count", cpu_device_count()))
         except ValueError as e:  # raised on first use, as a missing plugin is: importing still works
@@ -91,9 +92,38 @@ def configure() -> None:
     _C._configure(path, error, options)
 
 
+def _local_world() -> tuple[int, int] | None:
+    """(LOCAL_RANK, LOCAL_WORLD_SIZE) when torchrun (or a launcher that sets the same variables)
+    runs several processes on this host, else None."""
+    try:
+        size, rank = int(os.environ["LOCAL_WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
+    except (KeyError, ValueError):
+        return None
+    return (rank, size) if size > 1 and 0 <= rank < size else None
+
+
+def _take_local_share_of_cores() -> None:
+    """With the CPU plugin and several processes per host, each process runs on its share of the
+    cores (LOCAL_RANK's slice of the affinity mask): the plugin sizes its compute thread pool from
+    the cores a process may use, and N processes each starting a pool of all the cores time-slice
+    N times as many threads as there are cores. Skipped when there are fewer cores than processes,
+    or when TORCH_TPU_CPU_PIN=0."""
+    local = _local_world()
+    if local is None or os.environ.get("TORCH_TPU_CPU_PIN", "1") == "0" or not hasattr(os, "sched_setaffinity"):
+        return
+    rank, size = local
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < size:
+        return
+    share = len(cores) // size
+    os.sched_setaffinity(0, cores[rank * share:(rank + 1) * share])
+
+
 def cpu_device_count() -> int:
-    """Devices the CPU plugin exposes: `TORCH_TPU_CPU_DEVICE_COUNT`, else the cores this process may
-    run on, clamped to [2, 4] (4 is the plugin's own default).
+    """Devices the CPU plugin exposes: `TORCH_TPU_CPU_DEVICE_COUNT`, else 1 in each process of a
+    multi-process job on this host (torchrun's LOCAL_WORLD_SIZE > 1: one process per device, each
+    seeing its own as tpu:0), else the cores this process may run on, clamped to [2, 4] (4 is the
+    plugin's own default).
 
     Why not always 4: the plugin's compute thread pool has one thread per device at least, so 4
     devices on a 2-core machine time-slice 4 compute threads on 2 cores (measured on 2 cores: the
@@ -106,6 +136,8 @@ def cpu_device_count() -> int:
             raise ValueError(f"TORCH_TPU_CPU_DEVICE_COUNT must be a positive integer (the number of devices "
                              f"the CPU plugin exposes), got {value!r}")
         return int(value)
+    if _local_world() is not None:
+        return 1
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # no sched_getaffinity (macOS)

@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "aten/device.h"
+#include "python/distributed.h"
 #include "aten/fallback.h"
 #include "python/graph_runner.h"
 #include "python/launch_args.h"
@@ -28,6 +29,7 @@ using torch_tpu::python::cell_of;
 PYBIND11_MODULE(_C, m) {
   m.doc() = "TorchTPU core: PJRT runtime and PrivateUse1 device integration";
   py::register_exception<torch_tpu::pjrt::PjrtError>(m, "PjrtError", PyExc_RuntimeError);
+  torch_tpu::python::init_distributed(m);
 
   py::class_<torch_tpu::pjrt::Executable, std::shared_ptr<torch_tpu::pjrt::Executable>>(m, "Executable")
       .def_property_readonly("num_outputs", &torch_tpu::pjrt::Executable::num_outputs);

@@ -1,0 +1,454 @@
+// tpu_dist's Backend over a host transport (see backend.h).
+#include "distributed/backend.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/util/Exception.h>
+
+namespace torch_tpu::distributed {
+
+namespace {
+
+c10::intrusive_ptr<c10::ivalue::Future> tensor_list_future() {
+  return c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors());
+}
+
+std::exception_ptr backend_error(const std::string& msg) {
+  try {
+    C10_THROW_ERROR(DistBackendError, msg);
+  } catch (...) {
+    return std::current_exception();
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+TpuWork::TpuWork(int rank, c10d::OpType op, std::vector<at::Tensor> outputs,
+                 c10::intrusive_ptr<c10::ivalue::Future> future, c10::intrusive_ptr<c10d::Work> host)
+    : c10d::Work(rank, op), outputs_(std::move(outputs)), future_(std::move(future)), host_(std::move(host)) {}
+
+bool TpuWork::isCompleted() { return future_->completed(); }
+
+bool TpuWork::isSuccess() const { return future_->completed() && !future_->hasError(); }
+
+std::exception_ptr TpuWork::exception() const {
+  return future_->completed() && future_->hasError() ? future_->exception_ptr() : nullptr;
+}
+
+std::vector<at::Tensor> TpuWork::result() { return outputs_; }
+
+bool TpuWork::wait(std::chrono::milliseconds) {
+  // The host work is waited for with the group's timeout on the completion thread, so the future
+  // always completes: with the results written back, or with the error.
+  future_->wait();
+  if (future_->hasError()) std::rethrow_exception(future_->exception_ptr());
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+TpuBackend::TpuBackend(c10::intrusive_ptr<c10d::Backend> host, int rank, int size, std::chrono::milliseconds timeout)
+    : c10d::Backend(rank, size), host_(std::move(host)), timeout_(timeout) {
+  TORCH_CHECK(host_, "tpu_dist needs a host backend to stage collectives through");
+  worker_ = std::thread([this] { completion_loop(); });
+}
+
+TpuBackend::~TpuBackend() {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+}
+
+void TpuBackend::completion_loop() {
+  pthread_setname_np(pthread_self(), "tpu_dist");
+  for (;;) {
+    std::function<void()> job;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [this] { return stop_ || !jobs_.empty(); });
+      if (jobs_.empty()) return;  // stopping, and every queued call has finished
+      job = std::move(jobs_.front());
+      jobs_.pop_front();
+    }
+    job();
+  }
+}
+
+std::string TpuBackend::describe(const char* name) const {
+  std::string desc = getGroupDesc();
+  std::string uid = getGroupUid();
+  return std::string("tpu_dist ") + name + " on process group '" + (desc.empty() ? uid : desc) + "' (rank " +
+         std::to_string(rank_) + " of " + std::to_string(size_) + ")";
+}
+
+void TpuBackend::check(const at::Tensor& t, const char* name, const char* what) const {
+  TORCH_CHECK(t.defined(), describe(name), ": the ", what, " is an undefined tensor");
+  TORCH_CHECK(t.device().type() == c10::DeviceType::PrivateUse1, describe(name), ": the ", what, " is a ",
+              t.device().str(), " tensor, but tpu_dist runs collectives on tpu tensors. Move it with .to('tpu'), "
+              "or give CPU tensors to a gloo group (init_process_group('cpu:gloo,tpu:tpu_dist') serves both).");
+  TORCH_CHECK(t.layout() == c10::kStrided, describe(name), ": the ", what, " has layout ", t.layout(),
+              "; tpu_dist takes dense (strided) tensors");
+}
+
+void TpuBackend::check_root(int64_t root, const char* name) const {
+  TORCH_CHECK_VALUE(root >= 0 && root < size_, describe(name), ": invalid root rank ", root,
+                    " (the group has ranks 0..", size_ - 1, ")");
+}
+
+at::Tensor TpuBackend::stage(const at::Tensor& t) const { return t.to(at::kCPU).contiguous(); }
+
+at::Tensor TpuBackend::receive_into(const at::Tensor& t, Call& call, bool copy_value) const {
+  at::Tensor host = copy_value ? stage(t) : at::empty(t.sizes(), t.options().device(at::kCPU));
+  call.write_back.push_back({t, host});
+  return host;
+}
+
+c10d::ReduceOp TpuBackend::host_op(const c10d::ReduceOp& op, const char* name) const {
+  TORCH_CHECK(op != c10d::ReduceOp::PREMUL_SUM, describe(name),
+              ": ReduceOp.PREMUL_SUM is not supported; scale the tensor, then use ReduceOp.SUM");
+  if (op == c10d::ReduceOp::AVG) return c10d::ReduceOp(c10d::ReduceOp::SUM);
+  return op;
+}
+
+std::function<void()> TpuBackend::averaging(const c10d::ReduceOp& op, std::vector<at::Tensor> host) const {
+  if (op != c10d::ReduceOp::AVG) return {};
+  int64_t n = size_;
+  return [host = std::move(host), n] {
+    for (const auto& t : host) {
+      if (at::isIntegralType(t.scalar_type(), /*includeBool=*/true)) {
+        TORCH_CHECK(t.scalar_type() != at::kBool, "ReduceOp.AVG is not defined for bool tensors");
+        t.div_(n, "trunc");
+      } else {
+        t.div_(n);
+      }
+    }
+  };
+}
+
+c10::intrusive_ptr<c10d::Work> TpuBackend::run(Call call, const std::function<c10::intrusive_ptr<c10d::Work>()>& start) {
+  std::string what = describe(call.name);
+  c10::intrusive_ptr<c10d::Work> host_work;
+  try {
+    host_work = start();
+  } catch (const std::exception& e) {
+    std::rethrow_exception(backend_error(what + " failed: " + e.what()));
+  }
+  auto future = tensor_list_future();
+  auto work = c10::make_intrusive<TpuWork>(rank_, call.op, call.outputs, future, host_work);
+  auto timeout = timeout_;
+  auto job = [call = std::move(call), host_work, future, what, timeout]() {
+    try {
+      if (host_work) host_work->wait(timeout);
+      if (call.after_host) call.after_host();
+      for (const auto& wb : call.write_back) {
+        c10::DeviceGuard guard(wb.device.device());
+        wb.device.copy_(wb.host);
+      }
+      future->markCompleted(c10::IValue(call.outputs));
+    } catch (const std::exception& e) {
+      future->setError(backend_error(what + " failed: " + e.what() +
+                                     "\n(the tensors it would have written keep their values)"));
+    }
+  };
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    jobs_.push_back(std::move(job));
+  }
+  cv_.notify_one();
+  return work;
+}
+
+// ---------------------------------------------------------------------------------------------
+c10::intrusive_ptr<c10d::Work> TpuBackend::broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) {
+  const char* name = "broadcast";
+  check_root(opts.rootRank, name);
+  Call call{c10d::OpType::BROADCAST, name, tensors, {}, {}};
+  std::vector<at::Tensor> host;
+  for (const auto& t : tensors) {
+    check(t, name, "tensor");
+    // The root's tensor is only read; the others' only written.
+    host.push_back(rank_ == opts.rootRank ? stage(t) : receive_into(t, call));
+  }
+  return run(std::move(call), [&] { return host_->broadcast(host, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> TpuBackend::allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
+  const char* name = "all_reduce";
+  for (const auto& t : tensors) check(t, name, "tensor");
+  c10d::AllreduceOptions o = opts;
+  o.reduceOp = host_op(opts.reduceOp, name);
+  Call call{c10d::OpType::ALLREDUCE, name, tensors, {}, {}};
+  std::vector<at::Tensor> host;
+  for (const auto& t : tensors) host.push_back(receive_into(t, call, /*copy_value=*/true));
+  call.after_host = averaging(opts.reduceOp, host);
+  return run(std::move(call), [&] { return host_->allreduce(host, o); });
+}
+
+c10::intrusive_ptr<c10d::Work> TpuBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                               const c10d::AllreduceCoalescedOptions& opts) {
+  const char* name = "all_reduce_coalesced";
+  for (const auto& t : tensors) check(t, name, "tensor");
+  c10d::AllreduceCoalescedOptions o = opts;
+  o.reduceOp = host_op(opts.reduceOp, name);
+  Call call{c10d::OpType::ALLREDUCE_COALESCED, name, tensors, {}, {}};
+  std::vector<at::Tensor> host;
+  for (const auto& t : tensors) host.push_back(receive_into(t, call, /*copy_value=*/true));
+  call.after_host = averaging(opts.reduceOp, host);
+  return run(std::move(call), [&] { return host_->allreduce_coalesced(host, o); });
+}
+
+c10::intrusive_ptr<c10d::Work> TpuBackend::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
+  const char* name = "reduce";
+  check_root(opts.rootRank, name);
+  for (const auto& t : tensors) check(t, name, "tensor");
+  c10d::ReduceOptions o = opts;
+  o.reduceOp = host_op(opts.reduceOp, name);
+  Call call{c10d::OpType::REDUCE, name, tensors, {}, {}};
+  std::vector<at::Tensor> host;
+  for (const auto& t : tensors) {
+    // Only the root's tensor receives the result; the others keep theirs (as with NCCL).
+    host.push_back(rank_ == opts.rootRank ? receive_into(t, call, /*copy_value=*/true) : stage(t));
+  }
+  if (rank_ == opts.rootRank) call.after_host = averaging(opts.reduceOp, host);
+  return run(std::move(call), [&] { return host_->reduce(host, o); });
+}
+
+c10::intrusive_ptr<c10d::Work> TpuBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllgatherOptions& opts) {
+  const char* name = "all_gather";
+  for (const auto& t : inputs) check(t, name, "input");
+  Call call{c10d::OpType::ALLGATHER, name, {}, {}, {}};
+  std::vector<std::vector<at::Tensor>> host_out(outputs.size());
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    for (const auto& t : outputs[i]) {
+      check(t, name, "output");
+      host_out[i].push_back(receive_into(t, call));
+      call.outputs.push_back(t);
+    }
+  }
+  std::vector<at::Tensor> host_in;
+  for (const auto& t : inputs) host_in.push_back(stage(t));
+  return run(std::move(call), [&] { return host_->allgather(host_out, host_in, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> TpuBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                                           const c10d::AllgatherOptions& opts) {
+  const char* name = "all_gather_into_tensor";
+  check(input, name, "input");
+  check(output, name, "output");
+  Call call{c10d::OpType::_ALLGATHER_BASE, name, {output}, {}, {}};
+  at::Tensor host_out = receive_into(output, call);
+  at::Tensor host_in = stage(input);
+  return run(std::move(call), [&] { return host_->_allgather_base(host_out, host_in, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> TpuBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                               std::vector<at::Tensor>& inputs,
+                                                               const c10d::AllgatherOptions& opts) {
+  const char* name = "all_gather_coalesced";
+  for (const auto& t : inputs) check(t, name, "input");
+  Call call{c10d::OpType::ALLGATHER_COALESCED, name, {}, {}, {}};
+  std::vector<std::vector<at::Tensor>> host_out(outputs.size());
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    for (const auto& t : outputs[i]) {
+      check(t, name, "output");
+      host_out[i].push_back(receive_into(t, call));
+      call.outputs.push_back(t);
+    }
+  }
+  std::vector<at::Tensor> host_in;
+  for (const auto& t : inputs) host_in.push_back(stage(t));
+  return run(std::move(call), [&] { return host_->allgather_coalesced(host_out, host_in, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> TpuBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                           std::vector<at::Tensor>& inputs,
+                                                                           const c10d::AllgatherOptions& opts) {
+  const char* name = "all_gather_into_tensor_coalesced";
+  Call call{c10d::OpType::COALESCED, name, outputs, {}, {}};
+  std::vector<at::Tensor> host_out, host_in;
+  for (const auto& t : outputs) {
+    check(t, name, "output");
+    host_out.push_back(receive_into(t, call));
+  }
+  for (const auto& t : inputs) {
+    check(t, name, "input");
+    host_in.push_back(stage(t));
+  }
+  return run(std::move(call), [&] { return host_->allgather_into_tensor_coalesced(host_out, host_in, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> TpuBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                  std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) {
+  const char* name = "gather";
+  check_root(opts.rootRank, name);
+  for (const auto& t : inputs) check(t, name, "input");
+  Call call{c10d::OpType::GATHER, name, {}, {}, {}};
+  std::vector<std::vector<at::Tensor>> host_out(outputs.size());
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    for (const auto& t : outputs[i]) {
+      check(t, name, "output");
+      host_out[i].push_back(receive_into(t, call));
+      call.outputs.push_back(t);
+    }
+  }
+  std::vector<at::Tensor> host_in;
+  for (const auto& t : inputs) host_in.push_back(stage(t));
+  return run(std::move(call), [&] { return host_->gather(host_out, host_in, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> TpuBackend::scatter(std::vector<at::Tensor>& outputs,
+                                                   std::vector<std::vector<at::Tensor>>& inputs,
+                                                   const c10d::ScatterOptions& opts) {
+  const char* name = "scatter";
+  check_root(opts.rootRank, name);
+  Call call{c10d::OpType::SCATTER, name, outputs, {}, {}};
+  std::vector<at::Tensor> host_out;
+  for (const auto& t : outputs) {
+    check(t, name, "output");
+    host_out.push_back(receive_into(t, call));
+  }
+  std::vector<std::vector<at::Tensor>> host_in(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    for (const auto& t : inputs[i]) {
+      check(t, name, "input");
+      host_in[i].push_back(stage(t));
+    }
+  }
+  return run(std::move(call), [&] { return host_->scatter(host_out, host_in, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> TpuBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                          std::vector<std::vector<at::Tensor>>& inputs,
+                                                          const c10d::ReduceScatterOptions& opts) {
+  const char* name = "reduce_scatter";
+  c10d::ReduceScatterOptions o = opts;
+  o.reduceOp = host_op(opts.reduceOp, name);
+  Call call{c10d::OpType::REDUCE_SCATTER, name, outputs, {}, {}};
+  std::vector<at::Tensor> host_out;
+  for (const auto& t : outputs) {
+    check(t, name, "output");
+    host_out.push_back(receive_into(t, call));
+  }
+  std::vector<std::vector<at::Tensor>> host_in(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    for (const auto& t : inputs[i]) {
+      check(t, name, "input");
+      host_in[i].push_back(stage(t));
+    }
+  }
+  call.after_host = averaging(opts.reduceOp, host_out);
+  return run(std::move(call), [&] { return host_->reduce_scatter(host_out, host_in, o); });
+}
+
+c10::intrusive_ptr<c10d::Work> TpuBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                                const c10d::ReduceScatterOptions& opts) {
+  const char* name = "reduce_scatter_tensor";
+  check(input, name, "input");
+  check(output, name, "output");
+  c10d::ReduceScatterOptions o = opts;
+  o.reduceOp = host_op(opts.reduceOp, name);
+  Call call{c10d::OpType::_REDUCE_SCATTER_BASE, name, {output}, {}, {}};
+  at::Tensor host_out = receive_into(output, call);
+  at::Tensor host_in = stage(input);
+  call.after_host = averaging(opts.reduceOp, {host_out});
+  return run(std::move(call), [&] { return host_->_reduce_scatter_base(host_out, host_in, o); });
+}
+
+c10::intrusive_ptr<c10d::Work> TpuBackend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                           std::vector<at::Tensor>& inputs,
+                                                                           const c10d::ReduceScatterOptions& opts) {
+  const char* name = "reduce_scatter_tensor_coalesced";
+  c10d::ReduceScatterOptions o = opts;
+  o.reduceOp = host_op(opts.reduceOp, name);
+  Call call{c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, name, outputs, {}, {}};
+  std::vector<at::Tensor> host_out, host_in;
+  for (const auto& t : outputs) {
+    check(t, name, "output");
+    host_out.push_back(receive_into(t, call));
+  }
+  for (const auto& t : inputs) {
+    check(t, name, "input");
+    host_in.push_back(stage(t));
+  }
+  call.after_host = averaging(opts.reduceOp, host_out);
+  return run(std::move(call), [&] { return host_->reduce_scatter_tensor_coalesced(host_out, host_in, o); });
+}
+
+c10::intrusive_ptr<c10d::Work> TpuBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                         std::vector<int64_t>& output_splits,
+                                                         std::vector<int64_t>& input_splits,
+                                                         const c10d::AllToAllOptions& opts) {
+  const char* name = "all_to_all_single";
+  check(input, name, "input");
+  check(output, name, "output");
+  Call call{c10d::OpType::ALLTOALL_BASE, name, {output}, {}, {}};
+  at::Tensor host_out = receive_into(output, call);
+  at::Tensor host_in = stage(input);
+  return run(std::move(call),
+             [&] { return host_->alltoall_base(host_out, host_in, output_splits, input_splits, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> TpuBackend::alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                                    const c10d::AllToAllOptions& opts) {
+  const char* name = "all_to_all";
+  Call call{c10d::OpType::ALLTOALL, name, outputs, {}, {}};
+  std::vector<at::Tensor> host_out, host_in;
+  for (const auto& t : outputs) {
+    check(t, name, "output");
+    host_out.push_back(receive_into(t, call));
+  }
+  for (const auto& t : inputs) {
+    check(t, name, "input");
+    host_in.push_back(stage(t));
+  }
+  return run(std::move(call), [&] { return host_->alltoall(host_out, host_in, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> TpuBackend::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
+  const char* name = "send";
+  check_root(dst, name);
+  TORCH_CHECK_VALUE(dst != rank_, describe(name), ": a rank cannot send to itself (dst=", dst, ")");
+  Call call{c10d::OpType::SEND, name, tensors, {}, {}};
+  std::vector<at::Tensor> host;
+  for (const auto& t : tensors) {
+    check(t, name, "tensor");
+    host.push_back(stage(t));
+  }
+  return run(std::move(call), [&] { return host_->send(host, dst, tag); });
+}
+
+c10::intrusive_ptr<c10d::Work> TpuBackend::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
+  const char* name = "recv";
+  check_root(src, name);
+  TORCH_CHECK_VALUE(src != rank_, describe(name), ": a rank cannot receive from itself (src=", src, ")");
+  Call call{c10d::OpType::RECV, name, tensors, {}, {}};
+  std::vector<at::Tensor> host;
+  for (const auto& t : tensors) {
+    check(t, name, "tensor");
+    host.push_back(receive_into(t, call));
+  }
+  return run(std::move(call), [&] { return host_->recv(host, src, tag); });
+}
+
+c10::intrusive_ptr<c10d::Work> TpuBackend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  const char* name = "recv";
+  Call call{c10d::OpType::RECVANYSOURCE, name, tensors, {}, {}};
+  std::vector<at::Tensor> host;
+  for (const auto& t : tensors) {
+    check(t, name, "tensor");
+    host.push_back(receive_into(t, call));
+  }
+  return run(std::move(call), [&] { return host_->recvAnysource(host, tag); });
+}
+
+c10::intrusive_ptr<c10d::Work> TpuBackend::barrier(const c10d::BarrierOptions& opts) {
+  Call call{c10d::OpType::BARRIER, "barrier", {}, {}, {}};
+  return run(std::move(call), [&] { return host_->barrier(opts); });
+}
+
+}  // namespace torch_tpu::distributed

@@ -1,0 +1,145 @@
+// tpu_dist: the c10d Backend for tpu tensors (torch.distributed.init_process_group("tpu_dist")).
+//
+// One process per device. A collective takes tpu tensors and leaves its results in them, with the
+// semantics of c10d's Backend API (the same as Gloo's on CPU tensors and NCCL's on CUDA ones).
+// Where it runs is the Transport's business:
+//   - HostStaged (built here): the PJRT plugin has no cross-process collectives (the CPU plugin),
+//     so each collective copies its inputs device -> host once, runs on a CPU c10d Backend
+//     (PyTorch's ProcessGroupGloo, created on the same store), and copies the results host ->
+//     device once.
+//   - A device transport (libtpu over ICI, NCCL inside the CUDA plugin) would run the same calls
+//     as StableHLO collectives (stablehlo.all_reduce with replica groups) on the device buffers;
+//     it plugs in behind the same Backend methods.
+//
+// Ordering: inputs are read when the collective is called (the copy to the host waits for their
+// pending writes, fused eager runs included); results are written back, in call order, by the
+// backend's completion thread before the Work completes, so after wait() every later op sees
+// them. A failed collective writes nothing: the tensors it would have written keep their values.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace torch_tpu::distributed {
+
+// The completion of one tpu_dist call. Its future's value is the list of tpu tensors the call
+// wrote (what DDP's communication hooks read); wait() raises the call's error.
+class TpuWork : public c10d::Work {
+ public:
+  TpuWork(int rank, c10d::OpType op, std::vector<at::Tensor> outputs, c10::intrusive_ptr<c10::ivalue::Future> future,
+          c10::intrusive_ptr<c10d::Work> host);
+  bool isCompleted() override;
+  bool isSuccess() const override;
+  std::exception_ptr exception() const override;
+  std::vector<at::Tensor> result() override;
+  // Blocks until the results are in the tpu tensors; raises the collective's error (a
+  // DistBackendError naming the collective and the group). `timeout` 0: the group's timeout.
+  bool wait(std::chrono::milliseconds timeout) override;
+  void synchronize() override {}
+  int sourceRank() const override { return host_->sourceRank(); }  // recv from any source
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+
+ private:
+  std::vector<at::Tensor> outputs_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  c10::intrusive_ptr<c10d::Work> host_;
+};
+
+class TpuBackend : public c10d::Backend {
+ public:
+  // `host`: the CPU backend collectives are staged through (ProcessGroupGloo on the same store,
+  // same rank and size). `timeout`: the group's; a collective that has not finished by then raises.
+  TpuBackend(c10::intrusive_ptr<c10d::Backend> host, int rank, int size, std::chrono::milliseconds timeout);
+  ~TpuBackend() override;
+
+  const std::string getBackendName() const override { return "tpu_dist"; }
+  void setTimeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                     const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_splits,
+                                               std::vector<int64_t>& input_splits,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+
+ private:
+  // One tpu tensor the call writes, and the host tensor its result arrives in.
+  struct WriteBack {
+    at::Tensor device;
+    at::Tensor host;
+  };
+  struct Call {
+    c10d::OpType op;
+    const char* name;
+    std::vector<at::Tensor> outputs;       // the future's value
+    std::vector<WriteBack> write_back;     // copied host -> device after the host work succeeds
+    std::function<void()> after_host;      // e.g. AVG's division, on the host tensors
+  };
+
+  // Checks that `t` is a dense tpu tensor (`what` names it in the error).
+  void check(const at::Tensor& t, const char* name, const char* what) const;
+  void check_root(int64_t root, const char* name) const;
+  // The device -> host copy of an input (contiguous, as the host backend needs).
+  at::Tensor stage(const at::Tensor& t) const;
+  // A contiguous host tensor for the result of `t`, recorded to be written back into `t`.
+  at::Tensor receive_into(const at::Tensor& t, Call& call, bool copy_value = false) const;
+  // Runs `start` (which calls the host backend) and queues the completion: wait for the host
+  // work, after_host, write back, complete the future.
+  c10::intrusive_ptr<c10d::Work> run(Call call, const std::function<c10::intrusive_ptr<c10d::Work>()>& start);
+  std::string describe(const char* name) const;
+  // AVG has no Gloo counterpart: SUM, then divide on the host (integers: truncating, as NCCL).
+  c10d::ReduceOp host_op(const c10d::ReduceOp& op, const char* name) const;
+  std::function<void()> averaging(const c10d::ReduceOp& op, std::vector<at::Tensor> host) const;
+
+  c10::intrusive_ptr<c10d::Backend> host_;
+  std::chrono::milliseconds timeout_;
+
+  // The completion thread: finishes calls in the order they were made.
+  void completion_loop();
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_;
+  bool stop_ = false;
+  std::thread worker_;
+};
+
+}  // namespace torch_tpu::distributed
