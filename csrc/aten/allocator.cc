@@ -3,6 +3,7 @@
 // creates (empty, empty_strided, resize_) is a cell.
 #include <c10/core/Allocator.h>
 #include <c10/core/CachingDeviceAllocator.h>
+#include <ATen/core/Tensor.h>
 
 #include "aten/device.h"
 #include "runtime/runtime.h"
@@ -44,4 +45,13 @@ TpuAllocator g_allocator;
 REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &g_allocator);
 
 }  // namespace
+
+runtime::Cell* cell_of(const at::Tensor& t) {
+  TORCH_CHECK(t.device().type() == c10::DeviceType::PrivateUse1, "expected a tpu tensor, got one on ",
+              t.device());
+  auto* c = static_cast<runtime::Cell*>(t.storage().data_ptr().get_context());
+  TORCH_CHECK(c, "tpu tensor has no storage cell");
+  return c;
+}
+
 }  // namespace torch_tpu::aten

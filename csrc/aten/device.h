@@ -3,9 +3,17 @@
 #pragma once
 
 #include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
+namespace torch_tpu::runtime {
+struct Cell;
+}
+
 namespace torch_tpu::aten {
+
+// The storage cell behind a tpu tensor. Raises (RuntimeError) for a tensor on another device.
+runtime::Cell* cell_of(const at::Tensor& t);
 
 // The thread's current tpu device index (torch.tpu.current_device()).
 c10::DeviceIndex current_device();

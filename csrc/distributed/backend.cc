@@ -1,9 +1,15 @@
 // tpu_dist's Backend over a host transport (see backend.h).
 #include "distributed/backend.h"
 
+#include "aten/device.h"
+#include "runtime/runtime.h"
+
 #include <ATen/ATen.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cstdlib>
 
 namespace torch_tpu::distributed {
 
@@ -19,6 +25,12 @@ std::exception_ptr backend_error(const std::string& msg) {
   } catch (...) {
     return std::current_exception();
   }
+}
+
+// The message of an error, without the C++ backtrace c10::Error carries.
+std::string message(const std::exception& e) {
+  if (auto* c10e = dynamic_cast<const c10::Error*>(&e)) return c10e->what_without_backtrace();
+  return e.what();
 }
 
 }  // namespace
@@ -50,6 +62,8 @@ bool TpuWork::wait(std::chrono::milliseconds) {
 TpuBackend::TpuBackend(c10::intrusive_ptr<c10d::Backend> host, int rank, int size, std::chrono::milliseconds timeout)
     : c10d::Backend(rank, size), host_(std::move(host)), timeout_(timeout) {
   TORCH_CHECK(host_, "tpu_dist needs a host backend to stage collectives through");
+  const char* v = std::getenv("TORCH_TPU_DIST_VERIFY");
+  verify_ = !(v && std::string(v) == "0");
   worker_ = std::thread([this] { completion_loop(); });
 }
 
@@ -60,6 +74,14 @@ TpuBackend::~TpuBackend() {
   }
   cv_.notify_all();
   if (worker_.joinable()) worker_.join();
+}
+
+c10::intrusive_ptr<c10d::Backend> TpuBackend::split(const c10::intrusive_ptr<c10d::Store>& store,
+                                                    const std::vector<int>& ranks,
+                                                    const c10::intrusive_ptr<Options>& opts) {
+  auto host = host_->split(store, ranks, opts);
+  if (!host) return nullptr;  // this rank is not in `ranks`
+  return c10::make_intrusive<TpuBackend>(host, host->getRank(), host->getSize(), opts ? opts->timeout : timeout_);
 }
 
 void TpuBackend::completion_loop() {
@@ -98,9 +120,107 @@ void TpuBackend::check_root(int64_t root, const char* name) const {
                     " (the group has ranks 0..", size_ - 1, ")");
 }
 
-at::Tensor TpuBackend::stage(const at::Tensor& t) const { return t.to(at::kCPU).contiguous(); }
+namespace {
+constexpr int64_t kPrint = 8;  // dims of the first tensor kept for the error message
+constexpr int64_t kFingerprint = 5 + kPrint;
+
+std::string render(const int64_t* fp) {
+  std::string s = c10d::opTypeToString(static_cast<c10d::OpType>(fp[0]));
+  if (fp[1] == 0) return s;
+  s += " of " + std::to_string(fp[1]) + " tensor(s), the first ";
+  s += fp[3] < 0 ? std::string("?") : std::string(c10::toString(static_cast<c10::ScalarType>(fp[3])));
+  if (fp[4] >= 0) {
+    s += "[";
+    for (int64_t d = 0; d < std::min(fp[4], kPrint); ++d) s += (d ? ", " : "") + std::to_string(fp[5 + d]);
+    if (fp[4] > kPrint) s += ", ...";
+    s += "]";
+  }
+  return s;
+}
+}  // namespace
+
+void TpuBackend::agree(const char* name, c10d::OpType op, const std::vector<at::Tensor>& tensors, bool shapes) {
+  if (!verify_ || size_ < 2) return;
+  std::vector<int64_t> fp(kFingerprint, -1);
+  fp[0] = static_cast<int64_t>(op);
+  fp[1] = static_cast<int64_t>(tensors.size());
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over every tensor's dtype (and sizes)
+  auto mix = [&h](int64_t v) { h = (h ^ static_cast<uint64_t>(v)) * 1099511628211ull; };
+  for (const auto& t : tensors) {
+    mix(static_cast<int64_t>(t.scalar_type()));
+    if (shapes) {
+      mix(t.dim());
+      for (int64_t d : t.sizes()) mix(d);
+    }
+  }
+  fp[2] = static_cast<int64_t>(h >> 1);
+  if (!tensors.empty()) {
+    fp[3] = static_cast<int64_t>(tensors[0].scalar_type());
+    if (shapes) {
+      fp[4] = tensors[0].dim();
+      for (int64_t d = 0; d < std::min<int64_t>(tensors[0].dim(), kPrint); ++d) fp[5 + d] = tensors[0].size(d);
+    }
+  }
+  at::Tensor mine = at::tensor(fp, at::kLong);
+  at::Tensor all = at::empty({size_ * kFingerprint}, at::kLong);
+  try {
+    host_->_allgather_base(all, mine)->wait(timeout_);
+  } catch (const std::exception& e) {
+    std::rethrow_exception(backend_error(describe(name) + " failed: " + message(e) +
+                                         "\n(the tensors it would have written keep their values)"));
+  }
+  const int64_t* rows = all.const_data_ptr<int64_t>();
+  bool same = true;
+  for (int64_t r = 0; r < size_ && same; ++r) same = std::equal(fp.begin(), fp.begin() + 3, rows + r * kFingerprint);
+  if (same) return;
+  std::string msg = describe(name) + ": the ranks did not make the same call (dtypes" +
+                    (shapes ? std::string(" and shapes") : std::string()) + " must match on every rank):";
+  for (int64_t r = 0; r < size_; ++r) msg += "\n  rank " + std::to_string(r) + ": " + render(rows + r * kFingerprint);
+  msg += "\nNothing was changed.";
+  TORCH_CHECK_VALUE(false, msg);
+}
+
+namespace {
+// Whether `t` is its storage's whole buffer (dense, row-major, from offset 0, of the storage's
+// element type): then it moves between host and device as one transfer, with no program.
+bool whole(const at::Tensor& t) {
+  runtime::Cell* c = aten::cell_of(t);
+  return t.storage_offset() == 0 && t.is_contiguous() && static_cast<size_t>(t.nbytes()) == c->nbytes &&
+         (!c->dtype || *c->dtype == t.scalar_type());
+}
+}  // namespace
+
+// Host tensors are made here, in C++, and never reach Python: Gloo's threads release them when
+// its work ends, possibly while the interpreter finalizes, and a tensor with a Python object could
+// not be released then (it needs the GIL).
+at::Tensor TpuBackend::stage(const at::Tensor& t) const {
+  at::Tensor host = at::empty(t.sizes(), t.options().device(at::kCPU));
+  if (t.numel() == 0) return host;
+  // A view (a column, a DDP bucket slice) is read into a dense tensor on the device first.
+  at::Tensor src = whole(t) ? t : t.clone(at::MemoryFormat::Contiguous);
+  runtime::Cell* c = aten::cell_of(src);
+  runtime::Runtime::get().ensure_typed(*c, src.scalar_type());
+  runtime::Runtime::get().download(*c, host.data_ptr(), host.nbytes());
+  return host;
+}
+
+void TpuBackend::write_back(const at::Tensor& device, const at::Tensor& host) {
+  if (device.numel() == 0) return;
+  c10::DeviceGuard guard(device.device());
+  if (whole(device)) {
+    runtime::Runtime::get().upload(*aten::cell_of(device), host.const_data_ptr(), host.scalar_type(), host.numel());
+    return;
+  }
+  // A view: upload into a fresh dense tensor, then one copy program writes it into the base.
+  at::Tensor fresh = at::empty(device.sizes(), device.options());
+  runtime::Runtime::get().upload(*aten::cell_of(fresh), host.const_data_ptr(), host.scalar_type(), host.numel());
+  device.copy_(fresh);
+}
 
 at::Tensor TpuBackend::receive_into(const at::Tensor& t, Call& call, bool copy_value) const {
+  // Fused eager's recorded writes to `t` (its torch.zeros, say) are issued now, before the result
+  // replaces its value (stage() does the same for inputs, reading them).
+  if (!copy_value) runtime::Runtime::get().flush_recorded();
   at::Tensor host = copy_value ? stage(t) : at::empty(t.sizes(), t.options().device(at::kCPU));
   call.write_back.push_back({t, host});
   return host;
@@ -128,30 +248,49 @@ std::function<void()> TpuBackend::averaging(const c10d::ReduceOp& op, std::vecto
   };
 }
 
+void TpuBackend::retire(c10::intrusive_ptr<c10::ivalue::Future> future) {
+  std::lock_guard<std::mutex> g(mu_);
+  retired_.push_back(std::move(future));
+}
+
 c10::intrusive_ptr<c10d::Work> TpuBackend::run(Call call, const std::function<c10::intrusive_ptr<c10d::Work>()>& start) {
+  std::vector<c10::intrusive_ptr<c10::ivalue::Future>> done;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    done.swap(retired_);
+  }
+  done.clear();  // released here, on the caller's thread
   std::string what = describe(call.name);
   c10::intrusive_ptr<c10d::Work> host_work;
   try {
     host_work = start();
   } catch (const std::exception& e) {
-    std::rethrow_exception(backend_error(what + " failed: " + e.what()));
+    std::rethrow_exception(backend_error(what + " failed: " + message(e)));
   }
   auto future = tensor_list_future();
   auto work = c10::make_intrusive<TpuWork>(rank_, call.op, call.outputs, future, host_work);
   auto timeout = timeout_;
-  auto job = [call = std::move(call), host_work, future, what, timeout]() {
+  auto job = [this, call = std::move(call), host_work, future, what, timeout]() mutable {
+    // Every reference to the caller's tensors is dropped before the future completes: once wait()
+    // returns, the program may be shutting down, and releasing a tensor that has a Python object
+    // on this thread would then need the GIL of a finalizing interpreter.
+    std::vector<at::Tensor> outputs = std::move(call.outputs);
     try {
       if (host_work) host_work->wait(timeout);
       if (call.after_host) call.after_host();
-      for (const auto& wb : call.write_back) {
-        c10::DeviceGuard guard(wb.device.device());
-        wb.device.copy_(wb.host);
-      }
-      future->markCompleted(c10::IValue(call.outputs));
+      for (const auto& wb : call.write_back) write_back(wb.device, wb.host);
+      call = Call{};
+      host_work.reset();
+      c10::IValue value(std::move(outputs));
+      future->markCompleted(std::move(value));
     } catch (const std::exception& e) {
-      future->setError(backend_error(what + " failed: " + e.what() +
+      call = Call{};
+      host_work.reset();
+      outputs.clear();
+      future->setError(backend_error(what + " failed: " + message(e) +
                                      "\n(the tensors it would have written keep their values)"));
     }
+    retire(std::move(future));
   };
   {
     std::lock_guard<std::mutex> g(mu_);
@@ -165,10 +304,11 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::run(Call call, const std::function<c1
 c10::intrusive_ptr<c10d::Work> TpuBackend::broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) {
   const char* name = "broadcast";
   check_root(opts.rootRank, name);
+  for (const auto& t : tensors) check(t, name, "tensor");
+  agree(name, c10d::OpType::BROADCAST, tensors, true);
   Call call{c10d::OpType::BROADCAST, name, tensors, {}, {}};
   std::vector<at::Tensor> host;
   for (const auto& t : tensors) {
-    check(t, name, "tensor");
     // The root's tensor is only read; the others' only written.
     host.push_back(rank_ == opts.rootRank ? stage(t) : receive_into(t, call));
   }
@@ -180,6 +320,7 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::allreduce(std::vector<at::Tensor>& te
   for (const auto& t : tensors) check(t, name, "tensor");
   c10d::AllreduceOptions o = opts;
   o.reduceOp = host_op(opts.reduceOp, name);
+  agree(name, c10d::OpType::ALLREDUCE, tensors, true);
   Call call{c10d::OpType::ALLREDUCE, name, tensors, {}, {}};
   std::vector<at::Tensor> host;
   for (const auto& t : tensors) host.push_back(receive_into(t, call, /*copy_value=*/true));
@@ -193,6 +334,7 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::allreduce_coalesced(std::vector<at::T
   for (const auto& t : tensors) check(t, name, "tensor");
   c10d::AllreduceCoalescedOptions o = opts;
   o.reduceOp = host_op(opts.reduceOp, name);
+  agree(name, c10d::OpType::ALLREDUCE_COALESCED, tensors, true);
   Call call{c10d::OpType::ALLREDUCE_COALESCED, name, tensors, {}, {}};
   std::vector<at::Tensor> host;
   for (const auto& t : tensors) host.push_back(receive_into(t, call, /*copy_value=*/true));
@@ -206,6 +348,7 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::reduce(std::vector<at::Tensor>& tenso
   for (const auto& t : tensors) check(t, name, "tensor");
   c10d::ReduceOptions o = opts;
   o.reduceOp = host_op(opts.reduceOp, name);
+  agree(name, c10d::OpType::REDUCE, tensors, true);
   Call call{c10d::OpType::REDUCE, name, tensors, {}, {}};
   std::vector<at::Tensor> host;
   for (const auto& t : tensors) {
@@ -221,6 +364,7 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::allgather(std::vector<std::vector<at:
                                                      const c10d::AllgatherOptions& opts) {
   const char* name = "all_gather";
   for (const auto& t : inputs) check(t, name, "input");
+  agree(name, c10d::OpType::ALLGATHER, inputs, true);
   Call call{c10d::OpType::ALLGATHER, name, {}, {}, {}};
   std::vector<std::vector<at::Tensor>> host_out(outputs.size());
   for (size_t i = 0; i < outputs.size(); ++i) {
@@ -240,6 +384,7 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::_allgather_base(at::Tensor& output, a
   const char* name = "all_gather_into_tensor";
   check(input, name, "input");
   check(output, name, "output");
+  agree(name, c10d::OpType::_ALLGATHER_BASE, {input, output}, true);
   Call call{c10d::OpType::_ALLGATHER_BASE, name, {output}, {}, {}};
   at::Tensor host_out = receive_into(output, call);
   at::Tensor host_in = stage(input);
@@ -251,6 +396,7 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::allgather_coalesced(std::vector<std::
                                                                const c10d::AllgatherOptions& opts) {
   const char* name = "all_gather_coalesced";
   for (const auto& t : inputs) check(t, name, "input");
+  agree(name, c10d::OpType::ALLGATHER_COALESCED, inputs, true);
   Call call{c10d::OpType::ALLGATHER_COALESCED, name, {}, {}, {}};
   std::vector<std::vector<at::Tensor>> host_out(outputs.size());
   for (size_t i = 0; i < outputs.size(); ++i) {
@@ -279,6 +425,7 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::allgather_into_tensor_coalesced(std::
     check(t, name, "input");
     host_in.push_back(stage(t));
   }
+  agree(name, c10d::OpType::COALESCED, inputs, true);
   return run(std::move(call), [&] { return host_->allgather_into_tensor_coalesced(host_out, host_in, opts); });
 }
 
@@ -287,6 +434,7 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::gather(std::vector<std::vector<at::Te
   const char* name = "gather";
   check_root(opts.rootRank, name);
   for (const auto& t : inputs) check(t, name, "input");
+  agree(name, c10d::OpType::GATHER, inputs, true);
   Call call{c10d::OpType::GATHER, name, {}, {}, {}};
   std::vector<std::vector<at::Tensor>> host_out(outputs.size());
   for (size_t i = 0; i < outputs.size(); ++i) {
@@ -319,6 +467,7 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::scatter(std::vector<at::Tensor>& outp
       host_in[i].push_back(stage(t));
     }
   }
+  agree(name, c10d::OpType::SCATTER, outputs, true);
   return run(std::move(call), [&] { return host_->scatter(host_out, host_in, opts); });
 }
 
@@ -342,6 +491,7 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::reduce_scatter(std::vector<at::Tensor
     }
   }
   call.after_host = averaging(opts.reduceOp, host_out);
+  agree(name, c10d::OpType::REDUCE_SCATTER, outputs, true);
   return run(std::move(call), [&] { return host_->reduce_scatter(host_out, host_in, o); });
 }
 
@@ -356,6 +506,7 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::_reduce_scatter_base(at::Tensor& outp
   at::Tensor host_out = receive_into(output, call);
   at::Tensor host_in = stage(input);
   call.after_host = averaging(opts.reduceOp, {host_out});
+  agree(name, c10d::OpType::_REDUCE_SCATTER_BASE, {input, output}, true);
   return run(std::move(call), [&] { return host_->_reduce_scatter_base(host_out, host_in, o); });
 }
 
@@ -376,6 +527,7 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::reduce_scatter_tensor_coalesced(std::
     host_in.push_back(stage(t));
   }
   call.after_host = averaging(opts.reduceOp, host_out);
+  agree(name, c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, inputs, true);
   return run(std::move(call), [&] { return host_->reduce_scatter_tensor_coalesced(host_out, host_in, o); });
 }
 
@@ -386,6 +538,7 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::alltoall_base(at::Tensor& output, at:
   const char* name = "all_to_all_single";
   check(input, name, "input");
   check(output, name, "output");
+  agree(name, c10d::OpType::ALLTOALL_BASE, {input, output}, false);  // splits may differ
   Call call{c10d::OpType::ALLTOALL_BASE, name, {output}, {}, {}};
   at::Tensor host_out = receive_into(output, call);
   at::Tensor host_in = stage(input);
@@ -406,6 +559,7 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::alltoall(std::vector<at::Tensor>& out
     check(t, name, "input");
     host_in.push_back(stage(t));
   }
+  agree(name, c10d::OpType::ALLTOALL, inputs, false);
   return run(std::move(call), [&] { return host_->alltoall(host_out, host_in, opts); });
 }
 
@@ -447,6 +601,7 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::recvAnysource(std::vector<at::Tensor>
 }
 
 c10::intrusive_ptr<c10d::Work> TpuBackend::barrier(const c10d::BarrierOptions& opts) {
+  agree("barrier", c10d::OpType::BARRIER, {}, false);
   Call call{c10d::OpType::BARRIER, "barrier", {}, {}, {}};
   return run(std::move(call), [&] { return host_->barrier(opts); });
 }

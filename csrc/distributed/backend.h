@@ -63,6 +63,14 @@ class TpuBackend : public c10d::Backend {
 
   const std::string getBackendName() const override { return "tpu_dist"; }
   void setTimeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }
+  // split_group / DeviceMesh: the sub-group splits the host backend and stages through that.
+  bool supportsSplitting() const override { return host_->supportsSplitting(); }
+  c10::intrusive_ptr<Options> getBackendOptions() override { return host_->getBackendOptions(); }
+  // The group's collective sequence number (desync debugging) is the host backend's.
+  void setSequenceNumberForGroup() override { host_->setSequenceNumberForGroup(); }
+  uint64_t getSequenceNumberForGroup() override { return host_->getSequenceNumberForGroup(); }
+  c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
+                                          const c10::intrusive_ptr<Options>& opts) override;
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) override;
@@ -118,8 +126,15 @@ class TpuBackend : public c10d::Backend {
   // Checks that `t` is a dense tpu tensor (`what` names it in the error).
   void check(const at::Tensor& t, const char* name, const char* what) const;
   void check_root(int64_t root, const char* name) const;
+  // Makes every rank agree, before the collective, that all call `name` with the same dtypes (and,
+  // when `shapes`, the same shapes) of `tensors`: one small all-gather on the host backend. Gloo
+  // aborts the process on a size mismatch; this raises a ValueError naming each rank's call on
+  // every rank instead, with nothing changed. TORCH_TPU_DIST_VERIFY=0 skips it.
+  void agree(const char* name, c10d::OpType op, const std::vector<at::Tensor>& tensors, bool shapes);
   // The device -> host copy of an input (contiguous, as the host backend needs).
   at::Tensor stage(const at::Tensor& t) const;
+  // The host -> device copy of a result into the caller's tensor (a view writes into its base).
+  static void write_back(const at::Tensor& device, const at::Tensor& host);
   // A contiguous host tensor for the result of `t`, recorded to be written back into `t`.
   at::Tensor receive_into(const at::Tensor& t, Call& call, bool copy_value = false) const;
   // Runs `start` (which calls the host backend) and queues the completion: wait for the host
@@ -132,9 +147,15 @@ class TpuBackend : public c10d::Backend {
 
   c10::intrusive_ptr<c10d::Backend> host_;
   std::chrono::milliseconds timeout_;
+  bool verify_ = true;
 
   // The completion thread: finishes calls in the order they were made.
   void completion_loop();
+  // The completion thread never drops the last reference to a completed future (its value holds
+  // the caller's tensors, whose Python objects need the GIL to be released, which a finalizing
+  // interpreter no longer grants): it leaves them here, for the next call or the destructor.
+  void retire(c10::intrusive_ptr<c10::ivalue::Future> future);
+  std::vector<c10::intrusive_ptr<c10::ivalue::Future>> retired_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> jobs_;

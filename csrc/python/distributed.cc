@@ -21,7 +21,13 @@ void init_distributed(py::module& m) {
                        std::chrono::milliseconds timeout) {
              return c10::make_intrusive<distributed::TpuBackend>(host, rank, size, timeout);
            }),
-           py::arg("host"), py::arg("rank"), py::arg("size"), py::arg("timeout"));
+           py::arg("host"), py::arg("rank"), py::arg("size"), py::arg("timeout"))
+      // new_group() calls this on the ranks left out of a group split from a device-bound default
+      // group (NCCL needs every rank in ncclCommSplit). A split host group is made by its members
+      // alone, so the others have nothing to do.
+      // split_group() copies the parent's options into the split: the host backend's.
+      .def_property_readonly("options", &distributed::TpuBackend::getBackendOptions)
+      .def("perform_nocolor_split", [](distributed::TpuBackend&, const at::Device&) {});
 }
 
 }  // namespace torch_tpu::python

@@ -18,14 +18,6 @@ using runtime::Runtime;
 // transfer call.
 constexpr size_t kSmallOperandBytes = 64 << 10;
 
-Cell* cell_of(const at::Tensor& t) {
-  TORCH_CHECK(t.device().type() == c10::DeviceType::PrivateUse1, "expected a tpu tensor, got one on ",
-              t.device());
-  auto* c = static_cast<Cell*>(t.storage().data_ptr().get_context());
-  TORCH_CHECK(c, "tpu tensor has no storage cell");
-  return c;
-}
-
 Cell* cell_by_key(uintptr_t key) {
   Cell* c = Runtime::get().cell_at(reinterpret_cast<void*>(key));
   TORCH_CHECK(c && c->addr == key, "no live tpu storage has key ", key);

@@ -9,14 +9,14 @@
 #include <cstdint>
 #include <vector>
 
+#include "aten/device.h"
 #include "runtime/runtime.h"
 
 namespace torch_tpu::python {
 
 namespace py = pybind11;
 
-// The cell behind a tpu tensor's storage. Raises (RuntimeError) for a tensor on another device.
-runtime::Cell* cell_of(const at::Tensor& t);
+using aten::cell_of;
 // The live cell whose fake device address is `key` (_C._storage_key). Raises if none is.
 runtime::Cell* cell_by_key(uintptr_t key);
 // One launch operand from Python: an int (a storage key), a tpu tensor (its storage), a CPU tensor

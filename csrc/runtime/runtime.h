@@ -142,6 +142,9 @@ class Runtime {
   // Called before the host reads device data (downloads, synchronize): fused eager flushes its
   // recorded ops there.
   void set_host_read_hook(std::function<void()> hook) { hook_ = std::move(hook); }
+  // Runs that hook: issues what fused eager has recorded, so that what comes next (a host write
+  // into a cell, a collective) is ordered after it.
+  void flush_recorded() { run_hook(); }
   // Waits for every execution issued so far on `device` (-1: all); raises their errors.
   void synchronize(int device);
   // A marker after every launch queued so far on `device` (fused eager's recorded ops flushed

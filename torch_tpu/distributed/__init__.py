@@ -28,6 +28,24 @@ from .. import _C
 BACKEND_NAME = "tpu_dist"
 
 
+class _HostOptions(dist.ProcessGroupGloo._Options if dist.is_available() else object):
+    """The host (Gloo) group's options, copyable: split_group() deep-copies the parent backend's
+    `options` for the split, which PyTorch's own Gloo options do not support."""
+
+    @classmethod
+    def make(cls, timeout: timedelta) -> "_HostOptions":
+        opts = cls()
+        opts._timeout = timeout
+        opts._devices = [dist.ProcessGroupGloo.create_default_device()]
+        opts._threads = 2  # Gloo's default
+        return opts
+
+    def __deepcopy__(self, memo):
+        new = type(self)()
+        new._timeout, new._devices, new._threads = self._timeout, self._devices, self._threads
+        return new
+
+
 def _create_backend(dist_backend_opts, backend_options=None):
     """The creator torch.distributed calls for each tpu_dist group (the world and every new_group /
     DeviceMesh sub-group): a Gloo group on a sub-prefix of the group's store stages the collectives."""
@@ -36,8 +54,15 @@ def _create_backend(dist_backend_opts, backend_options=None):
     timeout = dist_backend_opts.timeout
     if not isinstance(timeout, timedelta):
         timeout = timedelta(seconds=float(timeout))
-    host = dist.ProcessGroupGloo(store, rank, size, timeout)
-    return _C._TpuBackend(host, rank, size, timeout)
+    opts = _HostOptions.make(timeout)
+    backend = _C._TpuBackend(dist.ProcessGroupGloo(store, rank, size, opts), rank, size, timeout)
+    # pybind hands back this Python object for the C++ options only while it is alive; the backend's
+    # Python wrapper is dropped after creation, so the options are kept here (one per group).
+    _HOST_OPTIONS.append(opts)
+    return backend
+
+
+_HOST_OPTIONS: list = []
 
 
 def register() -> None:
