@@ -16,6 +16,7 @@ or never joined makes the others raise torch.distributed.DistBackendError within
 
 Device convention (Google's TorchTPU): under torchrun each process drives one device, and sees it
 as `tpu:0` (`torch.device("tpu")`); see torch_tpu.runtime for how the CPU plugin is sized per process.
+Topology-aware meshes (.mesh): topology_aware_mesh (rank layout), topology_aware_device_mesh (DeviceMesh).
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from .. import _C
+from .mesh import topology_aware_device_mesh, topology_aware_mesh  # noqa: F401
 
 BACKEND_NAME = "tpu_dist"
 
