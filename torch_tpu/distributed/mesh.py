@@ -15,8 +15,8 @@ Sources: the argument names (device_type, mesh_shape, topology, dcn_mesh_shape) 
 TorchTPU's; the idea of mapping logical axes, highest-traffic first, onto subsets of the physical
 torus axes, and of laying slices out over DCN as outer blocks of each axis (full shape = mesh_shape
 * dcn_mesh_shape), is JAX's jax.experimental.mesh_utils (create_device_mesh,
-create_hybrid_device_mesh). This implementation is its own: it also splits physical axes when no
-subset fits, and walks an axis that spans several physical axes as a ring (a Hamiltonian cycle of
+create_hybrid_device_mesh). This implementation is its own: it splits physical axes whenever no
+subset fits (JAX only on request), and walks an axis that spans several physical axes as a ring (a Hamiltonian cycle of
 its sub-grid) rather than row-major, so that consecutive ranks along it are ICI neighbours.
 
 Physical coordinates come from each device's PJRT attributes (torch.tpu.get_device_properties(i)
@@ -241,8 +241,9 @@ def rank_layout(devices: Sequence[dict], mesh_shape, *, topology: str = "single_
     axis are ICI neighbours wherever the shapes allow (an axis spanning a physical axis, or a
     several-axis sub-grid walked as a ring); an axis that gets the outer part of a split physical
     axis steps over the inner part (whose blocks alternate direction, so that the steps at their
-    edges are one hop, and, over the wrap link of a 4-long torus ring split 2x2, all of them). Without usable coordinates (none reported, duplicated, or not a
-    full box of devices) each slice is laid out in rank order and a UserWarning says so (once).
+    edges are one hop, and, over the wrap link of a 4-long torus ring split 2x2, all of them).
+    Without usable coordinates (none reported, duplicated, or not a full box of devices) each slice
+    is laid out in rank order and a UserWarning says so (once).
 
     Raises ValueError: unknown topology; mesh_shape / dcn_mesh_shape not tuples of positive ints,
     of different lengths, or dcn_mesh_shape with more than one slice for topology="single_slice"
