@@ -47,20 +47,56 @@ def load_data(seed: int):
     return (x[n_test:], y[n_test:]), (x[:n_test], y[:n_test])
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def build_parser(description: str | None = None) -> argparse.ArgumentParser:
+    """The options shared with examples/train_digits_ddp.py (--batch-size: the global batch)."""
+    p = argparse.ArgumentParser(description=description or __doc__.splitlines()[0])
     p.add_argument("--device", default="tpu", help="tpu (default) or cpu")
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
+    return p
 
-    if args.device.startswith("tpu"):
+
+def platform_line(device: str) -> str:
+    """The "platform: ..." line the run starts with (starts the tpu device)."""
+    if device.startswith("tpu"):
         import torch_tpu
-        print(f"platform: {torch_tpu.runtime.platform()} (PJRT plugin {torch_tpu.runtime.plugin_path()})")
-    else:
-        print("platform: PyTorch CPU")
+        return f"platform: {torch_tpu.runtime.platform()} (PJRT plugin {torch_tpu.runtime.plugin_path()})"
+    return "platform: PyTorch CPU"
+
+
+def epoch_order(n: int, seed: int, epoch: int) -> torch.Tensor:
+    """The training samples' order in `epoch` (int64 indices): the permutation DistributedSampler
+    (shuffle=True, seed) draws, so that the DDP run sees the same global batches as this one."""
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch))
+
+
+def train_epoch(model, opt, x, y, batches, desc: str, show: bool = True) -> torch.Tensor:
+    """One pass over `batches` (index tensors into x, y): AdamW steps on the mean cross-entropy of
+    each batch. Returns the sum over samples of their batch's loss (a 0-dim tensor on x's device,
+    not read back: the caller syncs once per epoch). show: draw the tqdm progress bar."""
+    total = torch.zeros((), device=x.device)
+    for idx in tqdm(batches, desc=desc, leave=False, disable=not show):
+        idx = idx.to(x.device)
+        loss = F.cross_entropy(model(x[idx]), y[idx])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        total += loss.detach() * len(idx)
+    return total
+
+
+def accuracy(model, x, y) -> float:
+    """Fraction of x classified as y, in eval mode (BatchNorm's running statistics)."""
+    model.eval()
+    with torch.no_grad():
+        return (model(x).argmax(1) == y).float().mean().item()
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    print(platform_line(args.device))
     device = torch.device(args.device)
 
     torch.manual_seed(args.seed)
@@ -68,30 +104,19 @@ def main(argv=None):
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     (xtr, ytr), (xte, yte) = load_data(args.seed)
     xtr, ytr, xte, yte = xtr.to(device), ytr.to(device), xte.to(device), yte.to(device)
-    shuffle = torch.Generator().manual_seed(args.seed)
 
     losses, times = [], []
     for epoch in range(args.epochs):
         model.train()
         start = time.perf_counter()
-        order = torch.randperm(len(xtr), generator=shuffle)
-        total = torch.zeros((), device=device)
-        batches = range(0, len(xtr), args.batch_size)
-        for i in tqdm(batches, desc=f"epoch {epoch + 1}/{args.epochs}", leave=False):
-            idx = order[i:i + args.batch_size].to(device)
-            loss = F.cross_entropy(model(xtr[idx]), ytr[idx])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            total += loss.detach() * len(idx)
+        order = epoch_order(len(xtr), args.seed, epoch)
+        total = train_epoch(model, opt, xtr, ytr, order.split(args.batch_size), f"epoch {epoch + 1}/{args.epochs}")
         epoch_loss = (total / len(xtr)).item()  # the one host sync per epoch
         times.append(time.perf_counter() - start)
         losses.append(epoch_loss)
         print(f"epoch {epoch + 1:2d}  loss {epoch_loss:.4f}  time {times[-1]:.2f}s")
 
-    model.eval()
-    with torch.no_grad():
-        acc = (model(xte).argmax(1) == yte).float().mean().item()
+    acc = accuracy(model, xte, yte)
     print(f"test accuracy: {acc:.4f}")
     print(f"time per epoch: {sum(times[1:]) / max(len(times) - 1, 1):.3f}s (first epoch, with compiles: {times[0]:.2f}s)")
     return {"losses": losses, "accuracy": acc, "epoch_times": times}
