@@ -7,9 +7,12 @@ Each step trains on the same global batch (--batch-size, default 64) as the sing
 DistributedSampler draws the same permutation per epoch as train_digits.py, and each rank takes
 --batch-size / world-size samples of every global batch. BatchNorm normalises with the global batch's
 statistics (GlobalBatchNorm2d, below), as one process does, so the loss curve follows
-`python examples/train_digits.py`'s to float tolerance (when the training set, 1438 samples,
-divides by the world size; else DistributedSampler pads it with repeated samples). Rank 0 alone
-draws the progress bar and prints: the loss per epoch, the test accuracy, the time per epoch.
+`python examples/train_digits.py`'s (when the training set, 1438 samples, divides by the world
+size; else DistributedSampler pads it with repeated samples). The math is the same, the float32
+rounding not (two half-batch means, averaged, against one mean): on 2 processes the losses agree to
+1e-6 for 3 epochs, and the difference then grows as training amplifies it (epoch 10: 0.0205 against
+0.0164; run in float64, the two agree to 8 digits in every epoch). Rank 0 alone draws the progress
+bar and prints: the loss per epoch, the test accuracy, the time per epoch.
 """
 from __future__ import annotations
 

@@ -80,8 +80,10 @@ def test_ddp_digits_follows_the_single_process_run():
     assert len(losses) == EPOCHS and len(final) == 1, f"rank 0 alone prints each line once:\n{out[-6000:]}"
     assert "2 processes (DDP on tpu_dist), global batch 64 = 2 x 32" in out, out[-6000:]
     loss, acc = float(final[0].group(1)), float(final[0].group(2))
-    for ld, ls in zip(losses, single["losses"]):  # ld printed to 4 decimals
-        assert abs(ld - ls) <= 1e-3 * max(1.0, abs(ls)), (losses, single["losses"])
-    assert abs(loss - single["losses"][-1]) <= 1e-3 * max(1.0, abs(single["losses"][-1])), (loss, single["losses"])
+    # The same math, float32 rounding apart (measured on the CPU plugin: 1e-6 over 3 epochs); the
+    # per-epoch losses are printed to 4 decimals, the final one to 6.
+    for ld, ls in zip(losses, single["losses"]):
+        assert abs(ld - ls) <= 5e-4 * max(1.0, abs(ls)), (losses, single["losses"])
+    assert abs(loss - single["losses"][-1]) <= 5e-4 * max(1.0, abs(single["losses"][-1])), (loss, single["losses"])
     assert loss < losses[0]
     assert abs(acc - single["accuracy"]) <= 0.01, (acc, single["accuracy"])
