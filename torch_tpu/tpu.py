@@ -34,10 +34,18 @@ def current_device() -> int:
 
 
 def set_device(device) -> None:
-    """Sets the current tpu device (an index, "tpu:N" or torch.device); IndexError if out of range."""
+    """Sets the current tpu device (an index, "tpu:N" or torch.device); IndexError if out of range.
+
+    In a multi-process job where each process drives one device (torchrun; Google TorchTPU's
+    convention: each process sees its own device as tpu:0), the CUDA idiom
+    `set_device(LOCAL_RANK)` (which DeviceMesh also uses) selects that device, tpu:0."""
     idx = _index(device)
-    if idx is not None:
-        _C._set_device(idx)
+    if idx is None:
+        return
+    local = runtime._local_world()
+    if local is not None and idx == local[0] and idx > 0 and _C._device_count() == 1:
+        idx = 0
+    _C._set_device(idx)
 
 
 def _index(device):

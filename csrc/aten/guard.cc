@@ -16,6 +16,7 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -129,8 +130,14 @@ void check_device_index(c10::DeviceIndex index) {
   if (index < 0 || index >= n) {
     // Starting the client raises the plugin's own error when that is why there is no device.
     runtime::Runtime::get().client();
+    const char* local = std::getenv("LOCAL_WORLD_SIZE");
+    bool per_process = local && std::atoi(local) > 1;
     TORCH_CHECK_INDEX(false, "invalid tpu device index ", static_cast<int>(index), ": there are ", n,
-                      " tpu device(s) (valid indices 0..", n - 1, ")");
+                      " tpu device(s) (valid indices 0..", n - 1, ")",
+                      per_process ? ". In a multi-process job (torchrun) each process drives its own device and "
+                                    "sees it as tpu:0: write torch.device('tpu') (or 'tpu:0') instead of "
+                                    "f'tpu:{LOCAL_RANK}'; torch.tpu.set_device(LOCAL_RANK) selects it too."
+                                  : "");
   }
 }
 

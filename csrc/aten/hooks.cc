@@ -5,6 +5,10 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/Storage.h>
 
+#include <algorithm>
+#include <map>
+#include <mutex>
+
 #include "aten/device.h"
 #include "runtime/runtime.h"
 
@@ -13,6 +17,50 @@ namespace {
 
 using runtime::Cell;
 using runtime::Runtime;
+
+// CPU memory that remembers it was asked for as pinned: the blocks it handed out and has not freed.
+class PinnedAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t n) override {
+    c10::DataPtr inner = c10::GetCPUAllocator()->allocate(n);
+    void* p = inner.get();
+    if (p) {
+      std::lock_guard<std::mutex> g(mu_);
+      live_[p] = n;
+    }
+    return {p, new c10::DataPtr(std::move(inner)), &PinnedAllocator::release, c10::Device(c10::DeviceType::CPU)};
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+  // True for a pointer into a live block (as for CUDA host memory, an offset into one counts).
+  bool owns(const void* p) {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = live_.upper_bound(p);
+    if (it == live_.begin()) return false;
+    --it;
+    return static_cast<const char*>(p) < static_cast<const char*>(it->first) + std::max<size_t>(it->second, 1);
+  }
+
+ private:
+  static void release(void* ctx);
+  std::mutex mu_;
+  std::map<const void*, size_t> live_;  // block start -> bytes
+};
+
+PinnedAllocator& pinned_allocator() {
+  static PinnedAllocator* a = new PinnedAllocator();  // leaked: blocks may be freed at exit
+  return *a;
+}
+
+void PinnedAllocator::release(void* ctx) {
+  auto* inner = static_cast<c10::DataPtr*>(ctx);
+  {
+    std::lock_guard<std::mutex> g(pinned_allocator().mu_);
+    pinned_allocator().live_.erase(inner->get());
+  }
+  delete inner;  // frees the CPU block
+}
 
 struct TpuHooks final : at::PrivateUse1HooksInterface {
   bool isBuilt() const override { return true; }
@@ -28,9 +76,10 @@ struct TpuHooks final : at::PrivateUse1HooksInterface {
   }
   bool hasPrimaryContext(c10::DeviceIndex) const override { return Runtime::get().started(); }
   // PJRT copies host data itself: "pinned" host memory is ordinary CPU memory here, so that
-  // pin_memory() and DataLoader(pin_memory=True) work with tpu as the current accelerator.
-  at::Allocator* getPinnedMemoryAllocator() const override { return c10::GetCPUAllocator(); }
-  bool isPinnedPtr(const void*) const override { return false; }
+  // pin_memory() and DataLoader(pin_memory=True) work with tpu as the current accelerator. Memory
+  // from this allocator reads as pinned (is_pinned() is true), as DDP's reducer asserts of it.
+  at::Allocator* getPinnedMemoryAllocator() const override { return &pinned_allocator(); }
+  bool isPinnedPtr(const void* p) const override { return pinned_allocator().owns(p); }
   c10::DeviceIndex deviceCount() const override {
     return static_cast<c10::DeviceIndex>(Runtime::get().device_count_noexcept());
   }

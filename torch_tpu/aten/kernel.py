@@ -439,10 +439,10 @@ class Kernel:
             inputs.append(o)
         sinks = [None if kind == "new" else call.operands[j] for kind, j in entry.sinks]
         new = launch(entry, inputs, sinks, call.device, self.name)
-        if entry.absent:  # a python kernel cannot return an undefined tensor: an empty one stands in
-            new = list(new)  # (autograd drops the grads of inputs that need none)
+        if entry.absent:  # undefined results (output_mask): None, an undefined tensor, as on CPU
+            new = list(new)
             for i in entry.absent:
-                new.insert(i, torch.empty(0, device=call.device))
+                new.insert(i, None)
         sig = self.sig
         if not sig.written:
             if entry.structure == "T":
