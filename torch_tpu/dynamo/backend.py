@@ -9,6 +9,9 @@ Inference graphs keep input mutations inside the graph (keep_inference_input_mut
 optimizer step writes the parameters' storages in place with donated buffers. In training graphs
 AOTAutograd returns mutated buffers (BatchNorm running stats) and copies them back itself.
 
+A graph with collectives (functional collectives: DTensor, FSDP2) is cut at them on a plugin
+without device collectives (collectives.py).
+
 A graph with an op the lowering cannot handle runs eagerly on tpu (a warning names the op and the
 user code it came from), unless the frame was compiled with fullgraph=True (or
 TORCH_TPU_COMPILE_FULLGRAPH=1), which raises instead. Shapes are static: Dynamo recompiles under
@@ -28,6 +31,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 
 from .. import _state
+from . import collectives
 from .lower_graph import GraphProgram, Unsupported, find_lowering, log
 
 
@@ -81,6 +85,9 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, name: str, fullgraph
         log.info("%s graph has symbolic shapes: torch_tpu compiles static shapes, so it is specialized "
                  "and recompiled per concrete input shape at call time", name)
         return _boxed(_PerShape(gm, name, fullgraph))
+    if collectives.has_collectives(gm):
+        return collectives.split_at_collectives(
+            gm, lambda sub, sub_name: compile_graph(sub, None, sub_name, fullgraph), name)
     try:
         return _boxed(GraphProgram(gm, name))
     except Unsupported as e:
