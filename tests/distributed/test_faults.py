@@ -85,3 +85,24 @@ def test_a_rank_that_never_joins_makes_the_others_raise_within_the_timeout(tmp_p
 
 def test_mismatched_shapes_raise(tmp_path):
     run_world(2, scenario(mismatched_shapes), tmp_path, timeout=90)
+
+
+def debug_detail():
+    """TORCH_DISTRIBUTED_DEBUG=DETAIL wraps tpu_dist in PyTorch's ProcessGroupWrapper, which checks
+    every collective's shapes across ranks first (over its own Gloo group)."""
+    r = dist.get_rank()
+    x = torch.full((3,), float(r + 1), device="tpu")
+    dist.all_reduce(x)
+    assert x.cpu().tolist() == [3.0] * 3
+    bad = torch.ones(2 + r, device="tpu")
+    with pytest.raises(RuntimeError, match="(?i)mismatch|shape"):
+        dist.all_reduce(bad)
+    assert bad.cpu().tolist() == [1.0] * (2 + r)
+    os._exit(0)
+
+
+debug_detail.timeout = 20
+
+
+def test_torch_distributed_debug_detail(tmp_path):
+    run_world(2, scenario(debug_detail), tmp_path, timeout=90, env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
