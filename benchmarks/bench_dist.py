@@ -1,6 +1,6 @@
 """tpu_dist against Gloo, and DDP's scaling, side by side in one run (ratios, not asserts).
 
-    python benchmarks/bench_dist.py [--rounds 7] [--steps 5]
+    python benchmarks/bench_dist.py [--rounds 9] [--steps 5]
 
 Starts its own processes: 2 ranks with torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK,
 LOCAL_WORLD_SIZE; a FileStore rendezvous), so that each sees one device as tpu:0 and runs on its
@@ -12,10 +12,10 @@ share of the cores, and 1 plain process (no torchrun variables: all the cores). 
    (dist.new_group(backend="gloo")), in alternating rounds; the ratio tpu_dist/Gloo (target <= 1.25);
    and the same through a tpu_dist group made with TORCH_TPU_DIST_VERIFY=0 (no shape agreement);
 2. a DDP training step (forward, backward with the gradients' all-reduce, AdamW) of the GPT-style
-   decoder block (examples/tiny_models.py TinyGPT) on 2 ranks with half the global batch each,
-   against one process on the whole global batch, in alternating rounds: milliseconds per step, the
-   ratio and the speed-up; and the ranks' step without the gradients' all-reduce (DDP.no_sync), which
-   shows what the all-reduce costs.
+   decoder block (examples/tiny_models.py TinyGPT), at two widths, on 2 ranks with half the global
+   batch each, against one process on the whole global batch, in alternating rounds: milliseconds
+   per step, the ratio and the speed-up; and the ranks' step without the gradients' all-reduce
+   (DDP.no_sync), which shows what the all-reduce costs.
 On a machine without a TPU, "tpu" is OpenXLA's CPU plugin, and tpu_dist stages every collective
 through host memory on Gloo (one device -> host and one host -> device copy per call).
 
@@ -39,9 +39,10 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLES = os.path.join(HERE, "..", "examples")
 WORLD = 2
-# TinyGPT's size and the global batch for the DDP step: ~60 ms per step on one process on 2 cores
-# (CPU plugin), so that the step's work, not the per-op host cost, is what is split.
-GPT = {"vocab": 512, "dim": 128, "ctx": 64}
+# TinyGPT's sizes and the global batch for the DDP step. One process on 2 cores (CPU plugin): ~55 ms
+# per step for the first, where the per-op host cost weighs; ~240 ms for the second, mostly work.
+GPTS = {"dim 128, ctx 64": {"vocab": 512, "dim": 128, "ctx": 64},
+        "dim 256, ctx 128": {"vocab": 512, "dim": 256, "ctx": 128}}
 GLOBAL_BATCH = 32
 
 
@@ -66,23 +67,23 @@ def _sync():
 
 
 class _Trainer:
-    """TinyGPT training steps on tpu over this process's share of a seeded global batch
-    (GLOBAL_BATCH sequences of GPT["ctx"] tokens): rows [rank * B/world, (rank+1) * B/world),
+    """TinyGPT(**cfg) training steps on tpu over this process's share of a seeded global batch
+    (GLOBAL_BATCH sequences of cfg["ctx"] tokens): rows [rank * B/world, (rank+1) * B/world),
     wrapped in DDP when world > 1."""
 
-    def __init__(self, rank: int, world: int):
+    def __init__(self, cfg: dict, rank: int, world: int):
         import torch
         import torch.nn.functional as F
         from tiny_models import TinyGPT
 
         g = torch.Generator().manual_seed(0)
-        idx = torch.randint(0, GPT["vocab"], (GLOBAL_BATCH, GPT["ctx"]), generator=g)
-        tgt = torch.randint(0, GPT["vocab"], (GLOBAL_BATCH, GPT["ctx"]), generator=g)
+        idx = torch.randint(0, cfg["vocab"], (GLOBAL_BATCH, cfg["ctx"]), generator=g)
+        tgt = torch.randint(0, cfg["vocab"], (GLOBAL_BATCH, cfg["ctx"]), generator=g)
         per = GLOBAL_BATCH // world
         self.idx = idx[rank * per:(rank + 1) * per].to("tpu")
         self.tgt = tgt[rank * per:(rank + 1) * per].flatten().to("tpu")
         torch.manual_seed(0)
-        model = TinyGPT(**GPT).to("tpu")
+        model = TinyGPT(**cfg).to("tpu")
         self.params = sum(p.numel() for p in model.parameters())
         if world > 1:
             from torch.nn.parallel import DistributedDataParallel as DDP
@@ -176,7 +177,7 @@ def _child(role: str, store: str, parent: int) -> None:
         dist.init_process_group("tpu_dist", init_method="file://" + store, rank=rank, world_size=world,
                                 timeout=timedelta(seconds=60))
         _GLOO.append(dist.new_group(backend="gloo"))
-    trainer = None
+    trainers = {}
     for line in sys.stdin:
         req = json.loads(line)
         op = req.pop("op")
@@ -188,10 +189,10 @@ def _child(role: str, store: str, parent: int) -> None:
         elif op == "all_reduce":
             ans = _all_reduce(**req)
         elif op == "train_setup":
-            trainer = _Trainer(rank, world)
-            ans = {"params": trainer.params}
+            trainers[req["name"]] = _Trainer(GPTS[req["name"]], rank, world)
+            ans = {"params": trainers[req["name"]].params}
         elif op == "steps":
-            ans = {"s": trainer.steps(**req)}
+            ans = {"s": trainers[req.pop("name")].steps(**req)}
         else:
             raise ValueError(f"unknown request {op!r}")
         proto.write(json.dumps(ans) + "\n")
@@ -288,7 +289,7 @@ def _median(xs):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=7, help="alternating rounds per comparison")
+    p.add_argument("--rounds", type=int, default=9, help="alternating rounds per comparison")
     p.add_argument("--calls", type=int, default=4, help="all_reduce calls per case per round")
     p.add_argument("--steps", type=int, default=5, help="training steps per configuration per round")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds for the whole run; then all is killed")
@@ -311,7 +312,7 @@ def main(argv=None):
             i0, i1 = info["rank0"], info["single"]
             print(f"platform: {i0['platform']}, torch {i0['torch']}, {os.cpu_count()} CPUs; {WORLD} ranks with "
                   f"{i0['devices']} device and {i0['cores']} core(s) each; the single process: {i1['devices']} "
-                  f"devices, {i1['cores']} cores")
+                  f"devices, {i1['cores']} cores; load average {os.getloadavg()[0]:.1f}")
 
             sizes = [4, 2 ** 10, 2 ** 16]  # KiB
             ar = kids.ask(ranks, op="all_reduce", sizes_kib=sizes, rounds=args.rounds, calls=args.calls)["rank0"]
@@ -326,23 +327,26 @@ def main(argv=None):
                       f"  | TORCH_TPU_DIST_VERIFY=0: {t['tpu_dist, no verify'] * 1e3:7.2f} ms,"
                       f" ratio {t['tpu_dist, no verify'] / g:5.2f}")
 
-            setup = kids.ask(ranks + ["single"], op="train_setup")
-            runs = {"ddp": [], "nosync": [], "single": []}
-            for _ in range(args.rounds):
-                runs["ddp"].append(kids.ask(ranks, op="steps", n=args.steps)["rank0"]["s"])
-                runs["nosync"].append(kids.ask(ranks, op="steps", n=args.steps, sync_grads=False)["rank0"]["s"])
-                runs["single"].append(kids.ask(["single"], op="steps", n=args.steps)["single"]["s"])
-            t = {k: _median(v) for k, v in runs.items()}
             per = GLOBAL_BATCH // WORLD
-            print(f"\nDDP training step (forward, backward, AdamW) of the GPT-style decoder block (TinyGPT "
-                  f"vocab {GPT['vocab']}, dim {GPT['dim']}, ctx {GPT['ctx']}; {setup['single']['params'] / 1e3:.0f}k "
-                  f"params), global batch {GLOBAL_BATCH}: median ms per step ({args.rounds} alternating rounds "
-                  f"of {args.steps} steps)")
-            print(f"  1 process, batch {GLOBAL_BATCH}              {t['single'] * 1e3:8.2f} ms")
-            print(f"  DDP, {WORLD} ranks, batch {per} each       {t['ddp'] * 1e3:8.2f} ms   ratio DDP/1 process "
-                  f"{t['ddp'] / t['single']:5.2f}, speed-up {t['single'] / t['ddp']:4.2f}x (ideal {WORLD}x)")
-            print(f"  the same under DDP.no_sync         {t['nosync'] * 1e3:8.2f} ms   (the gradients' all-reduce: "
-                  f"{(t['ddp'] - t['nosync']) * 1e3:.2f} ms per step)")
+            for name, cfg in GPTS.items():
+                params = kids.ask(ranks + ["single"], op="train_setup", name=name)["single"]["params"]
+                runs = {"ddp": [], "nosync": [], "single": []}
+                for _ in range(args.rounds):
+                    runs["ddp"].append(kids.ask(ranks, op="steps", name=name, n=args.steps)["rank0"]["s"])
+                    runs["nosync"].append(kids.ask(ranks, op="steps", name=name, n=args.steps,
+                                                   sync_grads=False)["rank0"]["s"])
+                    runs["single"].append(kids.ask(["single"], op="steps", name=name, n=args.steps)["single"]["s"])
+                t = {k: _median(v) for k, v in runs.items()}
+                print(f"\nDDP training step (forward, backward, AdamW) of the GPT-style decoder block, TinyGPT "
+                      f"vocab {cfg['vocab']}, {name} ({params / 1e3:.0f}k params), global batch {GLOBAL_BATCH}: "
+                      f"median ms per step ({args.rounds} alternating rounds of {args.steps} steps)")
+                print(f"  1 process, batch {GLOBAL_BATCH}              {t['single'] * 1e3:8.2f} ms")
+                print(f"  DDP, {WORLD} ranks, batch {per} each       {t['ddp'] * 1e3:8.2f} ms   ratio DDP/1 process "
+                      f"{t['ddp'] / t['single']:5.2f}, speed-up {t['single'] / t['ddp']:4.2f}x (ideal {WORLD}x)")
+                print(f"  the same under DDP.no_sync         {t['nosync'] * 1e3:8.2f} ms   (the gradients' all-reduce: "
+                      f"{(t['ddp'] - t['nosync']) * 1e3:.2f} ms per step)")
+            # Other work on the machine competes with the ranks: figures from a loaded machine swing.
+            print(f"\nload average at the end: {os.getloadavg()[0]:.1f} ({os.cpu_count()} CPUs)")
         finally:
             kids.close()
 
