@@ -87,3 +87,22 @@ def test_ddp_digits_follows_the_single_process_run():
     assert abs(loss - single["losses"][-1]) <= 5e-4 * max(1.0, abs(single["losses"][-1])), (loss, single["losses"])
     assert loss < losses[0]
     assert abs(acc - single["accuracy"]) <= 0.01, (acc, single["accuracy"])
+
+
+def _final_loss(out: str) -> float:
+    found = re.findall(r"final loss (\S+)", out)
+    assert len(found) == 1, f"rank 0 alone prints the final loss once:\n{out[-6000:]}"
+    return float(found[0])
+
+
+def test_gpt_fsdp_follows_the_single_process_run():
+    steps = ["--steps", "8"]
+    single = _final_loss(_run_single([os.path.join(REPO, "examples", "train_gpt_fsdp.py"), "--single", *steps]))
+    fsdp = _final_loss(_run_torchrun(["--nproc_per_node", "2", "examples/train_gpt_fsdp.py", *steps], timeout=300))
+    assert abs(fsdp - single) < 1e-4, (fsdp, single)
+
+
+def _run_single(argv: list[str]) -> str:
+    p = subprocess.run([sys.executable, *argv], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return p.stdout
