@@ -301,233 +301,195 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::run(Call call, const std::function<c1
 }
 
 // ---------------------------------------------------------------------------------------------
-c10::intrusive_ptr<c10d::Work> TpuBackend::broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) {
-  const char* name = "broadcast";
-  check_root(opts.rootRank, name);
-  for (const auto& t : tensors) check(t, name, "tensor");
-  agree(name, c10d::OpType::BROADCAST, tensors, true);
-  Call call{c10d::OpType::BROADCAST, name, tensors, {}, {}};
+std::vector<at::Tensor> TpuBackend::stage_all(const std::vector<at::Tensor>& ts, const char* name,
+                                              const char* what) const {
   std::vector<at::Tensor> host;
-  for (const auto& t : tensors) {
-    // The root's tensor is only read; the others' only written.
-    host.push_back(rank_ == opts.rootRank ? stage(t) : receive_into(t, call));
+  for (const auto& t : ts) {
+    check(t, name, what);
+    host.push_back(stage(t));
   }
+  return host;
+}
+
+std::vector<at::Tensor> TpuBackend::receive_all(const std::vector<at::Tensor>& ts, Call& call, const char* what,
+                                                bool copy_value) const {
+  std::vector<at::Tensor> host;
+  for (const auto& t : ts) {
+    check(t, call.name, what);
+    host.push_back(receive_into(t, call, copy_value));
+    call.outputs.push_back(t);
+  }
+  return host;
+}
+
+std::vector<std::vector<at::Tensor>> TpuBackend::stage_lists(const std::vector<std::vector<at::Tensor>>& lists,
+                                                             const char* name) const {
+  std::vector<std::vector<at::Tensor>> host;
+  for (const auto& ts : lists) host.push_back(stage_all(ts, name, "input"));
+  return host;
+}
+
+std::vector<std::vector<at::Tensor>> TpuBackend::receive_lists(const std::vector<std::vector<at::Tensor>>& lists,
+                                                               Call& call) const {
+  std::vector<std::vector<at::Tensor>> host;
+  for (const auto& ts : lists) host.push_back(receive_all(ts, call, "output"));
+  return host;
+}
+
+c10::intrusive_ptr<c10d::Work> TpuBackend::broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) {
+  Call call{c10d::OpType::BROADCAST, "broadcast"};
+  check_root(opts.rootRank, call.name);
+  for (const auto& t : tensors) check(t, call.name, "tensor");
+  agree(call.name, call.op, tensors, true);
+  // The root's tensor is only read; the others' only written.
+  std::vector<at::Tensor> host = rank_ == opts.rootRank ? stage_all(tensors, call.name, "tensor")
+                                                        : receive_all(tensors, call, "tensor");
+  call.outputs = tensors;
   return run(std::move(call), [&] { return host_->broadcast(host, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> TpuBackend::allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
-  const char* name = "all_reduce";
-  for (const auto& t : tensors) check(t, name, "tensor");
+  Call call{c10d::OpType::ALLREDUCE, "all_reduce"};
   c10d::AllreduceOptions o = opts;
-  o.reduceOp = host_op(opts.reduceOp, name);
-  agree(name, c10d::OpType::ALLREDUCE, tensors, true);
-  Call call{c10d::OpType::ALLREDUCE, name, tensors, {}, {}};
-  std::vector<at::Tensor> host;
-  for (const auto& t : tensors) host.push_back(receive_into(t, call, /*copy_value=*/true));
-  call.after_host = averaging(opts.reduceOp, host);
+  o.reduceOp = host_op(opts.reduceOp, call.name);
+  std::vector<at::Tensor> host = reduced(tensors, call, opts.reduceOp);
   return run(std::move(call), [&] { return host_->allreduce(host, o); });
 }
 
 c10::intrusive_ptr<c10d::Work> TpuBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                                const c10d::AllreduceCoalescedOptions& opts) {
-  const char* name = "all_reduce_coalesced";
-  for (const auto& t : tensors) check(t, name, "tensor");
+  Call call{c10d::OpType::ALLREDUCE_COALESCED, "all_reduce_coalesced"};
   c10d::AllreduceCoalescedOptions o = opts;
-  o.reduceOp = host_op(opts.reduceOp, name);
-  agree(name, c10d::OpType::ALLREDUCE_COALESCED, tensors, true);
-  Call call{c10d::OpType::ALLREDUCE_COALESCED, name, tensors, {}, {}};
-  std::vector<at::Tensor> host;
-  for (const auto& t : tensors) host.push_back(receive_into(t, call, /*copy_value=*/true));
-  call.after_host = averaging(opts.reduceOp, host);
+  o.reduceOp = host_op(opts.reduceOp, call.name);
+  std::vector<at::Tensor> host = reduced(tensors, call, opts.reduceOp);
   return run(std::move(call), [&] { return host_->allreduce_coalesced(host, o); });
 }
 
+std::vector<at::Tensor> TpuBackend::reduced(const std::vector<at::Tensor>& tensors, Call& call,
+                                            const c10d::ReduceOp& op) {
+  for (const auto& t : tensors) check(t, call.name, "tensor");
+  agree(call.name, call.op, tensors, true);
+  std::vector<at::Tensor> host = receive_all(tensors, call, "tensor", /*copy_value=*/true);
+  call.after_host = averaging(op, host);
+  return host;
+}
+
 c10::intrusive_ptr<c10d::Work> TpuBackend::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
-  const char* name = "reduce";
-  check_root(opts.rootRank, name);
-  for (const auto& t : tensors) check(t, name, "tensor");
+  Call call{c10d::OpType::REDUCE, "reduce"};
+  check_root(opts.rootRank, call.name);
   c10d::ReduceOptions o = opts;
-  o.reduceOp = host_op(opts.reduceOp, name);
-  agree(name, c10d::OpType::REDUCE, tensors, true);
-  Call call{c10d::OpType::REDUCE, name, tensors, {}, {}};
+  o.reduceOp = host_op(opts.reduceOp, call.name);
   std::vector<at::Tensor> host;
-  for (const auto& t : tensors) {
-    // Only the root's tensor receives the result; the others keep theirs (as with NCCL).
-    host.push_back(rank_ == opts.rootRank ? receive_into(t, call, /*copy_value=*/true) : stage(t));
+  if (rank_ == opts.rootRank) {
+    host = reduced(tensors, call, opts.reduceOp);
+  } else {  // only the root's tensor receives the result; the others keep theirs (as with NCCL)
+    for (const auto& t : tensors) check(t, call.name, "tensor");
+    agree(call.name, call.op, tensors, true);
+    host = stage_all(tensors, call.name, "tensor");
+    call.outputs = tensors;
   }
-  if (rank_ == opts.rootRank) call.after_host = averaging(opts.reduceOp, host);
   return run(std::move(call), [&] { return host_->reduce(host, o); });
 }
 
 c10::intrusive_ptr<c10d::Work> TpuBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                      std::vector<at::Tensor>& inputs,
                                                      const c10d::AllgatherOptions& opts) {
-  const char* name = "all_gather";
-  for (const auto& t : inputs) check(t, name, "input");
-  agree(name, c10d::OpType::ALLGATHER, inputs, true);
-  Call call{c10d::OpType::ALLGATHER, name, {}, {}, {}};
-  std::vector<std::vector<at::Tensor>> host_out(outputs.size());
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    for (const auto& t : outputs[i]) {
-      check(t, name, "output");
-      host_out[i].push_back(receive_into(t, call));
-      call.outputs.push_back(t);
-    }
-  }
-  std::vector<at::Tensor> host_in;
-  for (const auto& t : inputs) host_in.push_back(stage(t));
+  Call call{c10d::OpType::ALLGATHER, "all_gather"};
+  std::vector<at::Tensor> host_in = stage_all(inputs, call.name, "input");
+  agree(call.name, call.op, inputs, true);
+  auto host_out = receive_lists(outputs, call);
   return run(std::move(call), [&] { return host_->allgather(host_out, host_in, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> TpuBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                            const c10d::AllgatherOptions& opts) {
-  const char* name = "all_gather_into_tensor";
-  check(input, name, "input");
-  check(output, name, "output");
-  agree(name, c10d::OpType::_ALLGATHER_BASE, {input, output}, true);
-  Call call{c10d::OpType::_ALLGATHER_BASE, name, {output}, {}, {}};
-  at::Tensor host_out = receive_into(output, call);
-  at::Tensor host_in = stage(input);
+  Call call{c10d::OpType::_ALLGATHER_BASE, "all_gather_into_tensor"};
+  check(output, call.name, "output");
+  at::Tensor host_in = stage_all({input}, call.name, "input")[0];
+  agree(call.name, call.op, {input, output}, true);
+  at::Tensor host_out = receive_all({output}, call, "output")[0];
   return run(std::move(call), [&] { return host_->_allgather_base(host_out, host_in, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> TpuBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                                std::vector<at::Tensor>& inputs,
                                                                const c10d::AllgatherOptions& opts) {
-  const char* name = "all_gather_coalesced";
-  for (const auto& t : inputs) check(t, name, "input");
-  agree(name, c10d::OpType::ALLGATHER_COALESCED, inputs, true);
-  Call call{c10d::OpType::ALLGATHER_COALESCED, name, {}, {}, {}};
-  std::vector<std::vector<at::Tensor>> host_out(outputs.size());
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    for (const auto& t : outputs[i]) {
-      check(t, name, "output");
-      host_out[i].push_back(receive_into(t, call));
-      call.outputs.push_back(t);
-    }
-  }
-  std::vector<at::Tensor> host_in;
-  for (const auto& t : inputs) host_in.push_back(stage(t));
+  Call call{c10d::OpType::ALLGATHER_COALESCED, "all_gather_coalesced"};
+  std::vector<at::Tensor> host_in = stage_all(inputs, call.name, "input");
+  agree(call.name, call.op, inputs, true);
+  auto host_out = receive_lists(outputs, call);
   return run(std::move(call), [&] { return host_->allgather_coalesced(host_out, host_in, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> TpuBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                            std::vector<at::Tensor>& inputs,
                                                                            const c10d::AllgatherOptions& opts) {
-  const char* name = "all_gather_into_tensor_coalesced";
-  Call call{c10d::OpType::COALESCED, name, outputs, {}, {}};
-  std::vector<at::Tensor> host_out, host_in;
-  for (const auto& t : outputs) {
-    check(t, name, "output");
-    host_out.push_back(receive_into(t, call));
-  }
-  for (const auto& t : inputs) {
-    check(t, name, "input");
-    host_in.push_back(stage(t));
-  }
-  agree(name, c10d::OpType::COALESCED, inputs, true);
+  Call call{c10d::OpType::COALESCED, "all_gather_into_tensor_coalesced"};
+  std::vector<at::Tensor> host_in = stage_all(inputs, call.name, "input");
+  agree(call.name, call.op, inputs, true);
+  std::vector<at::Tensor> host_out = receive_all(outputs, call, "output");
   return run(std::move(call), [&] { return host_->allgather_into_tensor_coalesced(host_out, host_in, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> TpuBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                   std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) {
-  const char* name = "gather";
-  check_root(opts.rootRank, name);
-  for (const auto& t : inputs) check(t, name, "input");
-  agree(name, c10d::OpType::GATHER, inputs, true);
-  Call call{c10d::OpType::GATHER, name, {}, {}, {}};
-  std::vector<std::vector<at::Tensor>> host_out(outputs.size());
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    for (const auto& t : outputs[i]) {
-      check(t, name, "output");
-      host_out[i].push_back(receive_into(t, call));
-      call.outputs.push_back(t);
-    }
-  }
-  std::vector<at::Tensor> host_in;
-  for (const auto& t : inputs) host_in.push_back(stage(t));
+  Call call{c10d::OpType::GATHER, "gather"};
+  check_root(opts.rootRank, call.name);
+  std::vector<at::Tensor> host_in = stage_all(inputs, call.name, "input");
+  agree(call.name, call.op, inputs, true);
+  auto host_out = receive_lists(outputs, call);  // empty except on the root
   return run(std::move(call), [&] { return host_->gather(host_out, host_in, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> TpuBackend::scatter(std::vector<at::Tensor>& outputs,
                                                    std::vector<std::vector<at::Tensor>>& inputs,
                                                    const c10d::ScatterOptions& opts) {
-  const char* name = "scatter";
-  check_root(opts.rootRank, name);
-  Call call{c10d::OpType::SCATTER, name, outputs, {}, {}};
-  std::vector<at::Tensor> host_out;
-  for (const auto& t : outputs) {
-    check(t, name, "output");
-    host_out.push_back(receive_into(t, call));
-  }
-  std::vector<std::vector<at::Tensor>> host_in(inputs.size());
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    for (const auto& t : inputs[i]) {
-      check(t, name, "input");
-      host_in[i].push_back(stage(t));
-    }
-  }
-  agree(name, c10d::OpType::SCATTER, outputs, true);
+  Call call{c10d::OpType::SCATTER, "scatter"};
+  check_root(opts.rootRank, call.name);
+  auto host_in = stage_lists(inputs, call.name);  // empty except on the root
+  for (const auto& t : outputs) check(t, call.name, "output");
+  agree(call.name, call.op, outputs, true);
+  std::vector<at::Tensor> host_out = receive_all(outputs, call, "output");
   return run(std::move(call), [&] { return host_->scatter(host_out, host_in, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> TpuBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
                                                           std::vector<std::vector<at::Tensor>>& inputs,
                                                           const c10d::ReduceScatterOptions& opts) {
-  const char* name = "reduce_scatter";
+  Call call{c10d::OpType::REDUCE_SCATTER, "reduce_scatter"};
   c10d::ReduceScatterOptions o = opts;
-  o.reduceOp = host_op(opts.reduceOp, name);
-  Call call{c10d::OpType::REDUCE_SCATTER, name, outputs, {}, {}};
-  std::vector<at::Tensor> host_out;
-  for (const auto& t : outputs) {
-    check(t, name, "output");
-    host_out.push_back(receive_into(t, call));
-  }
-  std::vector<std::vector<at::Tensor>> host_in(inputs.size());
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    for (const auto& t : inputs[i]) {
-      check(t, name, "input");
-      host_in[i].push_back(stage(t));
-    }
-  }
+  o.reduceOp = host_op(opts.reduceOp, call.name);
+  auto host_in = stage_lists(inputs, call.name);
+  for (const auto& t : outputs) check(t, call.name, "output");
+  agree(call.name, call.op, outputs, true);
+  std::vector<at::Tensor> host_out = receive_all(outputs, call, "output");
   call.after_host = averaging(opts.reduceOp, host_out);
-  agree(name, c10d::OpType::REDUCE_SCATTER, outputs, true);
   return run(std::move(call), [&] { return host_->reduce_scatter(host_out, host_in, o); });
 }
 
 c10::intrusive_ptr<c10d::Work> TpuBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                 const c10d::ReduceScatterOptions& opts) {
-  const char* name = "reduce_scatter_tensor";
-  check(input, name, "input");
-  check(output, name, "output");
+  Call call{c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor"};
   c10d::ReduceScatterOptions o = opts;
-  o.reduceOp = host_op(opts.reduceOp, name);
-  Call call{c10d::OpType::_REDUCE_SCATTER_BASE, name, {output}, {}, {}};
-  at::Tensor host_out = receive_into(output, call);
-  at::Tensor host_in = stage(input);
+  o.reduceOp = host_op(opts.reduceOp, call.name);
+  check(output, call.name, "output");
+  at::Tensor host_in = stage_all({input}, call.name, "input")[0];
+  agree(call.name, call.op, {input, output}, true);
+  at::Tensor host_out = receive_all({output}, call, "output")[0];
   call.after_host = averaging(opts.reduceOp, {host_out});
-  agree(name, c10d::OpType::_REDUCE_SCATTER_BASE, {input, output}, true);
   return run(std::move(call), [&] { return host_->_reduce_scatter_base(host_out, host_in, o); });
 }
 
 c10::intrusive_ptr<c10d::Work> TpuBackend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                            std::vector<at::Tensor>& inputs,
                                                                            const c10d::ReduceScatterOptions& opts) {
-  const char* name = "reduce_scatter_tensor_coalesced";
+  Call call{c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, "reduce_scatter_tensor_coalesced"};
   c10d::ReduceScatterOptions o = opts;
-  o.reduceOp = host_op(opts.reduceOp, name);
-  Call call{c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, name, outputs, {}, {}};
-  std::vector<at::Tensor> host_out, host_in;
-  for (const auto& t : outputs) {
-    check(t, name, "output");
-    host_out.push_back(receive_into(t, call));
-  }
-  for (const auto& t : inputs) {
-    check(t, name, "input");
-    host_in.push_back(stage(t));
-  }
+  o.reduceOp = host_op(opts.reduceOp, call.name);
+  std::vector<at::Tensor> host_in = stage_all(inputs, call.name, "input");
+  agree(call.name, call.op, inputs, true);
+  std::vector<at::Tensor> host_out = receive_all(outputs, call, "output");
   call.after_host = averaging(opts.reduceOp, host_out);
-  agree(name, c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, inputs, true);
   return run(std::move(call), [&] { return host_->reduce_scatter_tensor_coalesced(host_out, host_in, o); });
 }
 
@@ -535,75 +497,54 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::alltoall_base(at::Tensor& output, at:
                                                          std::vector<int64_t>& output_splits,
                                                          std::vector<int64_t>& input_splits,
                                                          const c10d::AllToAllOptions& opts) {
-  const char* name = "all_to_all_single";
-  check(input, name, "input");
-  check(output, name, "output");
-  agree(name, c10d::OpType::ALLTOALL_BASE, {input, output}, false);  // splits may differ
-  Call call{c10d::OpType::ALLTOALL_BASE, name, {output}, {}, {}};
-  at::Tensor host_out = receive_into(output, call);
-  at::Tensor host_in = stage(input);
+  Call call{c10d::OpType::ALLTOALL_BASE, "all_to_all_single"};
+  check(output, call.name, "output");
+  at::Tensor host_in = stage_all({input}, call.name, "input")[0];
+  agree(call.name, call.op, {input, output}, false);  // split sizes may differ by rank
+  at::Tensor host_out = receive_all({output}, call, "output")[0];
   return run(std::move(call),
              [&] { return host_->alltoall_base(host_out, host_in, output_splits, input_splits, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> TpuBackend::alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                                     const c10d::AllToAllOptions& opts) {
-  const char* name = "all_to_all";
-  Call call{c10d::OpType::ALLTOALL, name, outputs, {}, {}};
-  std::vector<at::Tensor> host_out, host_in;
-  for (const auto& t : outputs) {
-    check(t, name, "output");
-    host_out.push_back(receive_into(t, call));
-  }
-  for (const auto& t : inputs) {
-    check(t, name, "input");
-    host_in.push_back(stage(t));
-  }
-  agree(name, c10d::OpType::ALLTOALL, inputs, false);
+  Call call{c10d::OpType::ALLTOALL, "all_to_all"};
+  std::vector<at::Tensor> host_in = stage_all(inputs, call.name, "input");
+  agree(call.name, call.op, inputs, false);
+  std::vector<at::Tensor> host_out = receive_all(outputs, call, "output");
   return run(std::move(call), [&] { return host_->alltoall(host_out, host_in, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> TpuBackend::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
-  const char* name = "send";
-  check_root(dst, name);
-  TORCH_CHECK_VALUE(dst != rank_, describe(name), ": a rank cannot send to itself (dst=", dst, ")");
-  Call call{c10d::OpType::SEND, name, tensors, {}, {}};
-  std::vector<at::Tensor> host;
-  for (const auto& t : tensors) {
-    check(t, name, "tensor");
-    host.push_back(stage(t));
-  }
+  Call call{c10d::OpType::SEND, "send"};
+  check_peer(dst, call.name);
+  std::vector<at::Tensor> host = stage_all(tensors, call.name, "tensor");
+  call.outputs = tensors;
   return run(std::move(call), [&] { return host_->send(host, dst, tag); });
 }
 
 c10::intrusive_ptr<c10d::Work> TpuBackend::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
-  const char* name = "recv";
-  check_root(src, name);
-  TORCH_CHECK_VALUE(src != rank_, describe(name), ": a rank cannot receive from itself (src=", src, ")");
-  Call call{c10d::OpType::RECV, name, tensors, {}, {}};
-  std::vector<at::Tensor> host;
-  for (const auto& t : tensors) {
-    check(t, name, "tensor");
-    host.push_back(receive_into(t, call));
-  }
+  Call call{c10d::OpType::RECV, "recv"};
+  check_peer(src, call.name);
+  std::vector<at::Tensor> host = receive_all(tensors, call, "tensor");
   return run(std::move(call), [&] { return host_->recv(host, src, tag); });
 }
 
 c10::intrusive_ptr<c10d::Work> TpuBackend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
-  const char* name = "recv";
-  Call call{c10d::OpType::RECVANYSOURCE, name, tensors, {}, {}};
-  std::vector<at::Tensor> host;
-  for (const auto& t : tensors) {
-    check(t, name, "tensor");
-    host.push_back(receive_into(t, call));
-  }
+  Call call{c10d::OpType::RECVANYSOURCE, "recv"};
+  std::vector<at::Tensor> host = receive_all(tensors, call, "tensor");
   return run(std::move(call), [&] { return host_->recvAnysource(host, tag); });
 }
 
 c10::intrusive_ptr<c10d::Work> TpuBackend::barrier(const c10d::BarrierOptions& opts) {
-  agree("barrier", c10d::OpType::BARRIER, {}, false);
-  Call call{c10d::OpType::BARRIER, "barrier", {}, {}, {}};
+  Call call{c10d::OpType::BARRIER, "barrier"};
+  agree(call.name, call.op, {}, false);
   return run(std::move(call), [&] { return host_->barrier(opts); });
+}
+
+void TpuBackend::check_peer(int peer, const char* name) const {
+  check_root(peer, name);
+  TORCH_CHECK_VALUE(peer != rank_, describe(name), ": a rank cannot exchange with itself (peer ", peer, ")");
 }
 
 }  // namespace torch_tpu::distributed

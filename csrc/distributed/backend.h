@@ -116,8 +116,8 @@ class TpuBackend : public c10d::Backend {
     at::Tensor host;
   };
   struct Call {
-    c10d::OpType op;
-    const char* name;
+    c10d::OpType op = c10d::OpType::UNKNOWN;
+    const char* name = "";
     std::vector<at::Tensor> outputs;       // the future's value
     std::vector<WriteBack> write_back;     // copied host -> device after the host work succeeds
     std::function<void()> after_host;      // e.g. AVG's division, on the host tensors
@@ -126,6 +126,18 @@ class TpuBackend : public c10d::Backend {
   // Checks that `t` is a dense tpu tensor (`what` names it in the error).
   void check(const at::Tensor& t, const char* name, const char* what) const;
   void check_root(int64_t root, const char* name) const;
+  void check_peer(int peer, const char* name) const;  // send/recv: another rank of the group
+  // check + stage each tensor (inputs read by the host backend).
+  std::vector<at::Tensor> stage_all(const std::vector<at::Tensor>& ts, const char* name, const char* what) const;
+  std::vector<std::vector<at::Tensor>> stage_lists(const std::vector<std::vector<at::Tensor>>& lists,
+                                                   const char* name) const;
+  // check + receive_into each tensor (outputs the call writes; they become the future's value).
+  std::vector<at::Tensor> receive_all(const std::vector<at::Tensor>& ts, Call& call, const char* what,
+                                      bool copy_value = false) const;
+  std::vector<std::vector<at::Tensor>> receive_lists(const std::vector<std::vector<at::Tensor>>& lists,
+                                                     Call& call) const;
+  // The in-place reductions (all_reduce, its coalesced form, reduce's root): read and written.
+  std::vector<at::Tensor> reduced(const std::vector<at::Tensor>& tensors, Call& call, const c10d::ReduceOp& op);
   // Makes every rank agree, before the collective, that all call `name` with the same dtypes (and,
   // when `shapes`, the same shapes) of `tensors`: one small all-gather on the host backend. Gloo
   // aborts the process on a size mismatch; this raises a ValueError naming each rank's call on
