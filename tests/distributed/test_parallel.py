@@ -42,6 +42,23 @@ def _close(a, b, what, tol=1e-5):
                                msg=lambda m: f"{what}: {m}")
 
 
+def _train_data_parallel(model, ref, dp_rank, dp_size, what, per=4, tol=1e-5):
+    """STEPS AdamW steps of `model` on its data-parallel share of each global batch, and of `ref` (on
+    CPU) on the whole batch; then their parameters must agree."""
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    ropt = torch.optim.AdamW(ref.parameters(), lr=0.01)
+    for x, y in _batches(STEPS, per * dp_size, 8, 4):
+        mine = slice(dp_rank * per, (dp_rank + 1) * per)
+        F.mse_loss(model(x[mine].to("tpu")), y[mine].to("tpu")).backward()
+        opt.step()
+        opt.zero_grad()
+        F.mse_loss(ref(x), y).backward()
+        ropt.step()
+        ropt.zero_grad()
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        _close(p, q, f"{what} parameter {name}", tol=tol)
+
+
 def ddp():
     from torch.nn.parallel import DistributedDataParallel as DDP
     r, n = _rank()
@@ -94,18 +111,8 @@ def fsdp2():
     model.to_empty(device="tpu")
     set_model_state_dict(model, ref.state_dict(), options=StateDictOptions(full_state_dict=True))
     assert all(p.device.type == "tpu" for p in model.parameters())
-    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
-    ropt = torch.optim.AdamW(ref.parameters(), lr=0.01)
+    _train_data_parallel(model, ref, r, n, "FSDP2")
     per = 4
-    for x, y in _batches(STEPS, per * n, 8, 4):
-        F.mse_loss(model(x[r * per:(r + 1) * per].to("tpu")), y[r * per:(r + 1) * per].to("tpu")).backward()
-        opt.step()
-        opt.zero_grad()
-        F.mse_loss(ref(x), y).backward()
-        ropt.step()
-        ropt.zero_grad()
-    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
-        _close(p, q, f"FSDP2 parameter {name}")
     # bf16 parameters for compute, fp32 gradient reduction: close to the fp32 reference.
     torch.manual_seed(0)
     ref = Net()
@@ -199,19 +206,7 @@ def fsdp_x_tp():
     model.load_state_dict(ref.state_dict())
     parallelize_module(model, mesh["tp"], {"a": ColwiseParallel(), "b": RowwiseParallel()})
     fully_shard(model, mesh=mesh["dp"])
-    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
-    ropt = torch.optim.AdamW(ref.parameters(), lr=0.01)
-    per = 4
-    for x, y in _batches(STEPS, per * 2, 8, 4):
-        mine = slice(dp * per, (dp + 1) * per)
-        F.mse_loss(model(x[mine].to("tpu")), y[mine].to("tpu")).backward()
-        opt.step()
-        opt.zero_grad()
-        F.mse_loss(ref(x), y).backward()
-        ropt.step()
-        ropt.zero_grad()
-    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
-        _close(p, q, f"FSDP x TP parameter {name}", tol=1e-4)
+    _train_data_parallel(model, ref, dp, 2, "FSDP x TP", tol=1e-4)
 
 
 def _fsdp_model_and_optimizer():
