@@ -193,8 +193,40 @@ bool whole(const at::Tensor& t) {
 // Host tensors are made here, in C++, and never reach Python: Gloo's threads release them when
 // its work ends, possibly while the interpreter finalizes, and a tensor with a Python object could
 // not be released then (it needs the GIL).
+at::Tensor TpuBackend::host_tensor(at::IntArrayRef sizes, at::ScalarType dtype) const {
+  int64_t numel = c10::multiply_integers(sizes);
+  int64_t nbytes = numel * static_cast<int64_t>(c10::elementSize(dtype));
+  at::Tensor buf;
+  if (nbytes > 0) {
+    std::lock_guard<std::mutex> g(pool_mu_);
+    for (const auto& b : pool_) {
+      if (b.numel() == nbytes && b.storage().use_count() == 1) {  // only the pool holds it
+        buf = b;
+        break;
+      }
+    }
+    if (!buf.defined()) {
+      buf = at::empty({nbytes}, at::kByte);
+      if (pool_.size() < kPoolBuffers) {
+        pool_.push_back(buf);
+      } else {  // full: replace a buffer nothing holds, else stay unpooled
+        for (auto& b : pool_) {
+          if (b.storage().use_count() == 1) {
+            b = buf;
+            break;
+          }
+        }
+      }
+    }
+  }
+  at::Tensor out = at::empty({0}, at::TensorOptions().dtype(dtype));
+  if (buf.defined()) out.set_(buf.storage(), 0, sizes, c10::contiguous_strides(sizes));
+  else out.resize_(sizes);
+  return out;
+}
+
 at::Tensor TpuBackend::stage(const at::Tensor& t) const {
-  at::Tensor host = at::empty(t.sizes(), t.options().device(at::kCPU));
+  at::Tensor host = host_tensor(t.sizes(), t.scalar_type());
   if (t.numel() == 0) return host;
   // A view (a column, a DDP bucket slice) is read into a dense tensor on the device first.
   at::Tensor src = whole(t) ? t : t.clone(at::MemoryFormat::Contiguous);
@@ -207,13 +239,19 @@ at::Tensor TpuBackend::stage(const at::Tensor& t) const {
 void TpuBackend::write_back(const at::Tensor& device, const at::Tensor& host) {
   if (device.numel() == 0) return;
   c10::DeviceGuard guard(device.device());
+  // The device buffer reads the host memory in place until it is gone; `keep` holds the host
+  // storage (a C++-only tensor: releasing it needs no GIL) until then.
+  auto adopt = [&host](const at::Tensor& dst) {
+    runtime::Runtime::get().adopt_host(*aten::cell_of(dst), host.const_data_ptr(), host.scalar_type(), host.numel(),
+                                       [keep = host]() mutable { keep = at::Tensor(); });
+  };
   if (whole(device)) {
-    runtime::Runtime::get().upload(*aten::cell_of(device), host.const_data_ptr(), host.scalar_type(), host.numel());
+    adopt(device);
     return;
   }
-  // A view: upload into a fresh dense tensor, then one copy program writes it into the base.
+  // A view: the result becomes a fresh dense tensor, then one copy program writes it into the base.
   at::Tensor fresh = at::empty(device.sizes(), device.options());
-  runtime::Runtime::get().upload(*aten::cell_of(fresh), host.const_data_ptr(), host.scalar_type(), host.numel());
+  adopt(fresh);
   device.copy_(fresh);
 }
 
@@ -221,7 +259,7 @@ at::Tensor TpuBackend::receive_into(const at::Tensor& t, Call& call, bool copy_v
   // Fused eager's recorded writes to `t` (its torch.zeros, say) are issued now, before the result
   // replaces its value (stage() does the same for inputs, reading them).
   if (!copy_value) runtime::Runtime::get().flush_recorded();
-  at::Tensor host = copy_value ? stage(t) : at::empty(t.sizes(), t.options().device(at::kCPU));
+  at::Tensor host = copy_value ? stage(t) : host_tensor(t.sizes(), t.scalar_type());
   call.write_back.push_back({t, host});
   return host;
 }

@@ -416,6 +416,32 @@ std::shared_ptr<Buffer> Client::transfer(const void* data, PJRT_Buffer_Type type
   return buf;
 }
 
+std::shared_ptr<Buffer> Client::buffer_aliasing_host(const void* data, PJRT_Buffer_Type type,
+                                                     const std::vector<int64_t>& dims, int64_t index,
+                                                     std::function<void()> release) {
+  const PJRT_Api* api = plugin_->api();
+  auto a = PJRT_ARGS(PJRT_Client_BufferFromHostBuffer_Args);
+  a.client = client_;
+  a.data = data;
+  a.type = type;
+  a.dims = dims.data();
+  a.num_dims = dims.size();
+  a.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableZeroCopy;
+  a.device = device(index);
+  PJRT_Error* err = api->PJRT_Client_BufferFromHostBuffer(&a);
+  if (err) release();  // the plugin took nothing
+  plugin_->check(err, "PJRT_Client_BufferFromHostBuffer");
+  auto buf = std::make_shared<Buffer>(shared_from_this(), a.buffer);
+  if (!a.done_with_host_buffer) {
+    release();
+  } else {
+    // Fires when the plugin no longer reads `data`: when the buffer is gone, or at once if it copied.
+    Event done(shared_from_this(), a.done_with_host_buffer);
+    done.on_ready([release = std::move(release)](const std::string&) { release(); });
+  }
+  return buf;
+}
+
 std::shared_ptr<Buffer> Client::buffer_from_host(const void* data, PJRT_Buffer_Type type,
                                                  const std::vector<int64_t>& dims, int64_t index) {
   return transfer(data, type, dims, index, /*during_call=*/false);

@@ -168,6 +168,11 @@ class Client : public std::enable_shared_from_this<Client> {
   // longer needed, so the caller may free it on return.
   std::shared_ptr<Buffer> buffer_from_host(const void* data, PJRT_Buffer_Type type,
                                            const std::vector<int64_t>& dims, int64_t index);
+  // A buffer that may alias `data` (PJRT's kImmutableZeroCopy: where device memory is host memory,
+  // as on the CPU plugin, no copy is made). `data` must stay valid and unchanged until `release`
+  // is called (from a plugin thread, or at once when the plugin copied it).
+  std::shared_ptr<Buffer> buffer_aliasing_host(const void* data, PJRT_Buffer_Type type, const std::vector<int64_t>& dims,
+                                               int64_t index, std::function<void()> release);
   // The same for small host data (scalars, step counts): the plugin copies it during the call.
   std::shared_ptr<Buffer> small_buffer_from_host(const void* data, PJRT_Buffer_Type type,
                                                  const std::vector<int64_t>& dims, int64_t index);

@@ -196,6 +196,23 @@ void Runtime::upload_now(Cell& cell, const void* data, c10::ScalarType dtype, in
   cell.numel = numel;
 }
 
+void Runtime::adopt_host(Cell& cell, const void* data, c10::ScalarType dtype, int64_t numel,
+                         std::function<void()> release) {
+  try {
+    drain();
+  } catch (...) {
+    release();
+    throw;
+  }
+  auto buf = client().buffer_aliasing_host(data, to_pjrt_type(dtype), {numel}, cell.device, std::move(release));
+  counters().h2d_transfers++;
+  counters().h2d_bytes += numel * c10::elementSize(dtype);
+  cell.buffer = std::move(buf);
+  cell.error.reset();
+  cell.dtype = dtype;
+  cell.numel = numel;
+}
+
 void Runtime::download(Cell& cell, void* dst, size_t size) {
   run_hook();
   drain();

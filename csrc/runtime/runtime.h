@@ -121,6 +121,10 @@ class Runtime {
   pjrt::Buffer& materialize(Cell& cell);
   // Replaces the cell's contents with `nbytes` host bytes of `dtype` (dense).
   void upload(Cell& cell, const void* data, c10::ScalarType dtype, int64_t numel);
+  // Replaces the cell's contents with host memory the device may read in place (no copy where
+  // device memory is host memory, as on the CPU plugin). `data` must stay valid and unchanged until
+  // `release` is called.
+  void adopt_host(Cell& cell, const void* data, c10::ScalarType dtype, int64_t numel, std::function<void()> release);
   // Copies the whole cell (its `numel` elements) into `dst` and waits.
   void download(Cell& cell, void* dst, size_t size);
   // Host-side byte copy between cells (resize_ growth, Allocator::copy_data).
