@@ -293,6 +293,38 @@ def _bcast_opts(root):
     return o
 
 
+def init_variants():
+    """init_process_group("tpu_dist"), with no backend (PyTorch 2.13 maps the accelerator alone, as it
+    maps cuda alone to nccl: tpu -> tpu_dist), "cpu:gloo,tpu:tpu_dist" (CPU tensors to Gloo too), and
+    with device_id."""
+    import torch_tpu.distributed  # noqa: F401
+    r, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    variants = [({"backend": "tpu_dist"}, "tpu_dist"), ({}, "undefined"),
+                ({"backend": "cpu:gloo,tpu:tpu_dist"}, "cpu:gloo,tpu:tpu_dist"),
+                ({"backend": "tpu_dist", "device_id": torch.device("tpu", 0)}, "tpu_dist")]
+    for i, (kwargs, shown) in enumerate(variants):
+        dist.init_process_group(init_method=f"file://{os.environ['TORCH_TPU_TEST_STORE']}.{i}", rank=r,
+                                world_size=n, **kwargs)
+        assert dist.get_backend() == shown, (kwargs, dist.get_backend())
+        tpu_backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("tpu"))
+        assert type(tpu_backend).__name__ == "_TpuBackend", (kwargs, type(tpu_backend))
+        x = torch.full((2,), float(r + 1), device="tpu")
+        dist.all_reduce(x)
+        assert x.cpu().tolist() == [3.0, 3.0]
+        if "gloo" in shown:
+            c = torch.full((2,), float(r + 1))
+            dist.all_reduce(c)
+            assert c.tolist() == [3.0, 3.0]
+        dist.destroy_process_group()
+
+
+init_variants.backend = None  # the scenario initializes the group itself
+
+
+def test_init_process_group_variants(tmp_path):
+    run_world(2, scenario(init_variants), tmp_path)
+
+
 def test_all_reduce_matches_gloo_for_every_dtype_and_op(tmp_path):
     run_world(2, scenario(all_reduce_every_dtype_and_op), tmp_path, timeout=240)
 
