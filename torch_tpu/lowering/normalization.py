@@ -191,6 +191,138 @@ register_kernel("_batch_norm_with_update", _batch_norm_with_update)
 register_kernel("batch_norm_backward", _batch_norm_backward)
 
 
+# -- SyncBatchNorm's ops --------------------------------------------------------------------------
+# nn.SyncBatchNorm (torch/nn/modules/_functions.py) splits batch norm into per-rank statistics, a
+# combination of every rank's, the normalization and a two-step backward. PyTorch has these ops for
+# CUDA only (no CPU kernel for the fallback, no meta kernel); the semantics here are CUDA's
+# (aten/src/ATen/native/cuda/Normalization.cu/.cuh): statistics in the accumulate type (float32 for
+# half-precision inputs), biased variance, invstd = 1/sqrt(var + eps). The layout of a result only
+# shows in its strides, which the meta kernels below give as CUDA does.
+def _stats_meta(x, eps):
+    c = (x.shape[1],)
+    return x.new_empty(c, dtype=compute_dtype(x.dtype)), x.new_empty(c, dtype=compute_dtype(x.dtype))
+
+
+def _elemt_meta(x, w, bias, mean, invstd, eps):
+    return torch.empty_like(x)  # CUDA: empty_like(input), its layout kept
+
+
+def _backward_reduce_meta(g, x, mean, invstd, w, input_g, weight_g, bias_g):
+    """sum_dy, sum_dy_xmu in mean's dtype, grad_weight, grad_bias in weight's; undefined (None) where
+    the flag is False, as CUDA leaves them."""
+    c = (x.shape[1],)
+    pdt = w.dtype if w is not None else mean.dtype
+    return tuple(x.new_empty(c, dtype=dt) if on else None
+                 for on, dt in ((input_g, mean.dtype), (input_g, mean.dtype), (weight_g, pdt), (bias_g, pdt)))
+
+
+def _backward_elemt_meta(g, x, mean, invstd, w, sum_dy, sum_dy_xmu, count):
+    """CUDA's channels-last kernel (both inputs channels-last) keeps the input's layout; the others
+    give a row-major grad_input."""
+    fmt = suggest_memory_format(x)
+    if suggest_memory_format(g) != fmt:
+        fmt = torch.contiguous_format
+    return torch.empty_like(x, dtype=g.dtype, memory_format=fmt)
+
+
+for _name, _meta in (("batch_norm_stats", _stats_meta), ("batch_norm_elemt", _elemt_meta),
+                     ("batch_norm_backward_reduce", _backward_reduce_meta),
+                     ("batch_norm_backward_elemt", _backward_elemt_meta)):
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{_name}", "Meta"):
+        register_kernel(_name, _meta, "Meta")
+
+
+@register("batch_norm_stats")
+def batch_norm_stats(ctx, x, eps):
+    """Per channel (dim 1): mean and 1/sqrt(biased var + eps) over all other dims; CUDA's InvStd
+    gives 0, not inf, for a zero variance with eps = 0."""
+    b = ctx.b
+    xv = b.convert(x, compute_dtype(x.dtype))
+    _, mean, invstd, var = _standardize(b, xv, _bn_dims(x), eps)
+    if eps == 0:
+        invstd = b.select(b.compare(var, b.zeros_like(var), "EQ"), b.zeros_like(var), invstd)
+    return b.convert(mean, ctx.out[0].dtype), b.convert(invstd, ctx.out[1].dtype)
+
+
+@register("batch_norm_elemt")
+def batch_norm_elemt(ctx, x, w, bias, mean, invstd, eps):
+    """((x - mean) * invstd) * weight + bias with the given statistics (eps is unused, as in CUDA)."""
+    b = ctx.b
+    cd = compute_dtype(x.dtype)
+    xv = b.convert(x, cd)
+    y = b.multiply(b.subtract(xv, _chan(b, mean, xv, cd)), _chan(b, invstd, xv, cd))
+    return b.convert(_affine(b, y, w, bias, xv, cd, _chan), ctx.out[0].dtype)
+
+
+@register("batch_norm_backward_reduce")
+def batch_norm_backward_reduce(ctx, g, x, mean, invstd, w, input_g, weight_g, bias_g):
+    """Per channel: sum_dy = sum(g), sum_dy_xmu = sum(g * (x - mean)); grad_weight = sum_dy_xmu *
+    invstd, grad_bias = sum_dy (this rank's share; DDP all-reduces the parameter gradients)."""
+    b = ctx.b
+    cd = compute_dtype(x.dtype)
+    xv, gv = b.convert(x, cd), b.convert(g, cd)
+    dims = _bn_dims(x)
+    sum_dy = reduce_sum(b, gv, dims)
+    sum_dy_xmu = reduce_sum(b, b.multiply(gv, b.subtract(xv, _chan(b, mean, xv, cd))), dims)
+    grad_w = b.multiply(sum_dy_xmu, b.convert(invstd, cd))
+    return [None if t is None else b.convert(v, t.dtype)
+            for v, t in zip((sum_dy, sum_dy_xmu, grad_w, sum_dy), ctx.out)]
+
+
+@register("batch_norm_backward_elemt")
+def batch_norm_backward_elemt(ctx, g, x, mean, invstd, w, sum_dy, sum_dy_xmu, count):
+    """grad_input = (g - sum_dy / n - (x - mean) * invstd^2 * sum_dy_xmu / n) * weight * invstd, with
+    sum_dy, sum_dy_xmu all-reduced over the ranks and n the sum of the per-rank counts."""
+    b = ctx.b
+    cd = compute_dtype(x.dtype)
+    xv, gv = b.convert(x, cd), b.convert(g, cd)
+    cnt = b.convert(count, torch.int64 if not count.dtype.is_floating_point else cd)
+    n = b.convert(reduce_sum(b, cnt, list(range(count.rank))), cd)
+    c = x.shape[1]
+    norm = b.broadcast_to(b.divide(b.constant(1, cd), n), (c,))
+    s = b.convert(invstd, cd)
+    mean_dy = b.multiply(b.convert(sum_dy, cd), norm)
+    proj = b.multiply(b.multiply(s, s), b.multiply(b.convert(sum_dy_xmu, cd), norm))
+    scale = s if w is None else b.multiply(s, b.convert(w, cd))
+    gi = b.subtract(b.subtract(gv, _chan(b, mean_dy, xv, cd)),
+                    b.multiply(b.subtract(xv, _chan(b, mean, xv, cd)), _chan(b, proj, xv, cd)))
+    return b.convert(b.multiply(gi, _chan(b, scale, xv, cd)), ctx.out[0].dtype)
+
+
+def _gather_stats_with_counts(x, mean, invstd, rm, rv, momentum, eps, counts):
+    """Global mean and invstd from each rank's (mean [W, C], invstd [W, C], counts [W]), and the
+    running statistics updated in place (unbiased variance), as CUDA's
+    batch_norm_reduce_statistics_kernel does. Written with tpu ops rather than as one lowering: the
+    running statistics are written though the schema does not mark them, and no functional ATen
+    twin exists to lower (native_batch_norm has _native_batch_norm_legit_functional). Ranks with a
+    zero count (empty inputs) are left out instead of turning the result into nan."""
+    cd = compute_dtype(mean.dtype)
+    m, s = mean.to(cd), invstd.to(cd)
+    c = counts.to(cd).reshape(-1, 1)
+    zero = c.new_zeros(())
+    valid = c > 0
+    n = c.sum()
+    avg = torch.where(valid, c * m, zero).sum(0) / n
+    var = s.reciprocal().square() - eps  # each rank's biased variance: its stats' eps taken out again
+    var_n = torch.where(valid, c * (var + (m - avg).square()), zero).sum(0)
+    out_invstd = (var_n / n + eps).rsqrt()
+    if rm is not None:
+        rm.copy_(rm.to(cd) * (1 - momentum) + avg * momentum)
+    if rv is not None:
+        rv.copy_(rv.to(cd) * (1 - momentum) + var_n / (n - 1) * momentum)
+    return avg, out_invstd
+
+
+def _gather_stats(x, mean, invstd, rm, rv, momentum, eps, count):
+    """The same with one count for every rank (CUDA expands it to a counts tensor)."""
+    counts = torch.full((mean.shape[0],), count, dtype=rm.dtype if rm is not None else x.dtype, device=x.device)
+    return _gather_stats_with_counts(x, mean, invstd, rm, rv, momentum, eps, counts)
+
+
+register_kernel("batch_norm_gather_stats_with_counts", _gather_stats_with_counts)
+register_kernel("batch_norm_gather_stats", _gather_stats)
+
+
 # -- layer norm --------------------------------------------------------------------------------------
 def _trailing(b, v, x, cd):
     return b.broadcast_to(b.convert(v, cd), x.shape)
