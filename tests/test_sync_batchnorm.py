@@ -268,32 +268,8 @@ def _sync_forward(group):
     return forward
 
 
-def flat_all_gather_single(monkeypatch):
-    """Hands tpu_dist SyncBatchNorm's all-gather with its output flattened. SyncBatchNorm gathers
-    (2C+1,) per rank into a (1, W*(2C+1)) tensor, which NCCL accepts (same element count) but
-    tpu_dist's host path (Gloo) rejects: "invalid tensor size ... expected (2C+1), got (1, 2C+1)".
-    This stands in for that backend fix, so that the rest of the synchronized path is tested now."""
-    real = dist.all_gather_single
-
-    def flat(output, input, group=None, async_op=False):
-        return real(output.view(-1), input.reshape(-1), group, async_op)
-    monkeypatch.setattr(dist, "all_gather_single", flat)
-
-
-KNOWN_GATHER_BUG = "ProcessGroupGloo::allgather: invalid"  # the shape check (size or list length)
-
-
-@pytest.mark.parametrize("gather", ["as_is", "flat_output"])
 @pytest.mark.parametrize("channels_last", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_sync_batch_norm_synchronized_path_one_rank(one_rank_group, dtype, channels_last, gather, monkeypatch,
-                                                    no_fallback):
-    if gather == "flat_output":
-        flat_all_gather_single(monkeypatch)
+def test_sync_batch_norm_synchronized_path_one_rank(one_rank_group, dtype, channels_last, no_fallback):
     ref, m = _bn_pair(nn.SyncBatchNorm, 3, dtype)
-    try:
-        _compare_steps(ref, m, _sync_forward(one_rank_group), dtype, channels_last)
-    except dist.DistBackendError as e:
-        if gather == "as_is" and KNOWN_GATHER_BUG in str(e):
-            pytest.xfail("tpu_dist all_gather_into_tensor rejects SyncBatchNorm's (1, W*n) output: " + str(e)[:200])
-        raise
+    _compare_steps(ref, m, _sync_forward(one_rank_group), dtype, channels_last)

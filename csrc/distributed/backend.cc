@@ -443,9 +443,12 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::_allgather_base(at::Tensor& output, a
                                                            const c10d::AllgatherOptions& opts) {
   Call call{c10d::OpType::_ALLGATHER_BASE, "all_gather_into_tensor"};
   check(output, call.name, "output");
-  at::Tensor host_in = stage_all({input}, call.name, "input")[0];
+  check_sizes(call.name, output, input, size_);
+  at::Tensor host_in = stage_all({input}, call.name, "input")[0].view({-1});
   agree(call.name, call.op, {input, output}, true);
-  at::Tensor host_out = receive_all({output}, call, "output")[0];
+  // Flat views for Gloo, which wants (world x n,) for an (n,) input; the output's own shape is the
+  // caller's business (SyncBatchNorm gathers (2C+1,) into (1, world x (2C+1))), as with NCCL.
+  at::Tensor host_out = receive_all({output}, call, "output")[0].view({-1});
   return run(std::move(call), [&] { return host_->_allgather_base(host_out, host_in, opts); });
 }
 
@@ -511,9 +514,10 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::_reduce_scatter_base(at::Tensor& outp
   c10d::ReduceScatterOptions o = opts;
   o.reduceOp = host_op(opts.reduceOp, call.name);
   check(output, call.name, "output");
-  at::Tensor host_in = stage_all({input}, call.name, "input")[0];
+  check_sizes(call.name, input, output, size_);
+  at::Tensor host_in = stage_all({input}, call.name, "input")[0].view({-1});
   agree(call.name, call.op, {input, output}, true);
-  at::Tensor host_out = receive_all({output}, call, "output")[0];
+  at::Tensor host_out = receive_all({output}, call, "output")[0].view({-1});  // flat, as above
   call.after_host = averaging(opts.reduceOp, {host_out});
   return run(std::move(call), [&] { return host_->_reduce_scatter_base(host_out, host_in, o); });
 }
@@ -578,6 +582,13 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::barrier(const c10d::BarrierOptions& o
   Call call{c10d::OpType::BARRIER, "barrier"};
   agree(call.name, call.op, {}, false);
   return run(std::move(call), [&] { return host_->barrier(opts); });
+}
+
+void TpuBackend::check_sizes(const char* name, const at::Tensor& whole, const at::Tensor& part, int64_t size) const {
+  TORCH_CHECK_VALUE(whole.numel() == size * part.numel(), describe(name), ": the gathered tensor has ", whole.numel(),
+                    " elements; it must have world size (", size, ") x the per-rank tensor's ", part.numel());
+  TORCH_CHECK_VALUE(whole.scalar_type() == part.scalar_type(), describe(name), ": the input is ", part.scalar_type(),
+                    " and the output ", whole.scalar_type(), "; they must match");
 }
 
 void TpuBackend::check_peer(int peer, const char* name) const {

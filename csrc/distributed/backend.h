@@ -127,6 +127,9 @@ class TpuBackend : public c10d::Backend {
   void check(const at::Tensor& t, const char* name, const char* what) const;
   void check_root(int64_t root, const char* name) const;
   void check_peer(int peer, const char* name) const;  // send/recv: another rank of the group
+  // all_gather_into_tensor / reduce_scatter_tensor: `whole` has `size` x `part`'s elements, of its
+  // dtype (only the element count matters, as with NCCL).
+  void check_sizes(const char* name, const at::Tensor& whole, const at::Tensor& part, int64_t size) const;
   // check + stage each tensor (inputs read by the host backend).
   std::vector<at::Tensor> stage_all(const std::vector<at::Tensor>& ts, const char* name, const char* what) const;
   std::vector<std::vector<at::Tensor>> stage_lists(const std::vector<std::vector<at::Tensor>>& lists,

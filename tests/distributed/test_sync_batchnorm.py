@@ -3,7 +3,6 @@ convert_sync_batchnorm, each rank training on its half of every global batch, ag
 with nn.BatchNorm2d trained on CPU on the whole batch (which every rank also runs, so each checks
 itself). Synchronized batch statistics make the two the same computation: after a few SGD steps
 parameters and running statistics agree."""
-import os
 
 import pytest
 import torch
@@ -32,21 +31,8 @@ class ConvNet(nn.Module):
         return self.head(x.mean((2, 3)))
 
 
-def _flat_all_gather_single():
-    """SyncBatchNorm gathers (2C+1,) per rank into a (1, W*(2C+1)) tensor: NCCL accepts any output
-    with W times the elements, tpu_dist's host path (Gloo) wants (W*(2C+1),) or (W, 2C+1). Flattening
-    it here stands in for that backend fix (the test's "flat_output" case)."""
-    real = dist.all_gather_single
-
-    def flat(output, input, group=None, async_op=False):
-        return real(output.view(-1), input.reshape(-1), group, async_op)
-    dist.all_gather_single = flat
-
-
 def ddp_sync_batchnorm():
     from torch.nn.parallel import DistributedDataParallel as DDP
-    if os.environ.get("SBN_FLAT_GATHER") == "1":
-        _flat_all_gather_single()
     r, n = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     ref = ConvNet()
@@ -82,16 +68,6 @@ def ddp_sync_batchnorm():
     torch.testing.assert_close(ddp(x.to("tpu")).detach().cpu(), ref(x), rtol=1e-4, atol=1e-4)
 
 
-KNOWN_GATHER_BUG = "ProcessGroupGloo::allgather: invalid"  # the shape check (size or list length)
-
-
-@pytest.mark.parametrize("gather", ["as_is", "flat_output"])
 @pytest.mark.parametrize("mode", ["strict", "fused"])
-def test_ddp_sync_batchnorm_matches_single_process_batchnorm(tmp_path, mode, gather):
-    env = {"TORCH_TPU_EAGER_MODE": mode, "SBN_FLAT_GATHER": "1" if gather == "flat_output" else "0"}
-    try:
-        run_world(2, scenario(ddp_sync_batchnorm), tmp_path, env=env, timeout=180)
-    except AssertionError as e:
-        if gather == "as_is" and KNOWN_GATHER_BUG in str(e):
-            pytest.xfail("tpu_dist all_gather_into_tensor rejects SyncBatchNorm's (1, W*n) output")
-        raise
+def test_ddp_sync_batchnorm_matches_single_process_batchnorm(tmp_path, mode):
+    run_world(2, scenario(ddp_sync_batchnorm), tmp_path, env={"TORCH_TPU_EAGER_MODE": mode}, timeout=180)
