@@ -173,8 +173,8 @@ void TpuBackend::agree(const char* name, c10d::OpType op, const std::vector<at::
   bool same = true;
   for (int64_t r = 0; r < size_ && same; ++r) same = std::equal(fp.begin(), fp.begin() + 3, rows + r * kFingerprint);
   if (same) return;
-  std::string msg = describe(name) + ": the ranks did not make the same call (dtypes" +
-                    (shapes ? std::string(" and shapes") : std::string()) + " must match on every rank):";
+  std::string msg = describe(name) + ": the ranks did not make the same call (every rank must call the same "
+                    "collective with the same dtypes" + (shapes ? std::string(" and shapes") : std::string()) + "):";
   for (int64_t r = 0; r < size_; ++r) msg += "\n  rank " + std::to_string(r) + ": " + render(rows + r * kFingerprint);
   msg += "\nNothing was changed.";
   TORCH_CHECK_VALUE(false, msg);
