@@ -2,14 +2,16 @@
 //
 // One process per device. A collective takes tpu tensors and leaves its results in them, with the
 // semantics of c10d's Backend API (the same as Gloo's on CPU tensors and NCCL's on CUDA ones).
-// Where it runs is the Transport's business:
-//   - HostStaged (built here): the PJRT plugin has no cross-process collectives (the CPU plugin),
-//     so each collective copies its inputs device -> host once, runs on a CPU c10d Backend
-//     (PyTorch's ProcessGroupGloo, created on the same store), and copies the results host ->
-//     device once.
-//   - A device transport (libtpu over ICI, NCCL inside the CUDA plugin) would run the same calls
-//     as StableHLO collectives (stablehlo.all_reduce with replica groups) on the device buffers;
-//     it plugs in behind the same Backend methods.
+// Where it runs:
+//   - Host-staged (built here, `host_`): the PJRT plugin has no cross-process collectives (the
+//     CPU plugin), so each collective copies its inputs device -> host once (into pooled staging
+//     buffers), runs on a CPU c10d Backend (PyTorch's ProcessGroupGloo, created on the same store),
+//     and hands the results to the device (no copy where device memory is host memory).
+//   - Device collectives (not built: libtpu over ICI, NCCL inside the CUDA plugin) would run the
+//     same calls as StableHLO collectives (stablehlo.all_reduce etc. with the group's ranks as
+//     replica groups) on the device buffers, behind these same Backend methods, and compiled
+//     graphs would keep their functional collectives inside the module instead of being cut at them
+//     (torch_tpu/dynamo/collectives.py).
 //
 // Ordering: inputs are read when the collective is called (the copy to the host waits for their
 // pending writes, fused eager runs included); results are written back, in call order, by the
