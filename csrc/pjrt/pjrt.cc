@@ -397,8 +397,9 @@ std::shared_ptr<Executable> Client::deserialize(const std::string& bytes) const 
   return wrap_loaded(a.loaded_executable);
 }
 
-std::shared_ptr<Buffer> Client::transfer(const void* data, PJRT_Buffer_Type type,
-                                         const std::vector<int64_t>& dims, int64_t index, bool during_call) {
+std::shared_ptr<Buffer> Client::transfer(const void* data, PJRT_Buffer_Type type, const std::vector<int64_t>& dims,
+                                         int64_t index, PJRT_HostBufferSemantics semantics,
+                                         std::function<void()> release) {
   const PJRT_Api* api = plugin_->api();
   auto a = PJRT_ARGS(PJRT_Client_BufferFromHostBuffer_Args);
   a.client = client_;
@@ -406,33 +407,16 @@ std::shared_ptr<Buffer> Client::transfer(const void* data, PJRT_Buffer_Type type
   a.type = type;
   a.dims = dims.data();
   a.num_dims = dims.size();
-  a.host_buffer_semantics = during_call ? PJRT_HostBufferSemantics_kImmutableOnlyDuringCall
-                                        : PJRT_HostBufferSemantics_kImmutableUntilTransferCompletes;
-  a.device = device(index);
-  plugin_->check(api->PJRT_Client_BufferFromHostBuffer(&a), "PJRT_Client_BufferFromHostBuffer");
-  auto buf = std::make_shared<Buffer>(shared_from_this(), a.buffer);
-  // Wait until the host data is no longer needed (already so when copied during the call).
-  await_and_destroy(*plugin_, a.done_with_host_buffer, "host-to-device transfer");
-  return buf;
-}
-
-std::shared_ptr<Buffer> Client::buffer_aliasing_host(const void* data, PJRT_Buffer_Type type,
-                                                     const std::vector<int64_t>& dims, int64_t index,
-                                                     std::function<void()> release) {
-  const PJRT_Api* api = plugin_->api();
-  auto a = PJRT_ARGS(PJRT_Client_BufferFromHostBuffer_Args);
-  a.client = client_;
-  a.data = data;
-  a.type = type;
-  a.dims = dims.data();
-  a.num_dims = dims.size();
-  a.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableZeroCopy;
+  a.host_buffer_semantics = semantics;
   a.device = device(index);
   PJRT_Error* err = api->PJRT_Client_BufferFromHostBuffer(&a);
-  if (err) release();  // the plugin took nothing
+  if (err && release) release();  // the plugin took nothing
   plugin_->check(err, "PJRT_Client_BufferFromHostBuffer");
   auto buf = std::make_shared<Buffer>(shared_from_this(), a.buffer);
-  if (!a.done_with_host_buffer) {
+  if (!release) {
+    // Wait until the host data is no longer needed (already so when copied during the call).
+    await_and_destroy(*plugin_, a.done_with_host_buffer, "host-to-device transfer");
+  } else if (!a.done_with_host_buffer) {
     release();
   } else {
     // Fires when the plugin no longer reads `data`: when the buffer is gone, or at once if it copied.
@@ -442,14 +426,20 @@ std::shared_ptr<Buffer> Client::buffer_aliasing_host(const void* data, PJRT_Buff
   return buf;
 }
 
+std::shared_ptr<Buffer> Client::buffer_aliasing_host(const void* data, PJRT_Buffer_Type type,
+                                                     const std::vector<int64_t>& dims, int64_t index,
+                                                     std::function<void()> release) {
+  return transfer(data, type, dims, index, PJRT_HostBufferSemantics_kImmutableZeroCopy, std::move(release));
+}
+
 std::shared_ptr<Buffer> Client::buffer_from_host(const void* data, PJRT_Buffer_Type type,
                                                  const std::vector<int64_t>& dims, int64_t index) {
-  return transfer(data, type, dims, index, /*during_call=*/false);
+  return transfer(data, type, dims, index, PJRT_HostBufferSemantics_kImmutableUntilTransferCompletes, {});
 }
 
 std::shared_ptr<Buffer> Client::small_buffer_from_host(const void* data, PJRT_Buffer_Type type,
                                                        const std::vector<int64_t>& dims, int64_t index) {
-  return transfer(data, type, dims, index, /*during_call=*/true);
+  return transfer(data, type, dims, index, PJRT_HostBufferSemantics_kImmutableOnlyDuringCall, {});
 }
 
 std::vector<std::shared_ptr<Buffer>> Client::execute(const Executable& exe,

@@ -193,8 +193,11 @@ class Client : public std::enable_shared_from_this<Client> {
 
  private:
   Client(std::shared_ptr<Plugin> plugin) : plugin_(std::move(plugin)) {}
+  // One host -> device transfer with `semantics`. Without `release`, waits until the host data is
+  // no longer needed; with it, returns at once and calls `release` when that is so.
   std::shared_ptr<Buffer> transfer(const void* data, PJRT_Buffer_Type type, const std::vector<int64_t>& dims,
-                                   int64_t index, bool during_call);
+                                   int64_t index, PJRT_HostBufferSemantics semantics,
+                                   std::function<void()> release);
   // Takes ownership of `loaded` and reads its output count, types and dimensions.
   std::shared_ptr<Executable> wrap_loaded(PJRT_LoadedExecutable* loaded) const;
   std::shared_ptr<Plugin> plugin_;

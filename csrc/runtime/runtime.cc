@@ -187,7 +187,10 @@ void Runtime::upload(Cell& cell, const void* data, c10::ScalarType dtype, int64_
 }
 
 void Runtime::upload_now(Cell& cell, const void* data, c10::ScalarType dtype, int64_t numel) {
-  auto buf = client().buffer_from_host(data, to_pjrt_type(dtype), {numel}, cell.device);
+  set_uploaded(cell, client().buffer_from_host(data, to_pjrt_type(dtype), {numel}, cell.device), dtype, numel);
+}
+
+void Runtime::set_uploaded(Cell& cell, std::shared_ptr<pjrt::Buffer> buf, c10::ScalarType dtype, int64_t numel) {
   counters().h2d_transfers++;
   counters().h2d_bytes += numel * c10::elementSize(dtype);
   cell.buffer = std::move(buf);
@@ -204,13 +207,8 @@ void Runtime::adopt_host(Cell& cell, const void* data, c10::ScalarType dtype, in
     release();
     throw;
   }
-  auto buf = client().buffer_aliasing_host(data, to_pjrt_type(dtype), {numel}, cell.device, std::move(release));
-  counters().h2d_transfers++;
-  counters().h2d_bytes += numel * c10::elementSize(dtype);
-  cell.buffer = std::move(buf);
-  cell.error.reset();
-  cell.dtype = dtype;
-  cell.numel = numel;
+  set_uploaded(cell, client().buffer_aliasing_host(data, to_pjrt_type(dtype), {numel}, cell.device, std::move(release)),
+               dtype, numel);
 }
 
 void Runtime::download(Cell& cell, void* dst, size_t size) {

@@ -184,6 +184,7 @@ class Runtime {
              int device, const std::string& producer);
   bool defer(std::function<void()> job);
   void upload_now(Cell& cell, const void* data, c10::ScalarType dtype, int64_t numel);
+  void set_uploaded(Cell& cell, std::shared_ptr<pjrt::Buffer> buf, c10::ScalarType dtype, int64_t numel);
   void launcher_loop();
   std::mutex qmu_;
   std::condition_variable qwork_, qidle_;
