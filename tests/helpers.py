@@ -115,3 +115,12 @@ def run_python(prog: str, **env: str) -> str:
                        cwd=root)
     assert r.returncode == 0, r.stderr[-3000:]
     return r.stdout
+
+
+# A 4-element float32 program: the tests of failing launches give it a 3-element argument.
+ADD4_PROGRAM = """module @m {
+  func.func public @main(%a: tensor<4xf32>) -> tensor<4xf32> {
+    %0 = stablehlo.add %a, %a : tensor<4xf32>
+    return %0 : tensor<4xf32>
+  }
+}"""

@@ -7,7 +7,7 @@ import torch
 
 import torch_tpu
 
-from helpers import run_python
+from helpers import ADD4_PROGRAM, run_python
 
 
 def test_device_basics():
@@ -175,19 +175,11 @@ def test_pinned_memory_with_tpu_as_accelerator():
     torch.testing.assert_close(p.to("tpu", non_blocking=True).cpu(), torch.ones(4))
 
 
-_ADD4 = """module @m {
-  func.func public @main(%a: tensor<4xf32>) -> tensor<4xf32> {
-    %0 = stablehlo.add %a, %a : tensor<4xf32>
-    return %0 : tensor<4xf32>
-  }
-}"""
-
-
 def test_launch_errors_surface_at_the_next_host_read():
     """Launches are issued by the runtime's launcher thread: an error PJRT reports when issuing one
     (here a 3-element argument for a 4-element parameter) is raised by the next host read, naming
     the op, and only once."""
-    exe = torch_tpu.runtime.compile(_ADD4)
+    exe = torch_tpu.runtime.compile(ADD4_PROGRAM)
     x = torch.zeros(3, device="tpu")
     out = torch_tpu._C._launch(exe, [x], [None], [((4,), torch.float32)], 0, "my_test_op")
     assert out[0].shape == (4,)
@@ -205,8 +197,8 @@ def test_launch_errors_surface_at_the_next_host_read():
 def test_launches_on_the_calling_thread():
     """TORCH_TPU_ASYNC_LAUNCH=0: launches are issued by the caller, and their errors raised there."""
     prog = ("import warnings; warnings.filterwarnings('ignore'); import torch, torch_tpu\n"
-            "from tests.test_device import _ADD4\n"
-            "exe = torch_tpu.runtime.compile(_ADD4)\n"
+            "from tests.helpers import ADD4_PROGRAM\n"
+            "exe = torch_tpu.runtime.compile(ADD4_PROGRAM)\n"
             "x = torch.arange(4., device='tpu')\n"
             "print((x * 2 + 1).sum().item())\n"
             "try:\n"
@@ -245,7 +237,7 @@ def test_outputs_of_a_failed_launch_have_no_value_and_in_place_targets_keep_thei
     """A launch that fails when issued changes nothing: a tensor it would have updated in place keeps
     its value, and a tensor it would have created has none, so reading it, or anything computed from
     it, raises the failure (naming the op) instead of silently reading zeros."""
-    exe = torch_tpu.runtime.compile(_ADD4)
+    exe = torch_tpu.runtime.compile(ADD4_PROGRAM)
     y = torch.ones(4, device="tpu")
     with torch_tpu.eager_mode("strict"):  # debug mode would raise at the launch, fused mode defer it
         out = torch_tpu._C._launch(exe, [torch.zeros(3, device="tpu")], [None], [((4,), torch.float32)], 0,

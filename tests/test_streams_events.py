@@ -5,6 +5,8 @@ import torch
 
 import torch_tpu  # noqa: F401
 
+from helpers import ADD4_PROGRAM
+
 
 def test_device_module_and_properties():
     assert torch.get_device_module("tpu") is torch.tpu
@@ -76,18 +78,10 @@ def test_elapsed_time_needs_timing_events():
         a.elapsed_time(b)
 
 
-_ADD4 = """module @m {
-  func.func public @main(%a: tensor<4xf32>) -> tensor<4xf32> {
-    %0 = stablehlo.add %a, %a : tensor<4xf32>
-    return %0 : tensor<4xf32>
-  }
-}"""
-
-
 def test_event_synchronize_raises_the_error_of_failed_work():
     """A launch that fails asynchronously (a 3-element argument for a 4-element parameter) surfaces
     at the synchronize() of an event recorded after it, naming the op, once."""
-    exe = torch_tpu.runtime.compile(_ADD4)
+    exe = torch_tpu.runtime.compile(ADD4_PROGRAM)
     ev = torch.tpu.Event()
     torch_tpu._C._launch(exe, [torch.zeros(3, device="tpu")], [None], [((4,), torch.float32)], 0, "my_event_op")
     ev.record()
