@@ -3,6 +3,10 @@
     torch_tpu.set_eager_mode("fused")
     with torch_tpu.eager_mode("debug"): ...
 
+The mode is per thread, as PyTorch's grad mode is: `set_eager_mode` sets the process default, which
+every thread follows outside an `eager_mode(...)` block; a block changes only the calling thread's
+mode, for its body (and the backward passes it starts: autograd's threads run them in its mode).
+
 Environment (read at import): TORCH_TPU_EAGER_MODE=debug|strict|fused; the switches of Google's
 TorchTPU are honoured too: TPU_LAUNCH_BLOCKING=1 means debug, TORCH_TPU_DEFER_AND_FUSE=1 fused.
 See torch_tpu/aten/launch.py for what each mode does.
@@ -13,8 +17,7 @@ import contextlib
 import os
 
 from . import _C, _state
-
-MODES = ("debug", "strict", "fused")
+from ._state import MODES
 
 
 def _flush():
@@ -22,29 +25,41 @@ def _flush():
     fused.flush()
 
 
-def set_eager_mode(mode: str) -> None:
-    """Switches the eager mode; ops recorded by fused mode run first. Raises ValueError for an
-    unknown mode."""
+def _code(mode: str) -> int:
     if mode not in MODES:
         raise ValueError(f"unknown tpu eager mode {mode!r}: expected one of {', '.join(MODES)}")
-    if _state.eager_mode == "fused" and mode != "fused":
+    return MODES.index(mode)
+
+
+def set_eager_mode(mode: str) -> None:
+    """Sets the process's default eager mode (inside an `eager_mode` block, the block's mode stays in
+    effect until it ends); ops that fused mode recorded run first. Raises ValueError for an unknown
+    mode."""
+    code = _code(mode)
+    if _state.eager_mode() == "fused" and mode != "fused":
         _flush()
-    _state.eager_mode = mode
+    _C._set_default_eager_mode(code)
 
 
 def get_eager_mode() -> str:
-    return _state.eager_mode
+    """The calling thread's eager mode."""
+    return _state.eager_mode()
 
 
 @contextlib.contextmanager
 def eager_mode(mode: str):
-    """Context manager: runs its body in `mode`, then restores the previous mode."""
-    previous = get_eager_mode()
-    set_eager_mode(mode)
+    """Context manager: runs its body in `mode` on the calling thread (other threads keep theirs),
+    then restores the thread's previous mode. Raises ValueError for an unknown mode."""
+    code = _code(mode)
+    if _state.eager_mode() == "fused" and mode != "fused":
+        _flush()
+    _C._push_eager_mode(code)
     try:
         yield
     finally:
-        set_eager_mode(previous)
+        if _state.eager_mode() == "fused":
+            _flush()
+        _C._pop_eager_mode()
 
 
 def _mode_from_env() -> str:
@@ -58,6 +73,6 @@ def _mode_from_env() -> str:
     return mode
 
 
-_state.eager_mode = _mode_from_env()
+_C._set_default_eager_mode(_code(_mode_from_env()))
 # Every host read (download, synchronize, the CPU fallback) first runs what fused mode recorded.
 _C._set_host_read_hook(_flush)

@@ -15,8 +15,8 @@ def counters() -> dict:
     still read them: TORCH_TPU_KEEP_BUSY_BYTES), fallbacks (total), and for torch.compile(backend="tpu"):
     compiled_graphs, graph_executions and graph_eager_fallbacks."""
     d = dict(_C._counters())
-    d["cache_hits"] = _state.counts["cache_hits"]
-    d["cache_misses"] = _state.counts["cache_misses"]
+    plans = _C._plan_cache_stats()
+    d["cache_hits"], d["cache_misses"] = plans["hits"], plans["misses"]
     d["fallbacks"] = sum(fallback_counts().values())
     # the program cache's tiers (shared by all eager modes and torch.compile)
     for k, v in _C._cache_stats().items():
@@ -43,4 +43,5 @@ def reset() -> None:
     _C._reset_counters()
     _C._reset_fallback_counts()
     _C._cache_reset_stats()
+    _C._plan_cache_reset_stats()
     _state.counts.clear()

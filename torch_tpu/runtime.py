@@ -217,9 +217,7 @@ def cache_stats() -> dict:
     """Executable cache statistics of this process: op-signature entries and hits (the eager fast
     path), and the program cache's memory hits, disk hits, misses (compiles), compile seconds spent
     and compile seconds saved by disk hits."""
-    from . import _state
-    from .aten import kernel
-    d = {"op_entries": kernel.cache_size(), "op_hits": _state.counts["cache_hits"],
-         "op_misses": _state.counts["cache_misses"]}
+    plans = _C._plan_cache_stats()
+    d = {"op_entries": plans["entries"], "op_hits": plans["hits"], "op_misses": plans["misses"]}
     d.update(_C._cache_stats())
     return d

@@ -4,6 +4,8 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/EmptyTensor.h>
+#include <c10/core/DeviceGuard.h>
 
 #include "aten/device.h"
 #include "runtime/runtime.h"
@@ -52,6 +54,15 @@ runtime::Cell* cell_of(const at::Tensor& t) {
   auto* c = static_cast<runtime::Cell*>(t.storage().data_ptr().get_context());
   TORCH_CHECK(c, "tpu tensor has no storage cell");
   return c;
+}
+
+at::Tensor new_tpu_tensor(c10::IntArrayRef shape, c10::ScalarType dtype, int device,
+                          const std::vector<int64_t>* strides) {
+  c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, device));  // the allocator's device
+  auto* alloc = c10::GetAllocator(c10::DeviceType::PrivateUse1);
+  c10::DispatchKeySet keys(c10::DispatchKey::PrivateUse1);
+  if (strides) return at::detail::empty_strided_generic(shape, *strides, alloc, keys, dtype);
+  return at::detail::empty_generic(shape, alloc, keys, dtype, std::nullopt);
 }
 
 }  // namespace torch_tpu::aten

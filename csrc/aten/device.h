@@ -15,6 +15,11 @@ namespace torch_tpu::aten {
 // The storage cell behind a tpu tensor. Raises (RuntimeError) for a tensor on another device.
 runtime::Cell* cell_of(const at::Tensor& t);
 
+// A new tpu tensor on `device` whose storage no program has written yet: row-major, or with
+// `strides` when given (a dense permutation, e.g. channels_last: the storage holds numel elements).
+at::Tensor new_tpu_tensor(c10::IntArrayRef shape, c10::ScalarType dtype, int device,
+                          const std::vector<int64_t>* strides = nullptr);
+
 // The thread's current tpu device index (torch.tpu.current_device()).
 c10::DeviceIndex current_device();
 // Sets it; throws a clear error when `index` is not a device of the running plugin.

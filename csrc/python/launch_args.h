@@ -23,11 +23,7 @@ runtime::Cell* cell_by_key(uintptr_t key);
 // (uploaded to `device`, row-major), or a (number, torch.dtype) pair (a 0-dim scalar; uint64 takes a
 // (seed, offset) pair and is 1-D of 2). Raises for an unsupported scalar dtype.
 runtime::LaunchArg launch_arg(py::handle h, int device);
-// A new tpu tensor on `device` whose storage no program has written yet: row-major, or with
-// `strides` when given (a dense permutation, e.g. channels_last: the storage holds numel elements).
-at::Tensor new_tpu_tensor(const std::vector<int64_t>& shape, c10::ScalarType dtype, int device,
-                          const std::vector<int64_t>* strides = nullptr);
-// new_tpu_tensor of a Python spec: (shape, dtype) or (shape, dtype, strides).
+// aten::new_tpu_tensor of a Python spec: (shape, dtype) or (shape, dtype, strides).
 at::Tensor new_tpu_tensor_of_spec(py::handle spec, int device);
 // The scalar type of a torch.dtype object.
 c10::ScalarType dtype_of(py::handle dtype);

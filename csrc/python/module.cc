@@ -15,6 +15,7 @@
 #include "python/distributed.h"
 #include "aten/fallback.h"
 #include "python/graph_runner.h"
+#include "python/op_kernel.h"
 #include "python/launch_args.h"
 #include "runtime/compile_cache.h"
 #include "runtime/runtime.h"
@@ -30,6 +31,7 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "TorchTPU core: PJRT runtime and PrivateUse1 device integration";
   py::register_exception<torch_tpu::pjrt::PjrtError>(m, "PjrtError", PyExc_RuntimeError);
   torch_tpu::python::init_distributed(m);
+  torch_tpu::python::bind_op_kernels(m);
 
   py::class_<torch_tpu::pjrt::Executable, std::shared_ptr<torch_tpu::pjrt::Executable>>(m, "Executable")
       .def_property_readonly("num_outputs", &torch_tpu::pjrt::Executable::num_outputs);

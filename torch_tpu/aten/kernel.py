@@ -1,11 +1,13 @@
-"""The eager front-end: one PrivateUse1 kernel per lowered ATen overload.
+"""The eager front-end's Python half: one kernel object per lowered ATen overload.
 
-A call is described by a cache key built from the op and its arguments: for each tensor its
-dtype, sizes, strides, offset and which storage it lives in; for each Scalar only its python type
-(its value travels as a runtime operand, so changing a learning rate never recompiles); every
-other argument (dims, flags) by value. A hit returns the executable and how to route its outputs;
-a miss runs PyTorch's meta kernel (result types, and every shape/dtype error before anything runs),
-emits StableHLO through the lowering registry, compiles it, and caches it.
+The dispatcher enters C++ first (csrc/python/op_kernel.cc): it builds the call's key from the
+argument stack (csrc/eager/call.h: for each tensor its dtype, sizes, strides, offset and which
+storage it lives in; for each Scalar only its type, its value travelling as a runtime operand, so
+changing a learning rate never recompiles; every other argument by value) and looks it up in the
+plan cache. In strict eager a hit launches there, with no Python. Everything else comes here
+(`Kernel._slow`): a miss runs PyTorch's meta kernel (result types, and every shape/dtype error
+before anything runs), emits StableHLO through the lowering registry, compiles it, and hands the
+entry back to C++ as the plan; debug and fused eager, per-call checks and the CPU fallback run here.
 
 The program reads each storage it needs as one 1-D buffer, reads the argument views from it
 (aten/views.py), computes the op, and returns new outputs as 1-D buffers and written storages as
@@ -27,8 +29,10 @@ from ..lowering.registry import Lowering, LoweringContext, NotLowered, fit
 from .launch import launch
 from .views import _contiguous_strides, dense_order, is_whole, read_view, write_view
 
-_NUMBER = torch._C.NumberType.get()
-_GENERATOR_KINDS = ("Generator",)
+
+
+# Argument kinds as the C++ front-end spells them (csrc/eager/call.h ArgKind).
+_KIND_CODES = {"T": "T", "TL": "L", "S": "S", "SL": "Q", "G": "G", "V": "V"}
 
 
 def _arg_kind(arg) -> str:
@@ -116,11 +120,8 @@ class _Entry:
     uid: int | None = None
 
 
-_CACHE: dict = {}    # key -> _Entry, least recently used first
-# Loaded executables hold JIT code mappings (about 3 each); tens of thousands exhaust the process's
-# map limit, so the least recently used entries go past this many (they reload from the disk tier).
-_CACHE_MAX = 4096
-_ON_HOST = object()  # cache entry of a key whose lowering raised NotLowered
+# Marks a key whose lowering raised NotLowered: the op runs through the counted CPU fallback.
+_ON_HOST = object()
 
 
 def _tensors(v):
@@ -162,16 +163,12 @@ def executable(entry):
 
 
 def cache_size() -> int:
-    return len(_CACHE)
+    """Entries of the eager plan cache (one per op call signature)."""
+    return _C._plan_cache_stats()["entries"]
 
 
 def clear_cache() -> None:
-    _CACHE.clear()
-
-
-def _same_device_error(a, b):
-    return RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
-                        f"{a} and {b}!")
+    _C._plan_cache_clear()
 
 
 class _Gen:
@@ -182,89 +179,20 @@ class _Gen:
         self.gen = gen
 
 
-# Scalar values baked into programs instead of passed as operands (design: 0, 1 and -1).
-_BAKED = (0, 1, -1)
-# Float Scalars travel in double precision when a tensor argument is double, else in single.
-_WIDE = (torch.float64, torch.complex128)
-
-
 class _Call:
-    """One call's operands (what the program may take) and cache-key parts."""
-    __slots__ = ("operands", "slots", "key", "device", "wide", "host_ok", "floats")
+    """One call as the C++ front-end (csrc/eager/call.h) describes it: its key parts (per argument
+    in schema order: ("T", dtype, sizes, strides, offset, slot[, storage dtype, storage numel], bits)
+    for a tpu tensor, ("C", dtype, sizes, operand) for a CPU one, ("S", dtype, operand) for a Scalar
+    operand, ("K", dtype, value) for a baked one, ("G", operand), an int for a list's length, ("V",)
+    for a value), its operands (tpu tensors one per storage, CPU tensors, (number, dtype) scalars,
+    _Gen) and its device."""
+    __slots__ = ("key", "operands", "device")
 
-    def __init__(self, host_ok):
-        # tpu tensors (one per storage), CPU tensors, (value, dtype) scalars, or _Gen
-        self.operands = []
-        self.slots = {}
-        self.key = []
-        self.device = None   # index of the tpu device
-        self.wide = False     # a float64/complex128 tensor argument was seen
-        self.host_ok = host_ok
-        self.floats = []      # (key position, operand position, is complex): widths set by finish()
-
-    def tensor(self, t):
-        if t is None:
-            self.key.append(None)
-            return
-        if not isinstance(t, torch.Tensor):  # a wrapped number (python scalar for a Tensor argument)
-            self.scalar(t)
-            return
-        dtype = t.dtype
-        if dtype in _WIDE:
-            self.wide = True
-        if t.is_cpu:
-            if t.dim() != 0 and not self.host_ok:
-                raise _same_device_error(f"tpu:{self.device or 0}", "cpu")
-            self.key.append(("C", dtype, tuple(t.shape), len(self.operands)))
-            self.operands.append(t.resolve_conj().resolve_neg().contiguous())  # uploaded as its value
-            return
-        dev, sk, shape, stride, offset, sdt, sn = _C._describe(t)
-        bits = _math_bits(t)
-        if self.device is None:
-            self.device = dev
-        elif dev != self.device:
-            raise _same_device_error(f"tpu:{self.device}", f"tpu:{dev}")
-        slot = self.slots.get(sk)
-        if slot is None:
-            slot = self.slots[sk] = len(self.operands)
-            self.operands.append(t)
-            self.key.append(("T", dtype, tuple(shape), tuple(stride), offset, slot, sdt, sn, bits))
-        else:
-            self.key.append(("T", dtype, tuple(shape), tuple(stride), offset, slot, bits))
-
-    def scalar(self, v):
-        if v is None:
-            self.key.append(None)
-            return
-        if isinstance(v, torch.Tensor):  # a Scalar given as a 0-dim tensor
-            v = v.item()
-        if isinstance(v, bool):
-            dt = torch.bool
-        elif isinstance(v, int):
-            dt = torch.int64
-        else:  # float or complex: its width is known once every tensor argument is seen
-            self.floats.append((len(self.key), len(self.operands), isinstance(v, complex)))
-            dt = None
-        if dt is not None and v in _BAKED:
-            self.key.append(("K", dt, v))
-            return
-        self.key.append(("S", dt, len(self.operands)))
-        self.operands.append((v, dt))
-
-    def finish(self):
-        """Fixes the width of float and complex Scalar operands."""
-        for k, o, cplx in self.floats:
-            dt = (torch.complex128 if self.wide else torch.complex64) if cplx else \
-                (torch.float64 if self.wide else torch.float32)
-            self.key[k] = ("S", dt, o)
-            self.operands[o] = (self.operands[o][0], dt)
-
-
-def _math_bits(t):
-    """A tensor's lazy conjugate / negative bits (conj(), imag of a conj view): 1 conj + 2 neg. Ops
-    that PyTorch's Conjugate / Negative fallbacks let through (copy_, clone, mm, dot, ...) get such
-    views; the value read is conj/neg of the stored one, and a value written is stored the same way."""
-    return (1 if t.is_conj() else 0) | (2 if t.is_neg() else 0)
+    def __init__(self, key, operands, device):
+        for part in key:
+            if part.__class__ is tuple and part[0] == "G":
+                operands[part[1]] = _Gen(operands[part[1]])
+        self.key, self.operands, self.device = key, operands, device
 
 
 def _apply_bits(b: Builder, v: Value, bits: int) -> Value:
@@ -320,12 +248,6 @@ def _check_overlap(vals, sig):
                                    "performing the operation.")
 
 
-def _hashable(v):
-    if isinstance(v, list):
-        return tuple(_hashable(x) for x in v)
-    return v
-
-
 class Kernel:
     """The PrivateUse1 kernel of one overload `K`, computing its value with the lowering of `F`
     (F is K itself, or the functional overload whose value K writes in place / into out=)."""
@@ -343,76 +265,52 @@ class Kernel:
         self.sized_by_scalars = self.sig.is_out and self.fsig is self.sig and "S" in self.sig.kinds and \
             all(self.sig.kinds[i] == "T" for i in self.sig.written)
 
-    def _meta_out_shapes(self, vals):
-        metas = [torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta")
-                 if kind == "T" and isinstance(v, torch.Tensor) and v.device.type != "cpu" else
-                 v.item() if kind == "S" and isinstance(v, torch.Tensor) else v
-                 for v, kind in zip(vals, self.sig.kinds)]
-        self.sig.invoke(metas)
-        return tuple(tuple(metas[i].shape) for i in self.sig.written)
+    def register(self, dispatch: bool = True) -> None:
+        """Creates this kernel's C++ front-end and registers it with the dispatcher for tpu tensors
+        (dispatch=False: callable from Python only, e.g. copy_'s device-side copy)."""
+        ov = self.sig.overload
+        kinds = "".join(_KIND_CODES[k] for k in self.sig.kinds)
+        low = self.lowering
+        self.id = _C._register_op_kernel(
+            ov._schema.name.split("::")[1], ov._overloadname, kinds, self.host_inputs,
+            low.rng and "G" not in self.sig.kinds, self.sized_by_scalars, low.check is not None,
+            low.prepare is not None, dispatch, self)
 
     # ------------------------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
-        sig = self.sig
-        vals = sig.bind(args, kwargs)
+        """The Python entry (the dispatcher enters C++ first): arguments rewritten by the lowering's
+        `prepare`, then keyed and run by the C++ front-end like any call."""
+        vals = self.sig.bind(args, kwargs)
         if self.lowering.prepare is not None:
             for i, v in zip(self.f_index, self.lowering.prepare(*[vals[i] for i in self.f_index])):
                 vals[i] = v
-        call = _Call(self.host_inputs)
-        for v, kind in zip(vals, sig.kinds):
-            if kind == "T":
-                call.tensor(v)
-            elif kind == "TL":
-                call.key.append(len(v))
-                for t in v:
-                    call.tensor(t)
-            elif kind == "S":
-                call.scalar(v)
-            elif kind == "SL":
-                call.key.append(len(v))
-                for s in v:
-                    call.scalar(s)
-            elif kind == "G":
-                call.key.append(("G", len(call.operands)))
-                call.operands.append(_Gen(v))
-            else:
-                call.key.append(_hashable(v))
-        if call.floats:
-            call.finish()
-        if self.lowering.rng and "G" not in sig.kinds:  # e.g. native_dropout: the default generator
-            call.key.append(("G", len(call.operands)))
-            call.operands.append(_Gen(None))
-        if call.device is None:
-            raise RuntimeError(f"{self.name}: no tpu tensor among the arguments")
-        if call.device < 0:
-            call.device = 0
-        key = (self.name, tuple(call.key))
-        if self.sized_by_scalars:
-            key += (self._meta_out_shapes(vals),)
-        entry = _CACHE.pop(key, None)
+        return _C._run_op_kernel(self.id, vals)
+
+    def _slow(self, args, kwargs, key, operands, device, entry):
+        """A call C++ does not run by itself: a cache miss (entry None: meta, lowering, compile), or
+        debug / fused eager, a per-call check, the CPU fallback. Returns (result, the new entry for
+        the plan cache or None)."""
+        vals = self.sig.bind(args, kwargs)
+        call = _Call(key, operands, device)
+        store = None
         if entry is None:
             try:
                 entry = self._build(vals, call)
             except NotLowered:
                 entry = _ON_HOST
-            if len(_CACHE) >= _CACHE_MAX:
-                for old in list(_CACHE)[:_CACHE_MAX // 4]:
-                    del _CACHE[old]
-            _state.count("cache_misses")
-        else:
-            _state.count("cache_hits")
-        _CACHE[key] = entry  # most recently used last
+            if entry is _ON_HOST or not entry.resize:
+                store = entry
         if entry is _ON_HOST:
-            return self._run_on_host(vals)
+            return self._run_on_host(vals), store
         if entry.resize:  # out= tensors of the wrong shape: resize (as PyTorch does), then run anew
             for i, shape, strides in entry.resize:
                 vals[i].resize_(shape)
                 if strides is not None:
                     vals[i].as_strided_(shape, strides)
-            return self(*args, **kwargs)
+            return _C._run_op_kernel(self.id, vals), None
         if self.lowering.check is not None:
             self.lowering.check(*[vals[i] for i in self.f_index])
-        return self._run(entry, vals, call)
+        return self._run(entry, vals, call), store
 
     def _run_on_host(self, vals):
         """The counted CPU fallback, for arguments the lowering refused (NotLowered): the op runs on
@@ -619,8 +517,6 @@ class Kernel:
         # Out tensors of out= variants are written, never read: F's arguments are what is lowered.
         for i in self.f_index:
             lowered.append(k_to_lowered[i]())
-        if call.floats:
-            call.finish()
         if self.lowering.rng and "G" not in sig.kinds:  # its state comes last
             lowered.append(operand_arg(call.key[-1][1]))
 
@@ -689,7 +585,7 @@ class Kernel:
         text = b.module(outputs)
         _state.last_program_text = text
         # Fused eager inlines the op into a bigger program: its own executable is built only if needed.
-        exe = None if _state.eager_mode == "fused" else compile_entry_text(self.name, text)
+        exe = None if _state.eager_mode() == "fused" else compile_entry_text(self.name, text)
         draws = sum(math.prod(t.shape) for t in out_types if t is not None) if self.lowering.rng else 0
         absent = tuple(i for i, t in enumerate(out_types) if t is None)
         return _Entry(exe, plan, new_outputs, sinks, structure, rng_draws=draws, absent=absent, text=text,

@@ -27,7 +27,7 @@ def _user_line() -> str:
 
 def launch(entry, inputs, sinks, device: int, name: str):
     """Runs (or records) one op program; returns the new output tensors."""
-    mode = _state.eager_mode
+    mode = _state.eager_mode()
     if mode == "fused":
         from . import fused
         return fused.record(entry, inputs, sinks, device, name)

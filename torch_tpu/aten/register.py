@@ -31,11 +31,19 @@ def _same_args(a, b) -> bool:
     return [(x.name, str(x.type)) for x in a._schema.arguments] == [(x.name, str(x.type)) for x in b._schema.arguments]
 
 
+def _name(overload) -> str:
+    return overload._schema.name.split("::")[1] + ("." + overload._overloadname if overload._overloadname != "default" else "")
+
+
 def _impl(overload, fn):
-    name = overload._schema.name.split("::")[1] + ("." + overload._overloadname if overload._overloadname != "default" else "")
+    name = _name(overload)
     if name in _registered:
         return
-    registry.register_kernel(name, fn)
+    if isinstance(fn, Kernel):
+        fn.register()
+        registry.KERNELS.append(fn)
+    else:
+        registry.register_kernel(name, fn)
     _registered[name] = fn
 
 
@@ -69,6 +77,7 @@ def register_lowerings():
         for k in _variants(f):
             kern = Kernel(k, low, f, host_inputs=host)
             if host and k._schema.name == "aten::copy_":
+                kern.register(dispatch=False)
                 copy_kernel = kern
                 _impl(k, copy_ops.copy_)
             else:

@@ -553,11 +553,11 @@ class GraphProgram:
         # CPU tensors of the graph: PyTorch's CPU kernels, before the launch.
         host = self.host.run(real)
         packs = [host[k] for k in self.host_packs]
-        if _state.eager_mode == "fused":  # ops it recorded run first: they may produce this graph's inputs
+        if _state.eager_mode() == "fused":  # ops it recorded run first: they may produce this graph's inputs
             from ..aten import fused
             fused.flush()
         produced, copied = self.runner(real, packs)
-        if _state.eager_mode == "debug":
+        if _state.eager_mode() == "debug":
             try:
                 _C._synchronize(-1)
             except RuntimeError as e:

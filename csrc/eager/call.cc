@@ -1,0 +1,301 @@
+#include "eager/call.h"
+
+#include <c10/util/Exception.h>
+
+#include <cstring>
+
+#include "aten/device.h"
+#include "runtime/runtime.h"
+
+namespace torch_tpu::eager {
+namespace {
+
+using runtime::Cell;
+
+// Word tags of the key: each entry starts with one, so that no two different calls share words.
+enum : int64_t {
+  kWNone = 1, kWHost, kWDevice, kWDeviceAgain, kWBaked, kWScalar, kWLength, kWGenerator,
+  kWVNone, kWVBool, kWVInt, kWVDouble, kWVString, kWVIntList, kWVDoubleList, kWVBoolList, kWVDevice,
+  kWVList, kWVTuple, kWVComplex, kWScalarValue,
+};
+
+int64_t bits_of(double d) {
+  int64_t w;
+  std::memcpy(&w, &d, sizeof w);
+  return w;
+}
+
+bool is_wide(c10::ScalarType t) {
+  return t == c10::ScalarType::Double || t == c10::ScalarType::ComplexDouble;
+}
+
+std::string same_device_message(const std::string& a, const std::string& b) {
+  return "Expected all tensors to be on the same device, but found at least two devices, " + a + " and " + b + "!";
+}
+
+class Walker {
+ public:
+  Walker(const Signature& sig, bool describe, Call& call) : sig_(sig), describe_(describe), call_(call) {}
+
+  void tensor(const c10::IValue& v) {
+    if (v.isNone() || (v.isTensor() && !v.toTensor().defined())) {
+      word(kWNone);
+      part().tag = KeyPart::kNone;
+      return;
+    }
+    const at::Tensor& t = v.toTensor();
+    auto dtype = t.scalar_type();
+    if (t.is_cpu()) {
+      if (t.dim() != 0 && !sig_.host_inputs)
+        TORCH_CHECK(false, same_device_message("tpu:" + std::to_string(call_.device < 0 ? 0 : call_.device), "cpu"));
+      int64_t pos = static_cast<int64_t>(call_.operands.size());
+      words({kWHost, static_cast<int64_t>(dtype), t.dim()});
+      call_.key.insert(call_.key.end(), t.sizes().begin(), t.sizes().end());
+      Operand o{Operand::kHostTensor};
+      o.tensor = t.resolve_conj().resolve_neg().contiguous();  // uploaded as its value
+      call_.operands.push_back(std::move(o));
+      if (describe_) {
+        auto& p = part();
+        p.tag = KeyPart::kHost;
+        p.dtype = dtype;
+        p.sizes = t.sizes().vec();
+        p.position = pos;
+      }
+      return;
+    }
+    Cell* cell = aten::cell_of(t);
+    runtime::Runtime::get().ensure_typed(*cell, dtype);
+    int dev = t.device().index();
+    if (call_.device < 0) {
+      call_.device = dev;
+    } else if (dev != call_.device) {
+      TORCH_CHECK(false, same_device_message("tpu:" + std::to_string(call_.device), "tpu:" + std::to_string(dev)));
+    }
+    int64_t bits = (t.is_conj() ? 1 : 0) | (t.is_neg() ? 2 : 0);
+    int64_t slot = -1;
+    for (size_t i = 0; i < slots_.size(); ++i)
+      if (slots_[i].first == cell) slot = slots_[i].second;
+    bool first = slot < 0;
+    if (first) {
+      slot = static_cast<int64_t>(call_.operands.size());
+      slots_.emplace_back(cell, slot);
+      Operand o{Operand::kCell};
+      o.tensor = t;
+      o.cell = cell;
+      call_.operands.push_back(std::move(o));
+    }
+    words({first ? kWDevice : kWDeviceAgain, static_cast<int64_t>(dtype), t.dim(), t.storage_offset(), slot, bits});
+    call_.key.insert(call_.key.end(), t.sizes().begin(), t.sizes().end());
+    call_.key.insert(call_.key.end(), t.strides().begin(), t.strides().end());
+    if (first) words({static_cast<int64_t>(*cell->dtype), cell->numel});
+    if (describe_) {
+      auto& p = part();
+      p.tag = KeyPart::kDevice;
+      p.dtype = dtype;
+      p.sizes = t.sizes().vec();
+      p.strides = t.strides().vec();
+      p.offset = t.storage_offset();
+      p.slot = slot;
+      p.bits = bits;
+      p.first = first;
+      p.storage_dtype = *cell->dtype;
+      p.storage_numel = cell->numel;
+    }
+  }
+
+  void scalar(const c10::IValue& v) {
+    if (v.isNone()) {
+      word(kWNone);
+      part().tag = KeyPart::kNone;
+      return;
+    }
+    c10::Scalar s = v.toScalar();
+    c10::ScalarType dt;
+    bool bakeable = false;
+    if (s.isBoolean()) {
+      dt = c10::ScalarType::Bool;
+      bakeable = true;
+    } else if (s.isIntegral(false)) {
+      dt = c10::ScalarType::Long;
+      int64_t x = s.toLong();
+      bakeable = x == 0 || x == 1 || x == -1;
+    } else if (s.isComplex()) {
+      dt = wide_ ? c10::ScalarType::ComplexDouble : c10::ScalarType::ComplexFloat;
+    } else {
+      dt = wide_ ? c10::ScalarType::Double : c10::ScalarType::Float;
+    }
+    if (bakeable) {
+      words({kWBaked, static_cast<int64_t>(dt), s.toLong()});
+      if (describe_) {
+        auto& p = part();
+        p.tag = KeyPart::kBaked;
+        p.dtype = dt;
+        p.baked = s;
+      }
+      return;
+    }
+    int64_t pos = static_cast<int64_t>(call_.operands.size());
+    words({kWScalar, static_cast<int64_t>(dt), pos});
+    if (sig_.scalar_values_in_key) {
+      if (s.isComplex()) {
+        auto c = s.toComplexDouble();
+        words({kWScalarValue, bits_of(c.real()), bits_of(c.imag())});
+      } else {
+        words({kWScalarValue, s.isIntegral(false) ? s.toLong() : bits_of(s.toDouble())});
+      }
+    }
+    Operand o{Operand::kScalar};
+    o.value = s;
+    o.dtype = dt;
+    call_.operands.push_back(std::move(o));
+    if (describe_) {
+      auto& p = part();
+      p.tag = KeyPart::kScalar;
+      p.dtype = dt;
+      p.position = pos;
+    }
+  }
+
+  void length(size_t n) {
+    words({kWLength, static_cast<int64_t>(n)});
+    if (describe_) {
+      auto& p = part();
+      p.tag = KeyPart::kLength;
+      p.length = static_cast<int64_t>(n);
+    }
+  }
+
+  void generator(const c10::IValue* v) {
+    int64_t pos = static_cast<int64_t>(call_.operands.size());
+    words({kWGenerator, pos});
+    Operand o{Operand::kGenerator};
+    if (v && !v->isNone()) o.generator = v->toGenerator();
+    call_.operands.push_back(std::move(o));
+    if (describe_) {
+      auto& p = part();
+      p.tag = KeyPart::kGenerator;
+      p.position = pos;
+    }
+  }
+
+  void value(const c10::IValue& v) {
+    if (!encode(v)) call_.cacheable = false;
+    if (describe_) part().tag = KeyPart::kValue;
+  }
+
+  void scan_wide(const c10::IValue& v, ArgKind kind) {
+    if (kind == ArgKind::kTensor && v.isTensor() && v.toTensor().defined()) {
+      wide_ = wide_ || is_wide(v.toTensor().scalar_type());
+    } else if (kind == ArgKind::kTensorList) {
+      for (const auto& e : v.toListRef())
+        if (e.isTensor() && e.toTensor().defined()) wide_ = wide_ || is_wide(e.toTensor().scalar_type());
+    }
+  }
+
+ private:
+  void word(int64_t w) { call_.key.push_back(w); }
+  void words(std::initializer_list<int64_t> ws) { call_.key.insert(call_.key.end(), ws); }
+  KeyPart& part() {
+    static thread_local KeyPart scratch;
+    if (!describe_) return scratch;
+    call_.parts.emplace_back();
+    return call_.parts.back();
+  }
+
+  bool encode(const c10::IValue& v) {
+    if (v.isNone()) {
+      word(kWVNone);
+    } else if (v.isBool()) {
+      words({kWVBool, v.toBool()});
+    } else if (v.isInt()) {
+      words({kWVInt, v.toInt()});
+    } else if (v.isSymInt()) {
+      auto i = v.toSymInt().maybe_as_int();
+      if (!i) return false;
+      words({kWVInt, *i});
+    } else if (v.isDouble()) {
+      words({kWVDouble, bits_of(v.toDouble())});
+    } else if (v.isComplexDouble()) {
+      auto c = v.toComplexDouble();
+      words({kWVComplex, bits_of(c.real()), bits_of(c.imag())});
+    } else if (v.isString()) {
+      const std::string& s = v.toStringRef();
+      words({kWVString, static_cast<int64_t>(s.size())});
+      for (size_t i = 0; i < s.size(); i += 8) {
+        int64_t w = 0;
+        std::memcpy(&w, s.data() + i, std::min<size_t>(8, s.size() - i));
+        word(w);
+      }
+    } else if (v.isIntList()) {
+      auto l = v.toIntList();
+      words({kWVIntList, static_cast<int64_t>(l.size())});
+      for (int64_t x : l) word(x);
+    } else if (v.isDoubleList()) {
+      auto l = v.toDoubleList();
+      words({kWVDoubleList, static_cast<int64_t>(l.size())});
+      for (double x : l) word(bits_of(x));
+    } else if (v.isBoolList()) {
+      auto l = v.toBoolList();
+      words({kWVBoolList, static_cast<int64_t>(l.size())});
+      for (bool x : l) word(x);
+    } else if (v.isDevice()) {
+      words({kWVDevice, static_cast<int64_t>(v.toDevice().type()), v.toDevice().index()});
+    } else if (v.isList()) {
+      auto l = v.toListRef();
+      words({kWVList, static_cast<int64_t>(l.size())});
+      for (const auto& e : l)
+        if (!encode(e)) return false;
+    } else if (v.isTuple()) {
+      const auto& e = v.toTupleRef().elements();
+      words({kWVTuple, static_cast<int64_t>(e.size())});
+      for (const auto& x : e)
+        if (!encode(x)) return false;
+    } else {
+      return false;
+    }
+    return true;
+  }
+
+  const Signature& sig_;
+  bool describe_;
+  Call& call_;
+  bool wide_ = false;
+  std::vector<std::pair<Cell*, int64_t>> slots_;
+};
+
+}  // namespace
+
+void describe_call(int64_t op_id, const Signature& sig, const std::string& op_name, c10::ArrayRef<c10::IValue> args,
+                   bool describe, Call& call) {
+  TORCH_INTERNAL_ASSERT(args.size() == sig.kinds.size(), op_name, ": ", args.size(), " arguments for ",
+                        sig.kinds.size(), " schema arguments");
+  Walker w(sig, describe, call);
+  call.arg_count = args.size();
+  call.key.push_back(op_id);
+  for (size_t i = 0; i < args.size(); ++i) w.scan_wide(args[i], static_cast<ArgKind>(sig.kinds[i]));
+  for (size_t i = 0; i < args.size(); ++i) {
+    const c10::IValue& v = args[i];
+    switch (static_cast<ArgKind>(sig.kinds[i])) {
+      case ArgKind::kTensor: w.tensor(v); break;
+      case ArgKind::kTensorList: {
+        auto l = v.toListRef();
+        w.length(l.size());
+        for (const auto& e : l) w.tensor(e);
+        break;
+      }
+      case ArgKind::kScalar: w.scalar(v); break;
+      case ArgKind::kScalarList: {
+        auto l = v.toListRef();
+        w.length(l.size());
+        for (const auto& e : l) w.scalar(e);
+        break;
+      }
+      case ArgKind::kGenerator: w.generator(&v); break;
+      case ArgKind::kValue: w.value(v); break;
+    }
+  }
+  if (sig.default_generator) w.generator(nullptr);
+  TORCH_CHECK(call.device >= 0, op_name, ": no tpu tensor among the arguments");
+}
+
+}  // namespace torch_tpu::eager

@@ -1,0 +1,167 @@
+#include "eager/plan.h"
+
+#include <c10/util/Exception.h>
+
+#include <complex>
+#include <cstring>
+
+#include "aten/device.h"
+
+namespace torch_tpu::eager {
+
+using runtime::Cell;
+using runtime::LaunchArg;
+using runtime::Runtime;
+
+// Host operands up to this size (step counts, scalars, small index tensors) are copied during the
+// transfer call: no completion event to wait for.
+constexpr size_t kSmallOperandBytes = 64 << 10;
+
+size_t PlanCache::Hash::operator()(const std::vector<int64_t>& k) const noexcept {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over the words
+  for (int64_t w : k) {
+    h ^= static_cast<uint64_t>(w);
+    h *= 1099511628211ull;
+    h ^= h >> 29;
+  }
+  return static_cast<size_t>(h);
+}
+
+std::shared_ptr<Plan> PlanCache::find(const std::vector<int64_t>& key) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = index_.find(key);
+  if (it == index_.end()) {
+    misses++;
+    return nullptr;
+  }
+  hits++;
+  lru_.splice(lru_.begin(), lru_, it->second);
+  return it->second->second;
+}
+
+void PlanCache::put(const std::vector<int64_t>& key, std::shared_ptr<Plan> plan) {
+  std::vector<std::shared_ptr<Plan>> evicted;  // released after the lock: their entries may run Python
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = index_.find(key);
+    if (it != index_.end()) {
+      it->second->second = std::move(plan);
+      lru_.splice(lru_.begin(), lru_, it->second);
+      return;
+    }
+    if (index_.size() >= capacity) {
+      for (size_t n = capacity / 4; n > 0 && !lru_.empty(); --n) {
+        evicted.push_back(std::move(lru_.back().second));
+        index_.erase(lru_.back().first);
+        lru_.pop_back();
+      }
+    }
+    lru_.emplace_front(key, std::move(plan));
+    index_.emplace(key, lru_.begin());
+  }
+}
+
+size_t PlanCache::size() {
+  std::lock_guard<std::mutex> g(mu_);
+  return index_.size();
+}
+
+void PlanCache::clear() {
+  Lru gone;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    index_.clear();
+    gone.swap(lru_);
+  }
+}
+
+PlanCache& plan_cache() {
+  static auto* cache = new PlanCache();  // never destroyed: plans hold Python objects
+  return *cache;
+}
+
+LaunchArg host_tensor_arg(const at::Tensor& t, int device) {
+  at::Tensor c = t.contiguous();
+  std::vector<int64_t> dims(c.sizes().begin(), c.sizes().end());
+  runtime::counters().h2d_transfers++;
+  auto type = runtime::to_pjrt_type(c.scalar_type());
+  auto& client = Runtime::get().client();
+  if (c.nbytes() <= kSmallOperandBytes) return {nullptr, client.small_buffer_from_host(c.data_ptr(), type, dims, device)};
+  return {nullptr, client.buffer_from_host(c.data_ptr(), type, dims, device)};
+}
+
+LaunchArg scalar_arg(const c10::Scalar& v, c10::ScalarType dtype, int device) {
+  alignas(16) unsigned char bytes[16] = {0};
+  switch (dtype) {
+    case c10::ScalarType::Bool: { bool x = v.toBool(); std::memcpy(bytes, &x, 1); break; }
+    case c10::ScalarType::Long: { int64_t x = v.toLong(); std::memcpy(bytes, &x, 8); break; }
+    case c10::ScalarType::Float: { float x = static_cast<float>(v.toDouble()); std::memcpy(bytes, &x, 4); break; }
+    case c10::ScalarType::Double: { double x = v.toDouble(); std::memcpy(bytes, &x, 8); break; }
+    case c10::ScalarType::ComplexFloat: {
+      auto c = v.toComplexDouble();
+      float x[2] = {static_cast<float>(c.real()), static_cast<float>(c.imag())};
+      std::memcpy(bytes, x, 8);
+      break;
+    }
+    case c10::ScalarType::ComplexDouble: { auto c = v.toComplexDouble(); std::memcpy(bytes, &c, 16); break; }
+    default: TORCH_CHECK(false, "unsupported scalar operand dtype ", dtype);
+  }
+  return {nullptr, Runtime::get().client().small_buffer_from_host(bytes, runtime::to_pjrt_type(dtype), {}, device)};
+}
+
+LaunchArg rng_arg(std::pair<uint64_t, uint64_t> state, int device) {
+  uint64_t words[2] = {state.first, state.second};
+  return {nullptr, Runtime::get().client().small_buffer_from_host(
+                       words, runtime::to_pjrt_type(c10::ScalarType::UInt64), {2}, device)};
+}
+
+void run_plan(const Plan& plan, const OpFacts& op, Call& call, torch::jit::Stack* stack) {
+  std::vector<LaunchArg> args;
+  args.reserve(plan.order.size());
+  for (int pos : plan.order) {
+    Operand& o = call.operands[pos];
+    switch (o.kind) {
+      case Operand::kCell: args.push_back({o.cell, nullptr}); break;
+      case Operand::kHostTensor: args.push_back(host_tensor_arg(o.tensor, call.device)); break;
+      case Operand::kScalar: args.push_back(scalar_arg(o.value, o.dtype, call.device)); break;
+      case Operand::kGenerator:
+        args.push_back(rng_arg(aten::generator_next(o.generator, plan.rng_draws), call.device));
+        break;
+    }
+  }
+  std::vector<at::Tensor> fresh;
+  fresh.reserve(plan.fresh.size());
+  for (const auto& s : plan.fresh)
+    fresh.push_back(aten::new_tpu_tensor(s.sizes, s.dtype, call.device, s.strides.empty() ? nullptr : &s.strides));
+  std::vector<Cell*> sinks;
+  sinks.reserve(plan.sinks.size());
+  for (auto [is_new, i] : plan.sinks) sinks.push_back(is_new ? aten::cell_of(fresh[i]) : call.operands[i].cell);
+  Runtime::get().execute(plan.exe, std::move(args), std::move(sinks), call.device, op.name);
+  plan_cache().fast_runs++;
+
+  if (plan.structure == Plan::kWritten) {
+    std::vector<c10::IValue> outs;
+    for (size_t k = 0; k < op.num_returns && k < op.written.size(); ++k)
+      outs.push_back((*stack)[stack->size() - call.arg_count + op.written[k]]);
+    torch::jit::drop(*stack, call.arg_count);
+    for (auto& v : outs) stack->push_back(std::move(v));
+    return;
+  }
+  torch::jit::drop(*stack, call.arg_count);
+  std::vector<at::Tensor> results;
+  results.reserve(fresh.size() + plan.absent.size());
+  size_t next = 0;
+  for (size_t i = 0; i < fresh.size() + plan.absent.size(); ++i) {
+    bool undefined = false;
+    for (int a : plan.absent) undefined = undefined || a == static_cast<int>(i);
+    results.push_back(undefined ? at::Tensor() : std::move(fresh[next++]));
+  }
+  switch (plan.structure) {
+    case Plan::kOne: stack->push_back(std::move(results.at(0))); break;
+    case Plan::kList: stack->push_back(c10::IValue(c10::List<at::Tensor>(results))); break;
+    default:
+      for (auto& r : results) stack->push_back(std::move(r));
+  }
+}
+
+}  // namespace torch_tpu::eager

@@ -1,0 +1,81 @@
+// The eager plan cache: what a lowered op's call needs to run once its program is built, keyed by
+// the call's key (eager/call.h), and the C++ run of a plan (strict mode's hot path: no Python).
+#pragma once
+
+#include <ATen/core/stack.h>
+
+#include <atomic>
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "eager/call.h"
+#include "pjrt/pjrt.h"
+#include "runtime/runtime.h"
+
+namespace torch_tpu::eager {
+
+// A fresh result tensor: row-major, or with `strides` (a dense permutation, e.g. channels_last).
+struct FreshSpec {
+  std::vector<int64_t> sizes, strides;  // strides empty: row-major
+  c10::ScalarType dtype = c10::ScalarType::Float;
+};
+
+struct Plan {
+  std::shared_ptr<const pjrt::Executable> exe;  // null: the Python path runs it (fused eager builds later)
+  std::vector<int> order;                       // operand positions, in program argument order
+  std::vector<FreshSpec> fresh;                 // new result tensors
+  std::vector<std::pair<bool, int>> sinks;      // per program output: (fresh, index) or (false, operand slot)
+  enum Structure : uint8_t { kOne, kTuple, kList, kWritten } structure = kOne;
+  std::vector<int> absent;                      // positions of undefined results (output_mask)
+  uint64_t rng_draws = 0;
+  bool fast = false;                            // strict mode may run it here, with no Python
+  std::shared_ptr<void> entry;                  // the front-end's own description (a Python object)
+};
+
+// The op facts a plan run needs (from the schema).
+struct OpFacts {
+  std::vector<int> written;  // indices of written (alias-annotated, mutated) arguments
+  size_t num_returns = 0;
+  std::string name;          // the overload, for errors naming the op
+};
+
+// LRU table of plans. Loaded executables hold JIT code mappings (about 3 each) and tens of thousands
+// exhaust a process's map limit, so past `capacity` the least recently used quarter goes (those
+// programs reload from the compilation cache's disk tier).
+class PlanCache {
+ public:
+  std::shared_ptr<Plan> find(const std::vector<int64_t>& key);
+  void put(const std::vector<int64_t>& key, std::shared_ptr<Plan> plan);
+  size_t size();
+  void clear();
+  std::atomic<int64_t> hits{0}, misses{0}, fast_runs{0};
+  size_t capacity = 4096;
+
+ private:
+  struct Hash {
+    size_t operator()(const std::vector<int64_t>& k) const noexcept;
+  };
+  using Lru = std::list<std::pair<std::vector<int64_t>, std::shared_ptr<Plan>>>;
+  std::mutex mu_;
+  Lru lru_;  // most recently used first
+  std::unordered_map<std::vector<int64_t>, Lru::iterator, Hash> index_;
+};
+PlanCache& plan_cache();
+
+// Runs `plan` for `call` (strict eager: queued for the launcher, nothing waits) and replaces the
+// op's arguments on `stack` by its results.
+void run_plan(const Plan& plan, const OpFacts& op, Call& call, torch::jit::Stack* stack);
+
+// Launch arguments of host values: a CPU tensor (contiguous), a scalar of `dtype` (0-dim), an RNG
+// (seed, offset) state (1-D of 2 uint64). Raises for a scalar dtype programs never take.
+runtime::LaunchArg host_tensor_arg(const at::Tensor& t, int device);
+runtime::LaunchArg scalar_arg(const c10::Scalar& v, c10::ScalarType dtype, int device);
+runtime::LaunchArg rng_arg(std::pair<uint64_t, uint64_t> state, int device);
+
+}  // namespace torch_tpu::eager

@@ -1,0 +1,325 @@
+#include "python/op_kernel.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/utils/tensor_memoryformats.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/library.h>
+
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "eager/call.h"
+#include "eager/mode.h"
+#include "eager/plan.h"
+#include "python/launch_args.h"
+
+namespace torch_tpu::python {
+namespace {
+
+namespace py = pybind11;
+using eager::Call;
+using eager::KeyPart;
+using eager::Operand;
+using eager::Plan;
+
+py::object dtype_obj(c10::ScalarType t) {
+  return py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(t)));
+}
+
+py::tuple ints(const std::vector<int64_t>& v) { return py::cast(v); }
+
+// The key parts as the Python front-end reads them (kernel.py's _build).
+py::list key_of(const Call& call) {
+  py::list out;
+  for (const KeyPart& p : call.parts) {
+    switch (p.tag) {
+      case KeyPart::kNone: out.append(py::none()); break;
+      case KeyPart::kHost: out.append(py::make_tuple("C", dtype_obj(p.dtype), ints(p.sizes), p.position)); break;
+      case KeyPart::kDevice:
+        if (p.first)
+          out.append(py::make_tuple("T", dtype_obj(p.dtype), ints(p.sizes), ints(p.strides), p.offset, p.slot,
+                                    dtype_obj(p.storage_dtype), p.storage_numel, p.bits));
+        else
+          out.append(py::make_tuple("T", dtype_obj(p.dtype), ints(p.sizes), ints(p.strides), p.offset, p.slot, p.bits));
+        break;
+      case KeyPart::kBaked:
+        out.append(py::make_tuple("K", dtype_obj(p.dtype), torch::jit::toPyObject(c10::IValue(p.baked))));
+        break;
+      case KeyPart::kScalar: out.append(py::make_tuple("S", dtype_obj(p.dtype), p.position)); break;
+      case KeyPart::kLength: out.append(p.length); break;
+      case KeyPart::kGenerator: out.append(py::make_tuple("G", p.position)); break;
+      case KeyPart::kValue: out.append(py::make_tuple("V")); break;
+    }
+  }
+  return out;
+}
+
+// Operands as Python values: tensors, (number, dtype) scalars, generators (None: the default one).
+py::list operands_of(const Call& call) {
+  py::list out;
+  for (const Operand& o : call.operands) {
+    switch (o.kind) {
+      case Operand::kCell:
+      case Operand::kHostTensor: out.append(py::reinterpret_steal<py::object>(THPVariable_Wrap(o.tensor))); break;
+      case Operand::kScalar:
+        out.append(py::make_tuple(torch::jit::toPyObject(c10::IValue(o.value)), dtype_obj(o.dtype)));
+        break;
+      case Operand::kGenerator:
+        out.append(o.generator ? torch::jit::toPyObject(c10::IValue(*o.generator)) : py::none());
+        break;
+    }
+  }
+  return out;
+}
+
+// A schema argument's value as Python sees it: dtypes, layouts and memory formats are ints on the
+// stack but objects in Python.
+py::object arg_to_py(const c10::Argument& arg, const c10::IValue& v) {
+  if (v.isTensor())  // as a tensor even when it is a wrapped number (toPyObject would unwrap it)
+    return py::reinterpret_steal<py::object>(THPVariable_Wrap(v.toTensor()));
+  if (v.isInt()) {
+    auto t = arg.real_type();
+    if (auto opt = t->cast<c10::OptionalType>()) t = opt->getElementType();
+    switch (t->kind()) {
+      case c10::TypeKind::ScalarTypeType: return dtype_obj(static_cast<c10::ScalarType>(v.toInt()));
+      case c10::TypeKind::LayoutType:
+        return py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPLayout(static_cast<c10::Layout>(v.toInt()))));
+      case c10::TypeKind::MemoryFormatType:
+        return py::reinterpret_borrow<py::object>(
+            torch::utils::getTHPMemoryFormat(static_cast<c10::MemoryFormat>(v.toInt())));
+      default: break;
+    }
+  }
+  return torch::jit::toPyObject(v);
+}
+
+// (args, kwargs) of a call: kwarg-only schema arguments by name.
+std::pair<py::tuple, py::dict> to_py(const c10::FunctionSchema& schema, const std::vector<c10::IValue>& values) {
+  std::vector<py::object> pos;
+  py::dict kw;
+  for (size_t i = 0; i < values.size(); ++i) {
+    const auto& a = schema.arguments()[i];
+    if (a.kwarg_only())
+      kw[py::str(a.name())] = arg_to_py(a, values[i]);
+    else
+      pos.push_back(arg_to_py(a, values[i]));
+  }
+  py::tuple t(pos.size());
+  for (size_t i = 0; i < pos.size(); ++i) t[i] = std::move(pos[i]);
+  return {std::move(t), std::move(kw)};
+}
+
+// Pushes a Python result on the stack as the schema's returns.
+void push_result(const c10::FunctionSchema& schema, torch::jit::Stack* stack, const py::object& out) {
+  const auto& rets = schema.returns();
+  if (rets.size() == 1) {
+    stack->push_back(torch::jit::toIValue(out, rets[0].real_type()));
+  } else if (rets.size() > 1) {
+    auto t = out.cast<py::sequence>();
+    TORCH_CHECK(t.size() == rets.size(), schema.name(), ": the tpu kernel returned ", t.size(), " values for ",
+                rets.size(), " returns");
+    for (size_t i = 0; i < rets.size(); ++i) stack->push_back(torch::jit::toIValue(t[i], rets[i].real_type()));
+  }
+}
+
+// Owns a Python object; the last owner may be a thread without the GIL.
+std::shared_ptr<void> hold(py::object o) {
+  return std::shared_ptr<void>(o.release().ptr(), [](void* p) {
+    if (!Py_IsInitialized()) return;
+    py::gil_scoped_acquire gil;
+    Py_DECREF(static_cast<PyObject*>(p));
+  });
+}
+
+class OpKernel final : public c10::OperatorKernel {
+ public:
+  OpKernel(int64_t id, c10::OperatorHandle op, eager::Signature sig, eager::OpFacts facts, bool has_check,
+           bool python_first, py::object py_kernel)
+      : id_(id), op_(std::move(op)), sig_(std::move(sig)), facts_(std::move(facts)), has_check_(has_check),
+        python_first_(python_first), py_kernel_(hold(std::move(py_kernel))) {}
+
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+    run(stack, false);
+  }
+
+  // entered: called from the Python kernel itself (after its `prepare`), not by the dispatcher.
+  void run(torch::jit::Stack* stack, bool entered) {
+    if (python_first_ && !entered) return call_python(stack);
+    size_t n = sig_.kinds.size();
+    c10::ArrayRef<c10::IValue> args(stack->data() + stack->size() - n, n);
+    Call call;
+    eager::describe_call(id_, sig_, facts_.name, args, false, call);
+    std::shared_ptr<Plan> plan = call.cacheable ? eager::plan_cache().find(call.key) : nullptr;
+    if (plan && plan->fast && eager::mode() == eager::Mode::kStrict) {
+      eager::run_plan(*plan, facts_, call, stack);
+      return;
+    }
+    slow(stack, std::move(call), std::move(plan));
+  }
+
+  const c10::OperatorHandle& op() const { return op_; }
+
+ private:
+  py::handle kernel() const { return static_cast<PyObject*>(py_kernel_.get()); }
+
+  // The Python kernel's __call__ on the whole call (ops with a `prepare` rewriting arguments).
+  void call_python(torch::jit::Stack* stack) {
+    py::gil_scoped_acquire gil;
+    auto arguments = torch::jit::pop(*stack, sig_.kinds.size());
+    auto [args, kwargs] = to_py(op_.schema(), arguments);
+    py::object out = kernel()(*args, **kwargs);
+    push_result(op_.schema(), stack, out);
+  }
+
+  void slow(torch::jit::Stack* stack, Call hashed, std::shared_ptr<Plan> plan) {
+    py::gil_scoped_acquire gil;
+    size_t n = sig_.kinds.size();
+    Call call;
+    eager::describe_call(id_, sig_, facts_.name, c10::ArrayRef<c10::IValue>(stack->data() + stack->size() - n, n),
+                         true, call);
+    auto arguments = torch::jit::pop(*stack, n);
+    auto [args, kwargs] = to_py(op_.schema(), arguments);
+    py::object entry = plan ? py::reinterpret_borrow<py::object>(static_cast<PyObject*>(plan->entry.get()))
+                            : py::none();
+    py::tuple r = kernel().attr("_slow")(args, kwargs, key_of(call), operands_of(call), call.device, entry);
+    py::object stored = r[1];
+    if (call.cacheable && !stored.is_none()) {
+      eager::plan_cache().put(hashed.key, make_plan(stored));
+    } else if (call.cacheable && plan && !plan->fast) {
+      auto again = make_plan(entry);  // e.g. built by fused eager, compiled since: strict may run it here
+      if (again->fast) eager::plan_cache().put(hashed.key, std::move(again));
+    }
+    push_result(op_.schema(), stack, r[0]);
+  }
+
+  std::shared_ptr<Plan> make_plan(const py::object& entry) {
+    auto p = std::make_shared<Plan>();
+    p->entry = hold(entry);
+    if (!py::hasattr(entry, "exe")) return p;  // the CPU-fallback marker
+    py::object exe = entry.attr("exe");
+    if (!exe.is_none()) p->exe = exe.cast<std::shared_ptr<pjrt::Executable>>();
+    for (auto h : entry.attr("plan")) p->order.push_back(h.cast<int>());
+    for (auto h : entry.attr("new_outputs")) {
+      auto spec = h.cast<py::tuple>();
+      eager::FreshSpec s;
+      s.sizes = spec[0].cast<std::vector<int64_t>>();
+      s.dtype = dtype_of(spec[1]);
+      if (spec.size() > 2 && !spec[2].is_none()) s.strides = spec[2].cast<std::vector<int64_t>>();
+      p->fresh.push_back(std::move(s));
+    }
+    for (auto h : entry.attr("sinks")) {
+      auto sink = h.cast<py::tuple>();
+      p->sinks.emplace_back(sink[0].cast<std::string>() == "new", sink[1].cast<int>());
+    }
+    std::string structure = entry.attr("structure").cast<std::string>();
+    p->structure = !facts_.written.empty() ? Plan::kWritten
+                   : structure == "T"      ? Plan::kOne
+                   : structure == "list"   ? Plan::kList
+                                           : Plan::kTuple;
+    for (auto h : entry.attr("absent")) p->absent.push_back(h.cast<int>());
+    p->rng_draws = entry.attr("rng_draws").cast<uint64_t>();
+    p->fast = p->exe && !has_check_ && py::len(entry.attr("resize")) == 0;
+    return p;
+  }
+
+  int64_t id_;
+  c10::OperatorHandle op_;
+  eager::Signature sig_;
+  eager::OpFacts facts_;
+  bool has_check_, python_first_;
+  std::shared_ptr<void> py_kernel_;
+};
+
+std::mutex g_mu;
+std::vector<OpKernel*> g_kernels;  // owned by the dispatcher's registrations (process lifetime)
+std::vector<std::unique_ptr<OpKernel>> g_undispatched;  // kernels called from Python only
+
+torch::Library& library() {
+  static auto* lib = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__,
+                                        __LINE__);
+  return *lib;
+}
+
+}  // namespace
+
+void bind_op_kernels(py::module& m) {
+  m.def("_register_op_kernel", [](const std::string& name, const std::string& overload, const std::string& kinds,
+                                  bool host_inputs, bool default_generator, bool scalar_values_in_key,
+                                  bool has_check, bool python_first, bool dispatch, py::object py_kernel) {
+    auto op = c10::Dispatcher::singleton().findSchemaOrThrow(("aten::" + name).c_str(),
+                                                             overload == "default" ? "" : overload.c_str());
+    const auto& schema = op.schema();
+    TORCH_CHECK(kinds.size() == schema.arguments().size(), "aten::", name, ": ", kinds.size(), " kinds for ",
+                schema.arguments().size(), " arguments");
+    eager::Signature sig{kinds, host_inputs, default_generator, scalar_values_in_key};
+    eager::OpFacts facts;
+    for (size_t i = 0; i < schema.arguments().size(); ++i) {
+      const auto* alias = schema.arguments()[i].alias_info();
+      if (alias && alias->isWrite()) facts.written.push_back(static_cast<int>(i));
+    }
+    facts.num_returns = schema.returns().size();
+    facts.name = "aten::" + name + (overload.empty() || overload == "default" ? "" : "." + overload);
+    std::lock_guard<std::mutex> g(g_mu);
+    int64_t id = static_cast<int64_t>(g_kernels.size());
+    auto kernel = std::make_unique<OpKernel>(id, op, std::move(sig), std::move(facts), has_check, python_first,
+                                             std::move(py_kernel));
+    g_kernels.push_back(kernel.get());
+    if (!dispatch) {
+      g_undispatched.push_back(std::move(kernel));
+      return id;
+    }
+    library().impl((name + (overload.empty() || overload == "default" ? "" : "." + overload)).c_str(),
+                   torch::CppFunction::makeFromBoxedFunctor(std::move(kernel)));
+    return id;
+  }, "Registers the tpu kernel of aten::name.overload: C++ keying and plan cache, calling py_kernel._slow "
+     "on a miss (and py_kernel(*args) first when python_first); dispatch=False registers nothing with the "
+     "dispatcher (the kernel is run by _run_op_kernel only). kinds: one of T L S Q G V per schema "
+     "argument (see csrc/eager/call.h). Returns the kernel's id.");
+  m.def("_run_op_kernel", [](int64_t id, py::list vals) -> py::object {
+    OpKernel* k;
+    {
+      std::lock_guard<std::mutex> g(g_mu);
+      k = g_kernels.at(id);
+    }
+    const auto& args = k->op().schema().arguments();
+    TORCH_CHECK(vals.size() == args.size(), "_run_op_kernel: ", vals.size(), " values for ", args.size(), " arguments");
+    torch::jit::Stack stack;
+    for (size_t i = 0; i < args.size(); ++i) stack.push_back(torch::jit::toIValue(vals[i], args[i].real_type()));
+    {
+      py::gil_scoped_release nogil;
+      k->run(&stack, true);
+    }
+    return torch::jit::createPyObjectForStack(std::move(stack));
+  }, "Runs kernel `id` on argument values in schema order (the Python kernel's own entry: after its "
+     "prepare, and for direct calls such as copy_'s device-side copy).");
+  m.def("_plan_cache_stats", [] {
+    auto& c = eager::plan_cache();
+    py::dict d;
+    d["entries"] = c.size();
+    d["hits"] = c.hits.load();
+    d["misses"] = c.misses.load();
+    d["fast_runs"] = c.fast_runs.load();
+    return d;
+  });
+  m.def("_plan_cache_clear", [] { eager::plan_cache().clear(); });
+  m.def("_plan_cache_reset_stats", [] {
+    auto& c = eager::plan_cache();
+    c.hits = 0;
+    c.misses = 0;
+    c.fast_runs = 0;
+  });
+  m.def("_eager_mode", [] { return static_cast<int>(eager::mode()); }, "This thread's eager mode: 0 debug, 1 strict, 2 fused.");
+  m.def("_set_default_eager_mode", [](int m) { eager::set_default_mode(static_cast<eager::Mode>(m)); });
+  m.def("_thread_eager_mode", []() -> std::optional<int> {
+    auto m = eager::thread_mode();
+    return m ? std::optional<int>(static_cast<int>(*m)) : std::nullopt;
+  });
+  m.def("_push_eager_mode", [](int m) { eager::push_thread_mode(static_cast<eager::Mode>(m)); },
+        "Enters an eager_mode block on this thread.");
+  m.def("_pop_eager_mode", [] { eager::pop_thread_mode(); }, "Leaves this thread's innermost eager_mode block.");
+}
+
+}  // namespace torch_tpu::python
