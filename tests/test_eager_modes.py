@@ -108,20 +108,47 @@ def test_fused_chain_is_one_program_without_intermediates():
     torch.testing.assert_close(y.cpu(), ref)
 
 
-def test_fused_loop_hits_cache_from_second_step(monkeypatch):
-    # Short runs, so that the periodic op stream below is cut by the length cap many times.
-    monkeypatch.setattr(fused, "MAX_OPS", 48)
-    monkeypatch.setattr(fused, "MIN_OPS", 16)
+def _fused_compiles():
+    return torch_tpu.metrics.counters()["fused_compiles"]
+
+
+def test_fused_loop_without_syncs_compiles_nothing_after_its_first_steps():
+    # Cut points are content-defined over the op stream, so a loop with no host read inside is cut
+    # at the same places every step and its programs repeat. This loop's period (3 ops) is shorter
+    # than the cut window: its runs reach the length cap, each a whole number of periods.
     w = torch.randn(16, 16, device="tpu")
     x = torch.randn(8, 16, device="tpu")
     compiles = []
     with torch_tpu.eager_mode("fused"):
-        for _ in range(12):
+        for _ in range(40):
             for _ in range(30):  # a "step" of 90 ops with no host read inside
                 x = torch.tanh(x @ w) + 0.5
-            compiles.append(torch_tpu._state.counts["fused_compiles"])
+            compiles.append(_fused_compiles())
         x.sum().item()
-    assert compiles[-1] == compiles[3], compiles  # no new programs after the first steps
+    assert compiles[-1] == compiles[19], compiles  # no new programs once the runs line up
+    assert compiles[-1] - compiles[0] <= 3, compiles
+
+
+def test_fused_training_loop_without_syncs_compiles_nothing_after_its_first_steps():
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(4):
+        layers += [torch.nn.Linear(32, 32), torch.nn.GELU(), torch.nn.LayerNorm(32)]
+    model = torch.nn.Sequential(*layers).to("tpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x, y = torch.randn(16, 32, device="tpu"), torch.randn(16, 32, device="tpu")
+    compiles, losses = [], []
+    with torch_tpu.eager_mode("fused"):
+        for _ in range(16):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+            compiles.append(_fused_compiles())
+        first, last = losses[0].item(), losses[-1].item()
+    assert last < first
+    assert compiles[-1] == compiles[5], compiles
 
 
 def test_fused_memory_is_bounded():

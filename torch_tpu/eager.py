@@ -74,5 +74,6 @@ def _mode_from_env() -> str:
 
 
 _C._set_default_eager_mode(_code(_mode_from_env()))
-# Every host read (download, synchronize, the CPU fallback) first runs what fused mode recorded.
-_C._set_host_read_hook(_flush)
+# Installs fused eager's program builder; every host read (download, synchronize, the CPU fallback)
+# first runs what fused mode recorded.
+from .aten import fused as _fused  # noqa: E402,F401

@@ -21,8 +21,7 @@ def counters() -> dict:
     # the program cache's tiers (shared by all eager modes and torch.compile)
     for k, v in _C._cache_stats().items():
         d["program_cache_" + k] = v
-    for k in ("fused_ops", "fused_flushes", "fused_compiles"):  # fused eager
-        d[k] = _state.counts[k]
+    d.update(_C._fused_stats())  # fused eager: ops recorded, runs flushed, fused programs built
     for k in ("compiled_graphs", "graph_executions", "graph_eager_fallbacks"):  # torch.compile
         d[k] = _state.counts[k]
     return d
@@ -44,4 +43,5 @@ def reset() -> None:
     _C._reset_fallback_counts()
     _C._cache_reset_stats()
     _C._plan_cache_reset_stats()
+    _C._fused_reset_stats()
     _state.counts.clear()

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "aten/device.h"
+#include "eager/fused.h"
 
 namespace torch_tpu::eager {
 
@@ -115,13 +116,19 @@ LaunchArg rng_arg(std::pair<uint64_t, uint64_t> state, int device) {
                        words, runtime::to_pjrt_type(c10::ScalarType::UInt64), {2}, device)};
 }
 
-void run_plan(const Plan& plan, const OpFacts& op, Call& call, torch::jit::Stack* stack) {
+void run_plan(const std::shared_ptr<Plan>& plan_ptr, const OpFacts& op, Call& call, torch::jit::Stack* stack,
+              bool fused) {
+  const Plan& plan = *plan_ptr;
   std::vector<LaunchArg> args;
+  std::vector<at::Tensor> cell_tensors;
   args.reserve(plan.order.size());
   for (int pos : plan.order) {
     Operand& o = call.operands[pos];
     switch (o.kind) {
-      case Operand::kCell: args.push_back({o.cell, nullptr}); break;
+      case Operand::kCell:
+        args.push_back({o.cell, nullptr});
+        if (fused) cell_tensors.push_back(o.tensor);
+        break;
       case Operand::kHostTensor: args.push_back(host_tensor_arg(o.tensor, call.device)); break;
       case Operand::kScalar: args.push_back(scalar_arg(o.value, o.dtype, call.device)); break;
       case Operand::kGenerator:
@@ -133,10 +140,17 @@ void run_plan(const Plan& plan, const OpFacts& op, Call& call, torch::jit::Stack
   fresh.reserve(plan.fresh.size());
   for (const auto& s : plan.fresh)
     fresh.push_back(aten::new_tpu_tensor(s.sizes, s.dtype, call.device, s.strides.empty() ? nullptr : &s.strides));
-  std::vector<Cell*> sinks;
-  sinks.reserve(plan.sinks.size());
-  for (auto [is_new, i] : plan.sinks) sinks.push_back(is_new ? aten::cell_of(fresh[i]) : call.operands[i].cell);
-  Runtime::get().execute(plan.exe, std::move(args), std::move(sinks), call.device, op.name);
+  if (fused) {
+    std::vector<at::Tensor> sinks;
+    sinks.reserve(plan.sinks.size());
+    for (auto [is_new, i] : plan.sinks) sinks.push_back(is_new ? fresh[i] : call.operands[i].tensor);
+    eager::fused().record(plan_ptr, std::move(args), std::move(cell_tensors), std::move(sinks), call.device);
+  } else {
+    std::vector<Cell*> sinks;
+    sinks.reserve(plan.sinks.size());
+    for (auto [is_new, i] : plan.sinks) sinks.push_back(is_new ? aten::cell_of(fresh[i]) : call.operands[i].cell);
+    Runtime::get().execute(plan.exe, std::move(args), std::move(sinks), call.device, op.name);
+  }
   plan_cache().fast_runs++;
 
   if (plan.structure == Plan::kWritten) {

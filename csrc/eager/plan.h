@@ -34,7 +34,9 @@ struct Plan {
   enum Structure : uint8_t { kOne, kTuple, kList, kWritten } structure = kOne;
   std::vector<int> absent;                      // positions of undefined results (output_mask)
   uint64_t rng_draws = 0;
-  bool fast = false;                            // strict mode may run it here, with no Python
+  uint64_t uid = 0;                             // the program's identity in fused runs (stable per entry)
+  std::string name;                             // the op, for error messages
+  bool fast = false;                            // runs (strict, with exe) or records (fused) here, no Python
   std::shared_ptr<void> entry;                  // the front-end's own description (a Python object)
 };
 
@@ -68,9 +70,9 @@ class PlanCache {
 };
 PlanCache& plan_cache();
 
-// Runs `plan` for `call` (strict eager: queued for the launcher, nothing waits) and replaces the
-// op's arguments on `stack` by its results.
-void run_plan(const Plan& plan, const OpFacts& op, Call& call, torch::jit::Stack* stack);
+// Runs `plan` for `call` and replaces the op's arguments on `stack` by its results: strict eager
+// queues it for the launcher (nothing waits; needs plan.exe), fused eager records it.
+void run_plan(const std::shared_ptr<Plan>& plan, const OpFacts& op, Call& call, torch::jit::Stack* stack, bool fused);
 
 // Launch arguments of host values: a CPU tensor (contiguous), a scalar of `dtype` (0-dim), an RNG
 // (seed, offset) state (1-D of 2 uint64). Raises for a scalar dtype programs never take.

@@ -192,17 +192,6 @@ PYBIND11_MODULE(_C, m) {
     const at::Tensor& t = THPVariable_Unpack(h.ptr());
     return t.use_count() == 1 && t.storage().use_count() == 1;
   }, "True when no other tensor (view, autograd's saved tensors, ...) shares t's TensorImpl or storage.");
-  m.def("_set_host_read_hook", [](py::object fn) {
-    if (fn.is_none()) {
-      Runtime::get().set_host_read_hook(nullptr);
-      return;
-    }
-    auto holder = std::make_shared<py::object>(std::move(fn));
-    Runtime::get().set_host_read_hook([holder] {
-      py::gil_scoped_acquire gil;
-      (*holder)();
-    });
-  }, "fn() runs before the host reads device data (fused eager flushes there); None removes it.");
   m.def("_empty_like_specs", [](py::list specs, int device) {
     std::vector<at::Tensor> out;
     for (py::handle h : specs) out.push_back(torch_tpu::python::new_tpu_tensor_of_spec(h, device));

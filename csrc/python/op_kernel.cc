@@ -7,11 +7,14 @@
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/library.h>
 
+#include <atomic>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <vector>
 
 #include "eager/call.h"
+#include "eager/fused.h"
 #include "eager/mode.h"
 #include "eager/plan.h"
 #include "python/launch_args.h"
@@ -134,6 +137,47 @@ std::shared_ptr<void> hold(py::object o) {
   });
 }
 
+std::atomic<uint64_t> g_next_uid{1};
+
+// The plan of a front-end entry (kernel.py's _Entry, or the CPU-fallback marker). written: the op
+// returns its written arguments; has_check: a per-call check must run in Python first.
+std::shared_ptr<Plan> plan_of_entry(const py::object& entry, bool written, bool has_check) {
+  auto p = std::make_shared<Plan>();
+  p->entry = hold(entry);
+  if (!py::hasattr(entry, "exe")) return p;  // the CPU-fallback marker
+  py::object uid = entry.attr("uid");
+  if (uid.is_none()) {
+    uid = py::int_(g_next_uid++);
+    entry.attr("uid") = uid;
+  }
+  p->uid = uid.cast<uint64_t>();
+  p->name = entry.attr("name").cast<std::string>();
+  py::object exe = entry.attr("exe");
+  if (!exe.is_none()) p->exe = exe.cast<std::shared_ptr<pjrt::Executable>>();
+  for (auto h : entry.attr("plan")) p->order.push_back(h.cast<int>());
+  for (auto h : entry.attr("new_outputs")) {
+    auto spec = h.cast<py::tuple>();
+    eager::FreshSpec s;
+    s.sizes = spec[0].cast<std::vector<int64_t>>();
+    s.dtype = dtype_of(spec[1]);
+    if (spec.size() > 2 && !spec[2].is_none()) s.strides = spec[2].cast<std::vector<int64_t>>();
+    p->fresh.push_back(std::move(s));
+  }
+  for (auto h : entry.attr("sinks")) {
+    auto sink = h.cast<py::tuple>();
+    p->sinks.emplace_back(sink[0].cast<std::string>() == "new", sink[1].cast<int>());
+  }
+  std::string structure = entry.attr("structure").cast<std::string>();
+  p->structure = written              ? Plan::kWritten
+                 : structure == "T"    ? Plan::kOne
+                 : structure == "list" ? Plan::kList
+                                       : Plan::kTuple;
+  for (auto h : entry.attr("absent")) p->absent.push_back(h.cast<int>());
+  p->rng_draws = entry.attr("rng_draws").cast<uint64_t>();
+  p->fast = !has_check && py::len(entry.attr("resize")) == 0;
+  return p;
+}
+
 class OpKernel final : public c10::OperatorKernel {
  public:
   OpKernel(int64_t id, c10::OperatorHandle op, eager::Signature sig, eager::OpFacts facts, bool has_check,
@@ -153,9 +197,19 @@ class OpKernel final : public c10::OperatorKernel {
     Call call;
     eager::describe_call(id_, sig_, facts_.name, args, false, call);
     std::shared_ptr<Plan> plan = call.cacheable ? eager::plan_cache().find(call.key) : nullptr;
-    if (plan && plan->fast && eager::mode() == eager::Mode::kStrict) {
-      eager::run_plan(*plan, facts_, call, stack);
-      return;
+    if (plan && plan->fast) {
+      auto mode = eager::mode();
+      if (mode == eager::Mode::kStrict && plan->exe) {
+        eager::run_plan(plan, facts_, call, stack, false);
+        return;
+      }
+      if (mode == eager::Mode::kFused) {
+        // A flush may build a program in Python: never wait for the recorder's lock holding the GIL.
+        std::optional<py::gil_scoped_release> nogil;
+        if (PyGILState_Check()) nogil.emplace();
+        eager::run_plan(plan, facts_, call, stack, true);
+        return;
+      }
     }
     slow(stack, std::move(call), std::move(plan));
   }
@@ -186,43 +240,14 @@ class OpKernel final : public c10::OperatorKernel {
                             : py::none();
     py::tuple r = kernel().attr("_slow")(args, kwargs, key_of(call), operands_of(call), call.device, entry);
     py::object stored = r[1];
+    bool written = !facts_.written.empty();
     if (call.cacheable && !stored.is_none()) {
-      eager::plan_cache().put(hashed.key, make_plan(stored));
-    } else if (call.cacheable && plan && !plan->fast) {
-      auto again = make_plan(entry);  // e.g. built by fused eager, compiled since: strict may run it here
-      if (again->fast) eager::plan_cache().put(hashed.key, std::move(again));
+      eager::plan_cache().put(hashed.key, plan_of_entry(stored, written, has_check_));
+    } else if (call.cacheable && plan && plan->fast && !plan->exe) {
+      auto again = plan_of_entry(entry, written, has_check_);  // built by fused eager, compiled since
+      if (again->exe) eager::plan_cache().put(hashed.key, std::move(again));
     }
     push_result(op_.schema(), stack, r[0]);
-  }
-
-  std::shared_ptr<Plan> make_plan(const py::object& entry) {
-    auto p = std::make_shared<Plan>();
-    p->entry = hold(entry);
-    if (!py::hasattr(entry, "exe")) return p;  // the CPU-fallback marker
-    py::object exe = entry.attr("exe");
-    if (!exe.is_none()) p->exe = exe.cast<std::shared_ptr<pjrt::Executable>>();
-    for (auto h : entry.attr("plan")) p->order.push_back(h.cast<int>());
-    for (auto h : entry.attr("new_outputs")) {
-      auto spec = h.cast<py::tuple>();
-      eager::FreshSpec s;
-      s.sizes = spec[0].cast<std::vector<int64_t>>();
-      s.dtype = dtype_of(spec[1]);
-      if (spec.size() > 2 && !spec[2].is_none()) s.strides = spec[2].cast<std::vector<int64_t>>();
-      p->fresh.push_back(std::move(s));
-    }
-    for (auto h : entry.attr("sinks")) {
-      auto sink = h.cast<py::tuple>();
-      p->sinks.emplace_back(sink[0].cast<std::string>() == "new", sink[1].cast<int>());
-    }
-    std::string structure = entry.attr("structure").cast<std::string>();
-    p->structure = !facts_.written.empty() ? Plan::kWritten
-                   : structure == "T"      ? Plan::kOne
-                   : structure == "list"   ? Plan::kList
-                                           : Plan::kTuple;
-    for (auto h : entry.attr("absent")) p->absent.push_back(h.cast<int>());
-    p->rng_draws = entry.attr("rng_draws").cast<uint64_t>();
-    p->fast = p->exe && !has_check_ && py::len(entry.attr("resize")) == 0;
-    return p;
   }
 
   int64_t id_;
@@ -317,6 +342,72 @@ void bind_op_kernels(py::module& m) {
     auto m = eager::thread_mode();
     return m ? std::optional<int>(static_cast<int>(*m)) : std::nullopt;
   });
+  m.def("_fused_record", [](py::object entry, py::list inputs, py::list sinks, py::list new_specs, int device) {
+    auto plan = plan_of_entry(entry, false, false);
+    std::vector<runtime::LaunchArg> args;
+    std::vector<at::Tensor> cell_tensors;
+    for (py::handle h : inputs) {
+      args.push_back(launch_arg(h, device));
+      if (args.back().cell) cell_tensors.push_back(THPVariable_Unpack(h.ptr()));
+    }
+    std::vector<at::Tensor> fresh;
+    for (py::handle h : new_specs) fresh.push_back(new_tpu_tensor_of_spec(h, device));
+    std::vector<at::Tensor> out;
+    size_t next_new = 0;
+    for (py::handle h : sinks) out.push_back(h.is_none() ? fresh.at(next_new++) : THPVariable_Unpack(h.ptr()));
+    py::gil_scoped_release nogil;
+    eager::fused().record(std::move(plan), std::move(args), std::move(cell_tensors), std::move(out), device);
+    return fresh;
+  }, "Records one op program (a kernel.py entry) in fused eager. inputs: tpu tensors, CPU tensors or "
+     "(number, dtype) operands; sinks: per output, the tensor whose storage receives it, or None for a new "
+     "tensor of the next spec. Returns the new tensors (their values come at the flush).");
+  m.def("_fused_flush", [] {
+    py::gil_scoped_release nogil;
+    eager::fused().flush();
+  }, "Runs what fused eager recorded (if anything) as one program.");
+  m.def("_fused_pending", [] { return eager::fused().pending(); });
+  m.def("_fused_max_ops", [] { return eager::kMaxOps; });
+  m.def("_fused_stats", [] {
+    auto s = eager::fused().stats();
+    py::dict d;
+    d["fused_ops"] = s.ops;
+    d["fused_flushes"] = s.flushes;
+    d["fused_compiles"] = s.compiles;
+    return d;
+  });
+  m.def("_fused_reset_stats", [] { eager::fused().reset_stats(); });
+  m.def("_fused_clear_programs", [] { eager::fused().clear_programs(); });
+  m.def("_fused_install", [](py::object build, py::object op_executable) {
+    auto b = std::make_shared<py::object>(std::move(build));
+    auto e = std::make_shared<py::object>(std::move(op_executable));
+    eager::fused().set_builder(
+        [b](const std::vector<eager::Record>& records, const std::vector<int>& outputs) {
+          py::gil_scoped_acquire gil;
+          py::list recs;
+          for (const auto& r : records) {
+            py::list wiring;
+            for (const auto& w : r.wiring) wiring.append(py::make_tuple(w.local ? "c" : "h", w.index));
+            recs.append(py::make_tuple(py::reinterpret_borrow<py::object>(static_cast<PyObject*>(r.plan->entry.get())),
+                                       py::tuple(wiring), py::tuple(py::cast(r.outs))));
+          }
+          py::tuple got = (*b)(recs, py::cast(outputs));
+          eager::FusedProgram p;
+          p.exe = got[0].cast<std::shared_ptr<pjrt::Executable>>();
+          for (auto h : got[1]) {
+            auto w = h.cast<py::tuple>();
+            p.args.push_back({w[0].cast<std::string>() == "c", w[1].cast<int>()});
+          }
+          return p;
+        },
+        [e](const Plan& plan) -> std::shared_ptr<const pjrt::Executable> {
+          py::gil_scoped_acquire gil;
+          return (*e)(py::reinterpret_borrow<py::object>(static_cast<PyObject*>(plan.entry.get())))
+              .cast<std::shared_ptr<pjrt::Executable>>();
+        });
+    runtime::Runtime::get().set_host_read_hook([] { eager::fused().flush(); });
+  }, "Installs fused eager: build(records, outputs) -> (executable, per @main argument ('c', local) or "
+     "('h', host operand)) on a new run signature; op_executable(entry) -> one op's executable (replay); "
+     "and the runtime's host-read hook (every host read flushes the recorded ops first).");
   m.def("_push_eager_mode", [](int m) { eager::push_thread_mode(static_cast<eager::Mode>(m)); },
         "Enters an eager_mode block on this thread.");
   m.def("_pop_eager_mode", [] { eager::pop_thread_mode(); }, "Leaves this thread's innermost eager_mode block.");
