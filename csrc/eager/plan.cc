@@ -4,6 +4,8 @@
 
 #include <complex>
 #include <cstring>
+#include <mutex>
+#include <unordered_map>
 
 #include "aten/device.h"
 #include "eager/fused.h"
@@ -81,7 +83,67 @@ PlanCache& plan_cache() {
   return *cache;
 }
 
+namespace {
+
+// Scalar operands by value: a program's constants (learning rates, epsilons, the 0.5 of x + 0.5)
+// recur every step, and a buffer made once for a value serves every launch (programs never write
+// operand buffers), so the host-to-device transfer is paid once per value, not per op.
+class ScalarBuffers {
+ public:
+  std::shared_ptr<pjrt::Buffer> get(PJRT_Buffer_Type type, const unsigned char* bytes, size_t n,
+                                    const std::vector<int64_t>& dims, int device) {
+    Key k{};
+    k.type = static_cast<int>(type);
+    k.device = device;
+    k.ndims = static_cast<int>(dims.size());
+    std::memcpy(k.bytes, bytes, n);
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      auto it = map_.find(k);
+      if (it != map_.end()) return it->second;
+    }
+    auto buf = Runtime::get().client().small_buffer_from_host(bytes, type, dims, device);
+    runtime::counters().h2d_transfers++;
+    std::lock_guard<std::mutex> g(mu_);
+    if (map_.size() >= kMaxValues) map_.clear();  // a new set of constants: start over
+    map_.emplace(k, buf);
+    return buf;
+  }
+
+ private:
+  static constexpr size_t kMaxValues = 4096;
+  struct Key {
+    int type, device, ndims;
+    unsigned char bytes[16];
+    bool operator==(const Key& o) const {
+      return type == o.type && device == o.device && ndims == o.ndims && std::memcmp(bytes, o.bytes, 16) == 0;
+    }
+  };
+  struct Hash {
+    size_t operator()(const Key& k) const noexcept {
+      uint64_t a, b;
+      std::memcpy(&a, k.bytes, 8);
+      std::memcpy(&b, k.bytes + 8, 8);
+      return std::hash<uint64_t>()(a * 31 + b) ^ (static_cast<size_t>(k.type) << 8) ^ k.device ^ (k.ndims << 16);
+    }
+  };
+  std::mutex mu_;
+  std::unordered_map<Key, std::shared_ptr<pjrt::Buffer>, Hash> map_;
+};
+
+ScalarBuffers& scalar_buffers() {
+  static auto* b = new ScalarBuffers();  // never destroyed: buffers must not outlive the client's teardown order
+  return *b;
+}
+
+}  // namespace
+
 LaunchArg host_tensor_arg(const at::Tensor& t, int device) {
+  if (t.dim() == 0 && t.is_cpu() && t.element_size() <= 16) {  // a wrapped number or 0-dim operand
+    alignas(16) unsigned char bytes[16] = {0};
+    std::memcpy(bytes, t.const_data_ptr(), t.element_size());
+    return {nullptr, scalar_buffers().get(runtime::to_pjrt_type(t.scalar_type()), bytes, 16, {}, device)};
+  }
   at::Tensor c = t.contiguous();
   std::vector<int64_t> dims(c.sizes().begin(), c.sizes().end());
   runtime::counters().h2d_transfers++;
@@ -107,7 +169,7 @@ LaunchArg scalar_arg(const c10::Scalar& v, c10::ScalarType dtype, int device) {
     case c10::ScalarType::ComplexDouble: { auto c = v.toComplexDouble(); std::memcpy(bytes, &c, 16); break; }
     default: TORCH_CHECK(false, "unsupported scalar operand dtype ", dtype);
   }
-  return {nullptr, Runtime::get().client().small_buffer_from_host(bytes, runtime::to_pjrt_type(dtype), {}, device)};
+  return {nullptr, scalar_buffers().get(runtime::to_pjrt_type(dtype), bytes, 16, {}, device)};
 }
 
 LaunchArg rng_arg(std::pair<uint64_t, uint64_t> state, int device) {
