@@ -170,3 +170,42 @@ def test_fused_run_reads_a_new_storage_as_another_dtype():
         r = torch.view_as_real(z) * 2
         got = r.cpu()
     torch.testing.assert_close(got, torch.view_as_real(a * (1 + 2j)) * 2)
+
+
+def test_two_threads_in_different_modes():
+    """Each thread's eager_mode block is its own: one thread records (fused) while the other runs
+    strict and debug ops; both get CPU's results, and their backward passes run in their modes."""
+    import threading
+    results, errors = {}, []
+
+    def work(mode, seed):
+        try:
+            torch.manual_seed(seed)
+            w = torch.randn(8, 8, requires_grad=True)
+            x = torch.randn(4, 8)
+            wt = w.detach().to("tpu").requires_grad_()
+            with torch_tpu.eager_mode(mode):
+                assert torch_tpu.get_eager_mode() == mode
+                outs = []
+                for _ in range(40):
+                    y = torch.tanh(x.to("tpu") @ wt).sum()
+                    y.backward()
+                    outs.append(y.detach())
+                got = [o.item() for o in outs]
+            ref = torch.tanh(x @ w).sum()
+            ref.backward()
+            results[mode] = (got, ref.item(), wt.grad.cpu(), w.grad * 40)
+        except Exception as e:  # reported by the main thread
+            errors.append(e)
+
+    before = torch_tpu.get_eager_mode()
+    threads = [threading.Thread(target=work, args=(m, s)) for m, s in (("fused", 1), ("strict", 2), ("debug", 3))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    for mode, (got, ref, grad, ref_grad) in results.items():
+        assert all(abs(g - ref) < 1e-4 for g in got), mode
+        torch.testing.assert_close(grad, ref_grad, atol=1e-4, rtol=1e-4)
+    assert torch_tpu.get_eager_mode() == before

@@ -1,0 +1,216 @@
+// GoogleTest of the runtime above PJRT, built with ThreadSanitizer by tests/test_pjrt_cpp.py: the
+// storage cells and their launch queue (csrc/runtime/runtime.*), the executable cache
+// (csrc/runtime/compile_cache.*), the eager plan cache and scalar operands (csrc/eager/plan.*) and
+// the per-thread eager mode (csrc/eager/mode.*), each driven from several threads at once. The
+// plugin is the one named by env TORCH_TPU_TEST_PLUGIN; the cache directory by TORCH_TPU_TEST_DIR.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "eager/mode.h"
+#include "eager/plan.h"
+#include "runtime/compile_cache.h"
+#include "runtime/runtime.h"
+
+using torch_tpu::runtime::Cell;
+using torch_tpu::runtime::Runtime;
+
+namespace {
+
+constexpr int kThreads = 4;
+
+const char* kAddOne = R"(module @m {
+  func.func public @main(%a: tensor<4xf32> {tf.aliasing_output = 0 : i32}) -> tensor<4xf32> {
+    %c = "stablehlo.constant"() {value = dense<1.0> : tensor<4xf32>} : () -> tensor<4xf32>
+    %0 = "stablehlo.add"(%a, %c) : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
+    "func.return"(%0) : (tensor<4xf32>) -> ()
+  }
+})";
+
+const char* kAddScalar = R"(module @m {
+  func.func public @main(%a: tensor<4xf32>, %s: tensor<f32>) -> tensor<4xf32> {
+    %b = "stablehlo.broadcast_in_dim"(%s) {broadcast_dimensions = array<i64>} : (tensor<f32>) -> tensor<4xf32>
+    %0 = "stablehlo.add"(%a, %b) : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
+    "func.return"(%0) : (tensor<4xf32>) -> ()
+  }
+})";
+
+Runtime& runtime() {
+  static bool configured = [] {
+    const char* p = std::getenv("TORCH_TPU_TEST_PLUGIN");
+    Runtime::get().configure(p ? p : "", "TORCH_TPU_TEST_PLUGIN is not set", {{"cpu_device_count", 2}});
+    return true;
+  }();
+  (void)configured;
+  return Runtime::get();
+}
+
+std::shared_ptr<torch_tpu::pjrt::Executable> compiled(const std::string& key, const char* text) {
+  return torch_tpu::runtime::compile_cache().get_or_compile(runtime().client(), key, text);
+}
+
+Cell* cell_of_floats(const std::vector<float>& v, int device) {
+  Cell* c = runtime().new_cell(v.size() * sizeof(float), device);
+  runtime().upload(*c, v.data(), c10::ScalarType::Float, static_cast<int64_t>(v.size()));
+  return c;
+}
+
+std::vector<float> read(Cell* c) {
+  std::vector<float> out(c->numel);
+  runtime().download(*c, out.data(), out.size() * sizeof(float));
+  return out;
+}
+
+}  // namespace
+
+TEST(Runtime, UploadLaunchDownload) {
+  auto exe = compiled("runtime_test_add_one", kAddOne);
+  Cell* c = cell_of_floats({1, 2, 3, 4}, 0);
+  for (int i = 0; i < 3; ++i) runtime().execute(exe, {{c, nullptr}}, {c}, 0, "add_one");
+  EXPECT_EQ(read(c), (std::vector<float>{4, 5, 6, 7}));
+  runtime().free_cell(c);
+}
+
+TEST(Runtime, LaunchesFromManyThreads) {
+  // Each thread updates its own cell in place (a donated buffer) while the others do the same; one
+  // launcher thread issues them all. Every update lands, in each thread's order.
+  auto exe = compiled("runtime_test_add_one", kAddOne);
+  std::vector<Cell*> cells;
+  for (int t = 0; t < kThreads; ++t) cells.push_back(cell_of_floats({0, 0, 0, float(t)}, t % 2));
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 100; ++i) runtime().execute(exe, {{cells[t], nullptr}}, {cells[t]}, t % 2, "add_one");
+      runtime().synchronize(t % 2);
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t) {
+    EXPECT_EQ(read(cells[t]), (std::vector<float>{100, 100, 100, 100.0f + t}));
+    runtime().free_cell(cells[t]);
+  }
+}
+
+TEST(Runtime, CellsMadeAndFreedFromManyThreads) {
+  std::vector<std::thread> threads;
+  std::atomic<int> wrong{0};
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 50; ++i) {
+        Cell* c = cell_of_floats({float(t), float(i), 0, 0}, 0);
+        if (runtime().cell_at(reinterpret_cast<void*>(c->addr)) != c) wrong++;
+        if (read(c)[1] != float(i)) wrong++;
+        runtime().free_cell(c);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(wrong.load(), 0);
+}
+
+TEST(CompileCache, SameProgramFromManyThreads) {
+  auto& cache = torch_tpu::runtime::compile_cache();
+  cache.reset_stats();
+  std::vector<std::shared_ptr<torch_tpu::pjrt::Executable>> got(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] { got[t] = compiled("runtime_test_add_scalar", kAddScalar); });
+  for (auto& th : threads) th.join();
+  for (auto& e : got) ASSERT_TRUE(e != nullptr);
+  auto s = cache.stats();
+  EXPECT_EQ(s.memory_hits + s.disk_hits + s.misses, kThreads);
+  EXPECT_GE(s.misses + s.disk_hits, 1);
+  EXPECT_TRUE(compiled("runtime_test_add_scalar", kAddScalar) != nullptr);
+  EXPECT_GE(cache.stats().memory_hits, 1);
+}
+
+TEST(CompileCache, DiskTierServesAfterMemoryIsDropped) {
+  const char* dir = std::getenv("TORCH_TPU_TEST_DIR");
+  ASSERT_TRUE(dir) << "TORCH_TPU_TEST_DIR is not set";
+  auto& cache = torch_tpu::runtime::compile_cache();
+  cache.configure(dir, true, int64_t(1) << 30);
+  compiled("runtime_test_disk", kAddOne);
+  cache.clear_memory();
+  cache.reset_stats();
+  ASSERT_TRUE(compiled("runtime_test_disk", kAddOne) != nullptr);
+  EXPECT_EQ(cache.stats().disk_hits, 1);
+  cache.configure("", false, int64_t(1) << 30);
+}
+
+TEST(ScalarOperands, OneBufferPerValueFromManyThreads) {
+  auto exe = compiled("runtime_test_add_scalar", kAddScalar);
+  std::vector<Cell*> out(kThreads);
+  Cell* in = cell_of_floats({1, 1, 1, 1}, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    out[t] = runtime().new_cell(4 * sizeof(float), 0);
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 50; ++i) {
+        auto s = torch_tpu::eager::scalar_arg(c10::Scalar(double(i % 3)), c10::ScalarType::Float, 0);
+        runtime().execute(exe, {{in, nullptr}, s}, {out[t]}, 0, "add_scalar");
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t) {
+    EXPECT_EQ(read(out[t]), (std::vector<float>{2, 2, 2, 2}));  // the last value was 49 % 3 = 1
+    runtime().free_cell(out[t]);
+  }
+  runtime().free_cell(in);
+}
+
+TEST(PlanCache, FindsWhatWasPutAndEvictsTheOldest) {
+  torch_tpu::eager::PlanCache cache;
+  cache.capacity = 8;
+  for (int64_t i = 0; i < 8; ++i) cache.put({i}, std::make_shared<torch_tpu::eager::Plan>());
+  ASSERT_TRUE(cache.find({0}) != nullptr);  // now the most recently used
+  cache.put({100}, std::make_shared<torch_tpu::eager::Plan>());  // full: the oldest quarter goes
+  EXPECT_EQ(cache.size(), 7u);
+  EXPECT_TRUE(cache.find({0}) != nullptr);
+  EXPECT_TRUE(cache.find({1}) == nullptr);
+  EXPECT_TRUE(cache.find({2}) == nullptr);
+  EXPECT_TRUE(cache.find({100}) != nullptr);
+}
+
+TEST(PlanCache, ManyThreadsFindAndPut) {
+  torch_tpu::eager::PlanCache cache;
+  cache.capacity = 64;
+  std::vector<std::thread> threads;
+  std::atomic<int> wrong{0};
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int64_t i = 0; i < 2000; ++i) {
+        std::vector<int64_t> key{t, i % 50};
+        auto p = cache.find(key);
+        if (!p) {
+          p = std::make_shared<torch_tpu::eager::Plan>();
+          p->rng_draws = static_cast<uint64_t>(t * 1000 + i % 50);
+          cache.put(key, p);
+        } else if (p->rng_draws != static_cast<uint64_t>(t * 1000 + i % 50)) {
+          wrong++;
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_LE(cache.size(), 64u);
+}
+
+TEST(EagerMode, BlocksArePerThread) {
+  using torch_tpu::eager::Mode;
+  torch_tpu::eager::set_default_mode(Mode::kStrict);
+  torch_tpu::eager::push_thread_mode(Mode::kFused);
+  Mode seen_elsewhere = Mode::kDebug;
+  std::thread other([&] { seen_elsewhere = torch_tpu::eager::mode(); });
+  other.join();
+  EXPECT_EQ(torch_tpu::eager::mode(), Mode::kFused);
+  EXPECT_EQ(seen_elsewhere, Mode::kStrict);
+  torch_tpu::eager::pop_thread_mode();
+  EXPECT_EQ(torch_tpu::eager::mode(), Mode::kStrict);
+  EXPECT_FALSE(torch_tpu::eager::thread_mode().has_value());
+}
