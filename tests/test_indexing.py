@@ -210,8 +210,47 @@ def test_index_errors(case):
     before = torch_tpu.metrics.fallback_counts()
     with pytest.raises(exc, match=msg):
         fn(xt, it)
+        torch.tpu.synchronize()  # where an index checked on the device raises (strict, fused)
     _unchanged([xt, it], [x, i])
     assert torch_tpu.metrics.fallback_counts() == before
+
+
+def test_device_index_error_surfaces_at_the_next_sync_naming_the_op():
+    x = torch.arange(12.0).reshape(3, 4).to("tpu")
+    bad = torch.tensor([0, 7, 1], device="tpu")
+    with torch_tpu.eager_mode("strict"):
+        y = x.index_select(0, bad)           # no host sync here: the launch is asynchronous
+        x.scatter_(1, bad.view(3, 1) - 5, 9.0)  # a written tensor: left unchanged
+        z = x * 2                             # later ops run
+        with pytest.raises(IndexError, match=r"index out of range in self[\s\S]*aten::index_select"):
+            z.sum().item()
+        torch.tpu.synchronize()               # reported once
+    torch.testing.assert_close(x.cpu(), torch.arange(12.0).reshape(3, 4))
+    assert y.shape == (3, 4)
+
+
+def test_device_index_error_raises_at_the_op_in_debug_mode():
+    x = torch.zeros(5, 3, device="tpu")
+    with torch_tpu.eager_mode("debug"):
+        with pytest.raises(IndexError, match="index out of range in self"):
+            torch.nn.functional.embedding(torch.tensor([[1, 5]], device="tpu"), x)
+        torch.tpu.synchronize()
+
+
+def test_device_index_checks_do_not_sync():
+    w = torch.randn(10, 4, device="tpu")
+    i = torch.tensor([1, 2, 9], device="tpu")
+    torch.tpu.synchronize()
+    before = torch_tpu.metrics.counters()
+    for _ in range(5):
+        e = torch.nn.functional.embedding(i, w)
+        g = w.gather(0, i.view(3, 1).expand(3, 4))
+        s = w.index_select(0, i)
+    after = torch_tpu.metrics.counters()
+    assert after["host_syncs"] == before["host_syncs"] and after["d2h_transfers"] == before["d2h_transfers"]
+    torch.testing.assert_close(e.cpu(), w.cpu()[i.cpu()])
+    torch.testing.assert_close(g.cpu(), w.cpu().gather(0, i.cpu().view(3, 1).expand(3, 4)))
+    torch.testing.assert_close(s.cpu(), w.cpu().index_select(0, i.cpu()))
 
 
 @pytest.mark.parametrize("dtype", ALL)

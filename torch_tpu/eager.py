@@ -20,9 +20,7 @@ from . import _C, _state
 from ._state import MODES
 
 
-def _flush():
-    from .aten import fused
-    fused.flush()
+_flush = _C._fused_flush  # runs what fused mode recorded
 
 
 def _code(mode: str) -> int:
@@ -74,6 +72,5 @@ def _mode_from_env() -> str:
 
 
 _C._set_default_eager_mode(_code(_mode_from_env()))
-# Installs fused eager's program builder; every host read (download, synchronize, the CPU fallback)
-# first runs what fused mode recorded.
-from .aten import fused as _fused  # noqa: E402,F401
+# aten/launch.py installs fused eager's program builder and the runtime's host-read hook: every host
+# read (download, synchronize, the CPU fallback) first runs what fused mode recorded.

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "aten/device.h"
+#include "eager/index_errors.h"
 #include "runtime/runtime.h"
 
 namespace torch_tpu::eager {
@@ -294,8 +295,9 @@ void describe_call(int64_t op_id, const Signature& sig, const std::string& op_na
       case ArgKind::kValue: w.value(v); break;
     }
   }
-  if (sig.default_generator) w.generator(nullptr);
   TORCH_CHECK(call.device >= 0, op_name, ": no tpu tensor among the arguments");
+  if (sig.index_status) w.tensor(c10::IValue(index_status(call.device)));
+  if (sig.default_generator) w.generator(nullptr);
 }
 
 }  // namespace torch_tpu::eager

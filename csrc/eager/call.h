@@ -77,6 +77,7 @@ struct Signature {
   bool host_inputs = false;         // CPU tensors of any size are operands (copy)
   bool default_generator = false;   // a random op without a Generator argument: one operand last
   bool scalar_values_in_key = false;  // result sizes depend on Scalar values (arange.out): key them
+  bool index_status = false;        // checks indices on the device: the device's status is an operand, last
 };
 
 // Builds the key and operands of the call whose arguments are `args` (schema order). Raises

@@ -14,6 +14,7 @@
 #include "aten/device.h"
 #include "python/distributed.h"
 #include "aten/fallback.h"
+#include "eager/index_errors.h"
 #include "python/graph_runner.h"
 #include "python/op_kernel.h"
 #include "python/launch_args.h"
@@ -115,7 +116,9 @@ PYBIND11_MODULE(_C, m) {
                 dst.nbytes(), " bytes");
     py::gil_scoped_release nogil;
     Runtime::get().download(*c, dst.data_ptr(), dst.nbytes());
-  }, "Copies the whole storage of src into the contiguous CPU tensor dst and waits.");
+    torch_tpu::eager::raise_index_errors(c->device);
+  }, "Copies the whole storage of src into the contiguous CPU tensor dst and waits; then raises an index "
+     "error found on its device since the last synchronisation (csrc/eager/index_errors.h).");
 
   // Programs.
   m.def("_compile_cached", [](const std::string& key, const std::string& mlir) {
@@ -252,7 +255,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("_synchronize", [](int device) {
     py::gil_scoped_release nogil;
     Runtime::get().synchronize(device);
-  });
+    torch_tpu::eager::raise_index_errors(device);
+  }, "Waits for every execution on `device` (-1: all); raises their errors, then an index error found "
+     "on the device since the last synchronisation.");
 
   // Metrics.
   m.def("_counters", [] {

@@ -15,6 +15,7 @@
 
 #include "eager/call.h"
 #include "eager/fused.h"
+#include "eager/index_errors.h"
 #include "eager/mode.h"
 #include "eager/plan.h"
 #include "python/launch_args.h"
@@ -273,13 +274,14 @@ torch::Library& library() {
 void bind_op_kernels(py::module& m) {
   m.def("_register_op_kernel", [](const std::string& name, const std::string& overload, const std::string& kinds,
                                   bool host_inputs, bool default_generator, bool scalar_values_in_key,
-                                  bool has_check, bool python_first, bool dispatch, py::object py_kernel) {
+                                  bool has_check, bool python_first, bool has_bounds, bool dispatch,
+                                  py::object py_kernel) {
     auto op = c10::Dispatcher::singleton().findSchemaOrThrow(("aten::" + name).c_str(),
                                                              overload == "default" ? "" : overload.c_str());
     const auto& schema = op.schema();
     TORCH_CHECK(kinds.size() == schema.arguments().size(), "aten::", name, ": ", kinds.size(), " kinds for ",
                 schema.arguments().size(), " arguments");
-    eager::Signature sig{kinds, host_inputs, default_generator, scalar_values_in_key};
+    eager::Signature sig{kinds, host_inputs, default_generator, scalar_values_in_key, has_bounds};
     eager::OpFacts facts;
     for (size_t i = 0; i < schema.arguments().size(); ++i) {
       const auto* alias = schema.arguments()[i].alias_info();
@@ -320,6 +322,13 @@ void bind_op_kernels(py::module& m) {
     return torch::jit::createPyObjectForStack(std::move(stack));
   }, "Runs kernel `id` on argument values in schema order (the Python kernel's own entry: after its "
      "prepare, and for direct calls such as copy_'s device-side copy).");
+  m.def("_register_index_error", &eager::register_index_error,
+        "The id of an index error found on the device: (op, IndexError (else RuntimeError), CPU's message with "
+        "{value} for the bad index).");
+  m.def("_raise_index_errors", [](int device) {
+    py::gil_scoped_release nogil;
+    eager::raise_index_errors(device);
+  }, "Raises the first index error found on the device (-1: any) since the last call, and clears it.");
   m.def("_plan_cache_stats", [] {
     auto& c = eager::plan_cache();
     py::dict d;

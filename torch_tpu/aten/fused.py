@@ -11,6 +11,7 @@ the device program.
 from __future__ import annotations
 
 from .. import _C, runtime
+from ..lowering.builder import Builder
 
 MAX_OPS = _C._fused_max_ops()  # a run reaching this many ops is cut (bounds pending memory)
 
@@ -32,55 +33,37 @@ def pending() -> int:
 
 
 def _text(records, outputs):
-    """The fused module, and what each @main argument is: ("c", local storage) or ("h", host operand)."""
+    """The fused module, and what each @main argument is: ("c", local storage) or ("h", host operand).
+    Each op's program is a private function @op<uid>; @main calls them in order, each storage's
+    current value threaded from one call to the next."""
+    b = Builder()
     funcs = {}
-    for entry, _, _ in records:
+    current = {}   # local storage index -> its current Value
+    args = {}      # local storage index -> its @main parameter
+    ext = []
+    for entry, wiring, out_idx in records:
         if entry.uid not in funcs:
             funcs[entry.uid] = entry.fn_text.replace("@__OP__", f"@op{entry.uid}", 1)
-    args, arg_types, lines = [], [], []
-    current = {}   # local storage index -> SSA name, type
-    ext = []
-    for k, (entry, wiring, out_idx) in enumerate(records):
-        names = []
+        operands = []
         for (kind, i), t in zip(wiring, entry.arg_types):
             if kind == "c" and i in current:
-                names.append(current[i][0])
+                operands.append(current[i])
                 continue
-            a = f"%arg{len(args)}"
-            args.append(a)
-            arg_types.append(t)
+            a = b.arg(t)
             ext.append((kind, i))
             if kind == "c":
-                current[i] = (a, t)
-            names.append(a)
-        rtypes = entry.result_types
-        sig = f"({', '.join(str(t) for t in entry.arg_types)}) -> ({', '.join(str(t) for t in rtypes)})"
-        lhs = f"%r{k}" if len(rtypes) == 1 else f"%r{k}:{len(rtypes)}"
-        lines.append(f'{lhs} = "func.call"({", ".join(names)}) {{callee = @op{entry.uid}}} : {sig}')
-        for j, (i, t) in enumerate(zip(out_idx, rtypes)):
-            current[i] = (f"%r{k}" if len(rtypes) == 1 else f"%r{k}#{j}", t)
+                current[i] = args[i] = a
+            operands.append(a)
+        for i, r in zip(out_idx, b.call(f"op{entry.uid}", operands, entry.result_types)):
+            current[i] = r
     results = [current[i] for i in outputs]
-    params = []
-    for a, t, (kind, i) in zip(args, arg_types, ext):
-        attr = ""
-        if kind == "c" and i in outputs and results[outputs.index(i)][1] == t:
-            attr = f" {{tf.aliasing_output = {outputs.index(i)} : i32}}"  # donate the old buffer
-        params.append(f"{a}: {t}{attr}")
-    rtypes = ", ".join(str(t) for _, t in results)
-    main = (f"func.func public @main({', '.join(params)}) -> ({rtypes}) {{\n    " + "\n    ".join(lines) +
-            f'\n    "func.return"({", ".join(n for n, _ in results)}) : ({rtypes}) -> ()\n  }}')
-    return "module @torch_tpu_fused {\n  " + main + "\n  " + "\n  ".join(funcs.values()) + "\n}\n", ext
+    for k, i in enumerate(outputs):
+        if i in args:
+            b.donate(args[i], k)  # the storage's old buffer
+    return b.module(results, list(funcs.values()), name="torch_tpu_fused"), ext
 
 
 def _build(records, outputs):
     """C++ calls this on a run signature's first flush: (executable, @main argument sources)."""
     text, ext = _text(records, list(outputs))
     return runtime.compile(text), ext
-
-
-def _op_executable(entry):
-    from .kernel import executable
-    return executable(entry)
-
-
-_C._fused_install(_build, _op_executable)

@@ -26,7 +26,7 @@ from .. import _C
 from .. import _state, runtime
 from ..lowering.builder import Builder, TensorType, Value
 from ..lowering.registry import Lowering, LoweringContext, NotLowered, fit
-from .launch import launch
+from .launch import compile_entry_text, launch
 from .views import _contiguous_strides, dense_order, is_whole, read_view, write_view
 
 
@@ -148,20 +148,6 @@ def _map_pairs(dev, host, fn):
             _map_pairs(d, h, fn)
 
 
-def compile_entry_text(name: str, text: str):
-    try:
-        return runtime.compile(text)
-    except RuntimeError as e:
-        raise RuntimeError(f"tpu: compiling {name} failed: {e}\n--- program ---\n{text}") from None
-
-
-def executable(entry):
-    """The entry's own executable, compiled on first use."""
-    if entry.exe is None:
-        entry.exe = compile_entry_text(entry.name, entry.text)
-    return entry.exe
-
-
 def cache_size() -> int:
     """Entries of the eager plan cache (one per op call signature)."""
     return _C._plan_cache_stats()["entries"]
@@ -274,7 +260,7 @@ class Kernel:
         self.id = _C._register_op_kernel(
             ov._schema.name.split("::")[1], ov._overloadname, kinds, self.host_inputs,
             low.rng and "G" not in self.sig.kinds, self.sized_by_scalars, low.check is not None,
-            low.prepare is not None, dispatch, self)
+            low.prepare is not None, low.bounds is not None, dispatch, self)
 
     # ------------------------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
@@ -352,6 +338,45 @@ class Kernel:
             return None
         outs = [vals[i] for i in sig.written]
         return outs[0] if sig.num_returns == 1 else tuple(outs)
+
+    def _bounds_status(self, b, f_vals, lowered, status):
+        """(this op's failure flag, the device's new status) for the lowering's index bounds. The
+        status is (error id, first bad index); the first error since the last synchronisation stays.
+        A bound's error id names its op and CPU's message (csrc/eager/index_errors.h)."""
+        by_id = {}
+        for real, low in zip(f_vals, lowered):
+            if isinstance(real, list):
+                for r, v in zip(real, low):
+                    by_id[id(r)] = v
+            else:
+                by_id[id(real)] = low
+        i64 = torch.int64
+        code, value, failed = b.constant(0, i64), b.constant(0, i64), None
+        for bd in reversed(self.lowering.bounds(*f_vals)):
+            idx = by_id.get(id(bd.index))
+            if idx is None or idx.type.numel == 0:
+                continue
+            n = idx.type.numel
+            flat = b.reshape(b.convert(idx, i64), [n])
+            bad = b.or_(b.compare(flat, b.full_like(flat, bd.size), "GE"),
+                        b.compare(flat, b.full_like(flat, -bd.size if bd.negative_ok else 0), "LT"))
+            if bd.ignore is not None:
+                bad = b.and_(bad, b.compare(flat, b.full_like(flat, bd.ignore), "NE"))
+            pos = b.select(bad, b.iota([n], 0), b.full_like(flat, n))
+            first = b.reduce([pos], [b.constant(n, i64)], [0], lambda rb, x, y: [rb.minimum(x, y)])[0]
+            hit = b.compare(first, b.constant(n, i64), "LT")
+            at = b.reshape(b.dynamic_slice(flat, [b.minimum(first, b.constant(n - 1, i64))], [1]), [])
+            ov = self.sig.overload
+            op = ov._schema.name + ("" if ov._overloadname == "default" else "." + ov._overloadname)
+            ident = _C._register_index_error(op, bd.error is IndexError, bd.message)
+            code = b.select(hit, b.constant(ident, i64), code)
+            value = b.select(hit, at, value)
+            failed = hit if failed is None else b.or_(hit, failed)
+        if failed is None:
+            return None, None
+        new = b.concatenate([b.reshape(code, [1]), b.reshape(value, [1])], 0)
+        earlier = b.compare(b.reshape(b.slice(status, [0], [1]), []), b.constant(0, i64), "NE")
+        return failed, b.select(b.broadcast_to(earlier, (2,)), status, new)
 
     def _cpu_strides(self, value_meta, f_vals):
         """Per functional result: the strides CPU gives it (the meta kernel's, or the lowering's
@@ -531,6 +556,11 @@ class Kernel:
             # an undefined result (the lowering returns None for it) stays None
             fixed.append(None if t is None else fit(b, r, t))
 
+        # 3b. Index bounds checked on the device: a flag (and the first bad index) beside the result.
+        failed, status = None, None
+        if self.lowering.bounds is not None:
+            failed, status = self._bounds_status(b, f_vals, lowered, operand_arg(call.key[-1][5]))
+
         # 4. Where results go: fresh tensors, or the storages of written arguments.
         outputs, sinks, new_outputs = [], [], []
         if not sig.written:
@@ -574,14 +604,18 @@ class Kernel:
                     base = new_base.get(slot) or operand_arg(slot)
                     new_base[slot] = write_view(b, base, t.storage_offset(), t.shape, t.stride(), r)
             for slot, v in new_base.items():
+                if failed is not None:  # bad indices: the storage keeps its value
+                    old = operand_arg(slot)
+                    v = b.select(b.broadcast_to(failed, v.shape), old, v)
                 outputs.append(v)
                 sinks.append(("arg", slot))
-                # Donate the old buffer: the program's result replaces it.
-                if slot in arg_of:
-                    idx = int(arg_of[slot].name[4:])
-                    a, _ = b._args[idx]
-                    if a.type == v.type:
-                        b._args[idx] = (a, f"tf.aliasing_output = {len(outputs) - 1} : i32")
+                if slot in arg_of:  # donate the old buffer: the program's result replaces it
+                    b.donate(arg_of[slot], len(outputs) - 1)
+        if status is not None:  # the device's index-error status, updated in place
+            slot = call.key[-1][5]
+            outputs.append(status)
+            sinks.append(("arg", slot))
+            b.donate(arg_of[slot], len(outputs) - 1)
         text = b.module(outputs)
         _state.last_program_text = text
         # Fused eager inlines the op into a bigger program: its own executable is built only if needed.

@@ -12,7 +12,23 @@ from __future__ import annotations
 import os
 import traceback
 
-from .. import _C, _state
+from .. import _C, _state, runtime
+from . import fused
+
+
+def compile_entry_text(name: str, text: str):
+    """The executable of op `name`'s program `text`; a compile error names the op and shows it."""
+    try:
+        return runtime.compile(text)
+    except RuntimeError as e:
+        raise RuntimeError(f"tpu: compiling {name} failed: {e}\n--- program ---\n{text}") from None
+
+
+def executable(entry):
+    """The entry's own executable (kernel.py's _Entry), compiled on first use."""
+    if entry.exe is None:
+        entry.exe = compile_entry_text(entry.name, entry.text)
+    return entry.exe
 
 
 def _user_line() -> str:
@@ -29,9 +45,7 @@ def launch(entry, inputs, sinks, device: int, name: str):
     """Runs (or records) one op program; returns the new output tensors."""
     mode = _state.eager_mode()
     if mode == "fused":
-        from . import fused
         return fused.record(entry, inputs, sinks, device, name)
-    from .kernel import executable
     new = _C._launch(executable(entry), inputs, sinks, entry.new_outputs, device, name)
     if mode == "debug":
         try:
@@ -40,3 +54,8 @@ def launch(entry, inputs, sinks, device: int, name: str):
             shapes = ", ".join(f"{tuple(t.shape)}:{t.dtype}" for t in inputs if hasattr(t, "shape"))
             raise RuntimeError(f"tpu op {name} failed (inputs: {shapes}) at {_user_line()}:\n{e}") from None
     return new
+
+
+# Fused eager builds new run signatures with fused.py and, if such a program cannot be built,
+# replays the run op by op with each op's own executable.
+_C._fused_install(fused._build, executable)

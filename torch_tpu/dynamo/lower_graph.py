@@ -368,7 +368,7 @@ class GraphProgram:
             if pos is not None and self.ph_devices[i] != "cpu":
                 a, _ = b._args[pos]
                 if a.type == results[-1].type:
-                    b._args[pos] = (a, f"tf.aliasing_output = {k} : i32")
+                    b.donate(a, k)
                     self.donated.add(i)
         self.host.finish(self.host_mutations)
         self.text = b.module(results)
@@ -481,8 +481,8 @@ class GraphProgram:
                 and v.meta["val"].dtype == torch.bool for vs in vals for v in (vs if isinstance(vs, list) else [vs])):
             raise Unsupported(f"aten::{overload_name(node.target)}", node, "with a boolean mask (data-dependent "
                               "shape) is not supported inside a graph")
-        if low is not None and low.check is not None:
-            self._record_check(low.check, vals, sig, node)
+        if low is not None and low.graph_check is not None:
+            self._record_check(low.graph_check, vals, sig, node)
         result = fn(ctx, *args)
         if result is None:
             result = []

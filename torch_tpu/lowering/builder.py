@@ -107,14 +107,15 @@ def _scalar_literal(value, dtype: torch.dtype) -> str:
 class Builder:
     """Builds one `func.func @main` of a StableHLO module.
 
-    `arg()` adds a parameter; op methods append operations and return Values; `module(results)`
-    prints the whole module. Regions (reduce, sort, scatter bodies) are built by nested builders that
-    share the name counter.
+    `arg()` adds a parameter; op methods append operations and return Values; `donate(arg, k)`
+    lets result k reuse a parameter's buffer; `module(results)` prints the whole module. Regions
+    (reduce, sort, scatter bodies) are built by nested builders that share the name counter.
     """
 
     def __init__(self, counter=None):
         self._lines: list[str] = []
         self._args: list[tuple[Value, str]] = []
+        self._donated: dict[str, int] = {}  # parameter name -> result index
         self._counter = counter if counter is not None else [0]
 
     # -- plumbing ---------------------------------------------------------------------------------
@@ -127,6 +128,15 @@ class Builder:
         v = Value(f"%arg{len(self._args)}", type)
         self._args.append((v, attrs))
         return v
+
+    def donate(self, arg: Value, result: int) -> None:
+        """Result `result` of @main may take over parameter `arg`'s buffer (XLA input/output
+        aliasing: an in-place update does not double memory). Ignored when their types differ."""
+        self._donated[arg.name] = result
+
+    def call(self, callee: str, operands: Sequence[Value], results: Sequence[TensorType]) -> list[Value]:
+        """func.call of the private function @callee (a recorded op, in a fused program)."""
+        return self.op("func.call", operands, results, {"callee": "@" + callee})
 
     def op(self, name: str, operands: Sequence[Value], results: Sequence[TensorType], attrs: dict | None = None,
            regions: Sequence[str] = ()) -> list[Value]:
@@ -164,15 +174,21 @@ class Builder:
     def function(self, name: str, results: Sequence[Value], public: bool = True) -> str:
         """The func.func text; a private one (for inlining into a bigger program) drops the argument
         attributes (donation hints only mean something on @main)."""
-        params = ", ".join(f"{v.name}: {v.type}" + (f" {{{a}}}" if a and public else "") for v, a in self._args)
+        def attrs(v, a):
+            k = self._donated.get(v.name)
+            if k is not None and k < len(results) and results[k].type == v.type:
+                a = ", ".join(x for x in (a, f"tf.aliasing_output = {k} : i32") if x)
+            return f" {{{a}}}" if a and public else ""
+        params = ", ".join(f"{v.name}: {v.type}" + attrs(v, a) for v, a in self._args)
         rtypes = ", ".join(str(r.type) for r in results)
         body = "\n    ".join(self._lines)
         ret = f'"func.return"({", ".join(r.name for r in results)}) : ({rtypes}) -> ()'
         return (f"func.func {'public' if public else 'private'} @{name}({params}) -> ({rtypes}) {{\n    {body}\n"
                 f"    {ret}\n  }}")
 
-    def module(self, results: Sequence[Value]) -> str:
-        return "module @torch_tpu {\n  " + self.function("main", results) + "\n}\n"
+    def module(self, results: Sequence[Value], functions: Sequence[str] = (), name: str = "torch_tpu") -> str:
+        """The module: @main returning `results`, and the private `functions` it calls."""
+        return f"module @{name} {{\n  " + "\n  ".join([self.function("main", results), *functions]) + "\n}\n"
 
     def arg_types(self) -> list:
         return [v.type for v, _ in self._args]

@@ -2,8 +2,10 @@
 advanced indexing (index.Tensor, index_put), index_add/copy/fill, masked_fill, nonzero.
 
 StableHLO gather/scatter clamp or drop out-of-range indices silently, so every op that takes
-indices has a `check` that downloads them (a host sync) and raises what CPU raises before anything
-runs. Bool masks in index/index_put make shapes data-dependent: `prepare` turns them into long
+indices checks them: index_select, gather, scatter and embedding on the device (`bounds`: the
+program writes nothing for bad indices and the error surfaces at the next synchronisation, as CUDA's
+device-side asserts do), the others with a `check` that downloads them (a host sync) and raises what
+CPU raises before anything runs. Bool masks in index/index_put make shapes data-dependent: `prepare` turns them into long
 indices with `nonzero`, which counts the mask on the host (download) and computes the indices on
 the device (nonzero_static).
 """
@@ -12,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from .elementwise import compute_dtype
-from .registry import check_reads, in_format, register, register_kernel
+from .registry import IndexBound, check_reads, in_format, register, register_kernel
 
 
 
@@ -111,17 +113,15 @@ def _identity(name, dtype):
 
 # -- index_select / gather / scatter -----------------------------------------------------------------
 @check_reads('index')
-def _check_index_select(x, dim, index):
+def _index_select_bounds(x, dim, index):
     d = _dim(dim, x.dim())
     size = x.shape[d] if x.dim() else 1
     if x.dim() <= 1 or d == 0:
-        _bounds(index, size, d, False, lambda v, dd, n: IndexError("index out of range in self"))
-    else:
-        _bounds(index, size, d, False,
-                lambda v, dd, n: RuntimeError(f"INDICES element is out of DATA bounds, id={v} axis_dim={n}"))
+        return [IndexBound(index, size, IndexError, "index out of range in self")]
+    return [IndexBound(index, size, RuntimeError, "INDICES element is out of DATA bounds, id={value} axis_dim=" + str(size))]
 
 
-@register("index_select", check=_check_index_select)
+@register("index_select", bounds=_index_select_bounds)
 def index_select(ctx, x, dim, index):
     b = ctx.b
     e = _empty_out(ctx)
@@ -141,9 +141,10 @@ def index_select(ctx, x, dim, index):
 
 
 @check_reads('index')
-def _check_gather(x, dim, index, sparse_grad=False):
+def _gather_bounds(x, dim, index, *rest, **kw):
     d = _dim(dim, x.dim())
-    _bounds(index, x.shape[d] if x.dim() else 1, d, False, _oob)
+    n = x.shape[d] if x.dim() else 1
+    return [IndexBound(index, n, RuntimeError, f"index {{value}} is out of bounds for dimension {d} with size {n}")]
 
 
 def _as_rank1(b, x, index):
@@ -154,7 +155,7 @@ def _as_rank1(b, x, index):
     return x, index
 
 
-@register("gather", check=_check_gather)
+@register("gather", bounds=_gather_bounds)
 def gather(ctx, x, dim, index, sparse_grad=False):
     b = ctx.b
     e = _empty_out(ctx)
@@ -162,11 +163,6 @@ def gather(ctx, x, dim, index, sparse_grad=False):
         return e
     x, index = _as_rank1(b, x, index)
     return _point_gather(b, x, _coords(b, _i64(b, index), _dim(dim, x.rank), x.rank))
-
-
-@check_reads('index')
-def _check_scatter(x, dim, index, *rest, **kw):
-    _check_gather(x, dim, index)
 
 
 def _scatter(ctx, x, dim, index, src, reduce=None, include_self=True):
@@ -208,33 +204,33 @@ def _scatter(ctx, x, dim, index, src, reduce=None, include_self=True):
     return b.convert(r, dt)
 
 
-@register("scatter.src", "scatter.value", check=_check_scatter)
+@register("scatter.src", "scatter.value", bounds=_gather_bounds)
 def scatter(ctx, x, dim, index, src):
     return _scatter(ctx, x, dim, index, src)
 
 
-@register("scatter.reduce", "scatter.value_reduce", check=_check_scatter)
+@register("scatter.reduce", "scatter.value_reduce", bounds=_gather_bounds)
 def scatter_reduce_old(ctx, x, dim, index, src, reduce):
     return _scatter(ctx, x, dim, index, src, {"add": "sum", "multiply": "prod"}[reduce])
 
 
-@register("scatter_add", check=_check_scatter)
+@register("scatter_add", bounds=_gather_bounds)
 def scatter_add(ctx, x, dim, index, src):
     return _scatter(ctx, x, dim, index, src, "sum")
 
 
-@register("scatter_reduce.two", check=_check_scatter)
+@register("scatter_reduce.two", bounds=_gather_bounds)
 def scatter_reduce(ctx, x, dim, index, src, reduce, include_self=True):
     return _scatter(ctx, x, dim, index, src, reduce, include_self)
 
 
 # -- embedding ------------------------------------------------------------------------------------------
 @check_reads('indices')
-def _check_embedding(weight, indices, *rest):
-    _bounds(indices, weight.shape[0], 0, False, lambda v, d, n: IndexError("index out of range in self"))
+def _embedding_bounds(weight, indices, *rest):
+    return [IndexBound(indices, weight.shape[0], IndexError, "index out of range in self")]
 
 
-@register("embedding", check=_check_embedding)
+@register("embedding", bounds=_embedding_bounds)
 def embedding(ctx, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     b = ctx.b
     e = _empty_out(ctx)

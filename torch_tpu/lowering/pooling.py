@@ -20,6 +20,7 @@ import torch
 from .elementwise import compute_dtype
 from .registry import register
 from .upsample import const_table, linear_map, take, transpose_map
+from .utils import not_implemented
 
 
 def _tuple(v, n, default=None):
@@ -28,12 +29,6 @@ def _tuple(v, n, default=None):
     if not v and default is not None:
         return list(default)
     return v * n if len(v) == 1 else v
-
-
-def _not_implemented(name, dt):
-    names = {torch.bool: "Bool", torch.uint8: "Byte", torch.int8: "Char", torch.int16: "Short",
-             torch.int32: "Int", torch.int64: "Long"}
-    raise NotImplementedError(f'"{name}" not implemented for \'{names.get(dt, str(dt))}\'')
 
 
 def _grid(b, shape, lead, dim, values):
@@ -75,7 +70,7 @@ def _max_pool(ctx, x, n, kernel_size, stride=(), padding=(0,), dilation=(1,), ce
     b = ctx.b
     dt = x.dtype
     if dt == torch.bool:
-        _not_implemented(f"max_pool{n}d", dt)
+        not_implemented(f"max_pool{n}d", dt)
     k = _tuple(kernel_size, n)
     s, p, d = _tuple(stride, n, k), _tuple(padding, n), _tuple(dilation, n)
     out_shape = ctx.out[0].shape
@@ -167,7 +162,7 @@ def _avg_pool(ctx, x, n, kernel_size, stride=(), padding=(0,), ceil_mode=False, 
     b = ctx.b
     out = ctx.out[0]
     if not (out.dtype.is_floating_point or out.dtype == torch.int64):
-        _not_implemented(f"avg_pool{n}d" if n == 2 else f"avg_pool{n}d_out_frame", out.dtype)
+        not_implemented(f"avg_pool{n}d" if n == 2 else f"avg_pool{n}d_out_frame", out.dtype)
     if out.numel == 0:
         return b.constant(0, out.dtype, out.shape)
     cd = compute_dtype(out.dtype)
@@ -221,7 +216,7 @@ def _adaptive_avg(ctx, x, n, output_size):
     b = ctx.b
     out = ctx.out[0]
     if not out.dtype.is_floating_point:
-        _not_implemented("adaptive_avg_pool2d" if n == 2 else f"adaptive_avg_pool{n}d_cpu", out.dtype)
+        not_implemented("adaptive_avg_pool2d" if n == 2 else f"adaptive_avg_pool{n}d_cpu", out.dtype)
     if out.numel == 0:
         return b.constant(0, out.dtype, out.shape)
     cd = compute_dtype(out.dtype)
@@ -308,7 +303,7 @@ def _adaptive_max(ctx, x, n, output_size):
     b = ctx.b
     out = ctx.out[0]
     if not out.dtype.is_floating_point:
-        _not_implemented("adaptive_max_pool2d" if n == 2 else f"adaptive_max_pool{n}d_cpu", out.dtype)
+        not_implemented("adaptive_max_pool2d" if n == 2 else f"adaptive_max_pool{n}d_cpu", out.dtype)
     if out.numel == 0:
         return b.constant(0, out.dtype, out.shape), b.constant(0, torch.int64, out.shape)
     lead = x.rank - n

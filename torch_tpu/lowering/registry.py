@@ -39,6 +39,51 @@ class Lowering:
     # (whose strides are used by default): (meta results, *real arguments) -> per result, the CPU
     # strides, or None to keep the meta's. Helpers: in_format, column_major.
     layout: Callable | None = None
+    # Index arguments checked on the device, with no host sync: (*real arguments) -> [IndexBound].
+    # Eager programs compute a flag beside their result and write nothing when it is set; the error
+    # surfaces at the next synchronisation (debug mode: at the op). May raise for what shapes alone
+    # make wrong. Compiled graphs run them on the host (`graph_check`).
+    bounds: Callable | None = None
+
+    @property
+    def graph_check(self) -> Callable | None:
+        """The host-side check a compiled graph runs at call time: `check`, or the bounds' check."""
+        if self.check is not None or self.bounds is None:
+            return self.check
+        bounds = self.bounds
+
+        def check(*args):
+            for bd in bounds(*args):
+                bd.check_on_host()
+        if hasattr(bounds, "reads"):
+            check.reads = bounds.reads
+        return check
+
+
+@dataclass
+class IndexBound:
+    """One index tensor argument (`index`: the call's own tensor) that must lie in [0, size) (or
+    [-size, size) when negative_ok), as CPU checks it; `ignore` is a value exempt from the check
+    (nll_loss's ignore_index). `error` and `message` are what CPU raises: the message's {value} is
+    the first bad index in flat order."""
+    index: object
+    size: int
+    error: type
+    message: str
+    negative_ok: bool = False
+    ignore: int | None = None
+
+    def check_on_host(self, args=None):
+        """The same check with a host sync (compiled graphs)."""
+        idx = self.index
+        if idx is None or idx.numel() == 0:
+            return
+        h = idx.detach().cpu().long().reshape(-1)
+        bad = (h >= self.size) | (h < (-self.size if self.negative_ok else 0))
+        if self.ignore is not None:
+            bad &= h != self.ignore
+        if bool(bad.any()):
+            raise self.error(self.message.format(value=int(h[bad.nonzero()[0, 0]])))
 
 
 REGISTRY: dict[str, Lowering] = {}
@@ -94,13 +139,13 @@ class NotLowered(NotImplementedError):
 
 
 def register(*names: str, check: Callable | None = None, rng: bool = False, prepare: Callable | None = None,
-             layout: Callable | None = None):
+             layout: Callable | None = None, bounds: Callable | None = None):
     """Decorator: registers `fn` as the lowering of each named overload ("aten::" omitted)."""
     def deco(fn):
         for n in names:
             if n in REGISTRY:
                 raise RuntimeError(f"two lowerings registered for aten::{n}")
-            REGISTRY[n] = Lowering(n, fn, check, rng, prepare, layout)
+            REGISTRY[n] = Lowering(n, fn, check, rng, prepare, layout, bounds)
         return fn
     return deco
 

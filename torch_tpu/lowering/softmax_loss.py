@@ -10,7 +10,7 @@ import torch
 
 from .elementwise import compute_dtype
 from .reduction import reduce_max, reduce_sum
-from .registry import check_reads, register, register_kernel
+from .registry import IndexBound, check_reads, register, register_kernel
 
 _NONE, _MEAN, _SUM = 0, 1, 2
 
@@ -80,14 +80,9 @@ def log_softmax_backward(ctx, grad, output, dim, input_dtype):
 
 # -- nll_loss ---------------------------------------------------------------------------------------
 @check_reads('target')
-def _check_targets(x, target, weight, reduction, ignore_index, *rest):
-    if target.numel() == 0:
-        return
+def _target_bounds(x, target, weight, reduction, ignore_index, *rest):
     classes = x.shape[1] if x.dim() >= 2 else x.shape[0]
-    t = target.cpu()
-    bad = (t != ignore_index) & ((t < 0) | (t >= classes))
-    if bool(bad.any()):
-        raise IndexError(f"Target {int(t[bad][0])} is out of bounds.")
+    return [IndexBound(target, classes, IndexError, "Target {value} is out of bounds.", ignore=ignore_index)]
 
 
 def _nll_parts(b, x, target, weight, ignore_index, cd):
@@ -106,7 +101,7 @@ def _nll_parts(b, x, target, weight, ignore_index, cd):
     return mask, wt, cdim
 
 
-@register("nll_loss_forward", "nll_loss2d_forward", check=_check_targets)
+@register("nll_loss_forward", "nll_loss2d_forward", bounds=_target_bounds)
 def nll_loss_forward(ctx, x, target, weight, reduction, ignore_index):
     b = ctx.b
     out = ctx.out[0].dtype

@@ -25,6 +25,7 @@ import torch
 from .builder import TensorType, _scalar_literal
 from .elementwise import compute_dtype
 from .registry import NotLowered, register
+from .utils import not_implemented
 
 
 # -- host arithmetic in the kernels' precision ---------------------------------------------------
@@ -330,8 +331,7 @@ def aa_table(n_in, n_out, align_corners, scale, dtype, cubic):
 # -- the lowerings ----------------------------------------------------------------------------------
 def _check_float(name, dt, allow_uint8=False):
     if not (dt.is_floating_point or (allow_uint8 and dt == torch.uint8)):
-        from .pooling import _not_implemented
-        _not_implemented(name, dt)
+        not_implemented(name, dt)
 
 
 def _resample(b, x, n_spatial, tables, cd, out_dtype):
@@ -601,8 +601,7 @@ def _gather_taps(b, xl, where):
 
 def _grid_check(name, x, mode):
     if not x.dtype.is_floating_point:
-        from .pooling import _not_implemented
-        _not_implemented(name, x.dtype)
+        not_implemented(name, x.dtype)
 
 
 def _grid_sampler(ctx, x, grid, interpolation_mode, padding_mode, align_corners):
