@@ -182,9 +182,9 @@ std::shared_ptr<Plan> plan_of_entry(const py::object& entry, bool written, bool 
 class OpKernel final : public c10::OperatorKernel {
  public:
   OpKernel(int64_t id, c10::OperatorHandle op, eager::Signature sig, eager::OpFacts facts, bool has_check,
-           bool python_first, py::object py_kernel)
+           bool python_first, bool prepare_only_for_masks, py::object py_kernel)
       : id_(id), op_(std::move(op)), sig_(std::move(sig)), facts_(std::move(facts)), has_check_(has_check),
-        python_first_(python_first), py_kernel_(hold(std::move(py_kernel))) {}
+        python_first_(python_first), masks_only_(prepare_only_for_masks), py_kernel_(hold(std::move(py_kernel))) {}
 
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
     run(stack, false);
@@ -192,9 +192,9 @@ class OpKernel final : public c10::OperatorKernel {
 
   // entered: called from the Python kernel itself (after its `prepare`), not by the dispatcher.
   void run(torch::jit::Stack* stack, bool entered) {
-    if (python_first_ && !entered) return call_python(stack);
     size_t n = sig_.kinds.size();
     c10::ArrayRef<c10::IValue> args(stack->data() + stack->size() - n, n);
+    if (python_first_ && !entered && (!masks_only_ || has_mask(args))) return call_python(stack);
     Call call;
     eager::describe_call(id_, sig_, facts_.name, args, false, call);
     std::shared_ptr<Plan> plan = call.cacheable ? eager::plan_cache().find(call.key) : nullptr;
@@ -255,7 +255,22 @@ class OpKernel final : public c10::OperatorKernel {
   c10::OperatorHandle op_;
   eager::Signature sig_;
   eager::OpFacts facts_;
-  bool has_check_, python_first_;
+  // A bool/uint8 mask or a CPU tensor in a tensor-list argument (what advanced indexing's
+  // `prepare` rewrites).
+  bool has_mask(c10::ArrayRef<c10::IValue> args) const {
+    for (size_t i = 0; i < args.size(); ++i) {
+      if (static_cast<eager::ArgKind>(sig_.kinds[i]) != eager::ArgKind::kTensorList) continue;
+      for (const auto& e : args[i].toListRef()) {
+        if (!e.isTensor() || !e.toTensor().defined()) continue;
+        const auto& t = e.toTensor();
+        if (t.is_cpu() || t.scalar_type() == c10::ScalarType::Bool || t.scalar_type() == c10::ScalarType::Byte)
+          return true;
+      }
+    }
+    return false;
+  }
+
+  bool has_check_, python_first_, masks_only_;
   std::shared_ptr<void> py_kernel_;
 };
 
@@ -274,8 +289,8 @@ torch::Library& library() {
 void bind_op_kernels(py::module& m) {
   m.def("_register_op_kernel", [](const std::string& name, const std::string& overload, const std::string& kinds,
                                   bool host_inputs, bool default_generator, bool scalar_values_in_key,
-                                  bool has_check, bool python_first, bool has_bounds, bool dispatch,
-                                  py::object py_kernel) {
+                                  bool has_check, bool python_first, bool prepare_only_for_masks, bool has_bounds,
+                                  bool dispatch, py::object py_kernel) {
     auto op = c10::Dispatcher::singleton().findSchemaOrThrow(("aten::" + name).c_str(),
                                                              overload == "default" ? "" : overload.c_str());
     const auto& schema = op.schema();
@@ -292,7 +307,7 @@ void bind_op_kernels(py::module& m) {
     std::lock_guard<std::mutex> g(g_mu);
     int64_t id = static_cast<int64_t>(g_kernels.size());
     auto kernel = std::make_unique<OpKernel>(id, op, std::move(sig), std::move(facts), has_check, python_first,
-                                             std::move(py_kernel));
+                                             prepare_only_for_masks, std::move(py_kernel));
     g_kernels.push_back(kernel.get());
     if (!dispatch) {
       g_undispatched.push_back(std::move(kernel));

@@ -260,7 +260,7 @@ class Kernel:
         self.id = _C._register_op_kernel(
             ov._schema.name.split("::")[1], ov._overloadname, kinds, self.host_inputs,
             low.rng and "G" not in self.sig.kinds, self.sized_by_scalars, low.check is not None,
-            low.prepare is not None, low.bounds is not None, dispatch, self)
+            low.prepare is not None, low.prepare_only_for_masks, low.bounds is not None, dispatch, self)
 
     # ------------------------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):

@@ -362,14 +362,20 @@ def _prepare_index_put(x, indices, values, accumulate=False, *rest):
 
 
 @check_reads('indices')
-def _check_index(x, indices, *rest):
+def _index_bounds(x, indices, *rest):
+    """Advanced indexing's index tensors (bool masks already turned into long indices by
+    `prepare`); what shapes and dtypes alone make wrong is raised here."""
     if len(indices) > x.dim():
         raise IndexError(f"too many indices for tensor of dimension {x.dim()} (got {len(indices)})")
+    out = []
     for d, i in enumerate(indices):
         if i is not None:
             if i.dtype not in (torch.int64, torch.int32):
                 raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
-            _bounds(i, x.shape[d], d, True, _oob_index)
+            out.append(IndexBound(i, x.shape[d], IndexError,
+                                  f"index {{value}} is out of bounds for dimension {d} with size {x.shape[d]}",
+                                  negative_ok=True))
+    return out
 
 
 def _advanced(ctx, x, indices):
@@ -392,7 +398,7 @@ def _advanced(ctx, x, indices):
     return idx, adv, window, shape
 
 
-@register("index.Tensor", check=_check_index, prepare=_prepare_index)
+@register("index.Tensor", bounds=_index_bounds, prepare=_prepare_index, prepare_only_for_masks=True)
 def index(ctx, x, indices):
     b = ctx.b
     e = _empty_out(ctx)
@@ -404,7 +410,8 @@ def index(ctx, x, indices):
                     index_vector_dim=idx.rank - 1, slice_sizes=sizes, out_shape=shape)
 
 
-@register("index_put", "_index_put_impl", check=_check_index, prepare=_prepare_index_put)
+@register("index_put", "_index_put_impl", bounds=_index_bounds, prepare=_prepare_index_put,
+          prepare_only_for_masks=True)
 def index_put(ctx, x, indices, values, accumulate=False, unsafe=False):
     """Duplicate indices: accumulate=True sums them; otherwise one of the values wins (unspecified
     which, as on CPU/CUDA)."""

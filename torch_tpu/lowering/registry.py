@@ -35,6 +35,9 @@ class Lowering:
     # Rewrites the real arguments (functional overload's, in schema order) before anything else,
     # for arguments no meta kernel can type (bool masks -> long indices, a host sync). Returns the list.
     prepare: Callable | None = None
+    # `prepare` is needed only when a tensor-list argument holds a bool/uint8 mask or a CPU tensor
+    # (advanced indexing): other calls take the C++ hot path.
+    prepare_only_for_masks: bool = False
     # Eager, where the CPU kernel lays its fresh results out otherwise than PyTorch's meta kernel
     # (whose strides are used by default): (meta results, *real arguments) -> per result, the CPU
     # strides, or None to keep the meta's. Helpers: in_format, column_major.
@@ -139,13 +142,13 @@ class NotLowered(NotImplementedError):
 
 
 def register(*names: str, check: Callable | None = None, rng: bool = False, prepare: Callable | None = None,
-             layout: Callable | None = None, bounds: Callable | None = None):
+             layout: Callable | None = None, bounds: Callable | None = None, prepare_only_for_masks: bool = False):
     """Decorator: registers `fn` as the lowering of each named overload ("aten::" omitted)."""
     def deco(fn):
         for n in names:
             if n in REGISTRY:
                 raise RuntimeError(f"two lowerings registered for aten::{n}")
-            REGISTRY[n] = Lowering(n, fn, check, rng, prepare, layout, bounds)
+            REGISTRY[n] = Lowering(n, fn, check, rng, prepare, prepare_only_for_masks, layout, bounds)
         return fn
     return deco
 
