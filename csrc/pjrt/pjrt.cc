@@ -183,6 +183,25 @@ void await_and_destroy(const Plugin& p, PJRT_Event* ev, const char* what) {
 
 void Buffer::to_host(void* dst, size_t size) const {
   const Plugin& p = client_->plugin();
+  if (client_->platform_name() == "cpu" && size <= on_device_size()) {
+    // The CPU plugin's device memory is host memory: once the value is computed, copy it directly.
+    // PJRT_Buffer_ToHostBuffer would schedule the copy on the plugin's thread pool and wake this
+    // thread when done, a round trip that costs more than the copy for the small reads (.item(),
+    // loss values) that training loops make every step.
+    await_ready();
+    auto inc = PJRT_ARGS(PJRT_Buffer_IncreaseExternalReferenceCount_Args);
+    inc.buffer = buf_;
+    p.check(p.api()->PJRT_Buffer_IncreaseExternalReferenceCount(&inc), "PJRT_Buffer_IncreaseExternalReferenceCount");
+    auto ptr = PJRT_ARGS(PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args);
+    ptr.buffer = buf_;
+    PJRT_Error* err = p.api()->PJRT_Buffer_OpaqueDeviceMemoryDataPointer(&ptr);
+    if (!err) std::memcpy(dst, ptr.device_memory_ptr, size);
+    auto dec = PJRT_ARGS(PJRT_Buffer_DecreaseExternalReferenceCount_Args);
+    dec.buffer = buf_;
+    p.drop(p.api()->PJRT_Buffer_DecreaseExternalReferenceCount(&dec));
+    if (!err) return;
+    p.drop(err);  // no pointer from this plugin build: the transfer below
+  }
   auto a = PJRT_ARGS(PJRT_Buffer_ToHostBuffer_Args);
   a.src = buf_;
   a.dst = dst;

@@ -286,6 +286,15 @@ torch::Library& library() {
 
 }  // namespace
 
+void run_op_kernel(int64_t id, torch::jit::Stack* stack) {
+  OpKernel* k;
+  {
+    std::lock_guard<std::mutex> g(g_mu);
+    k = g_kernels.at(id);
+  }
+  k->run(stack, true);
+}
+
 void bind_op_kernels(py::module& m) {
   m.def("_register_op_kernel", [](const std::string& name, const std::string& overload, const std::string& kinds,
                                   bool host_inputs, bool default_generator, bool scalar_values_in_key,
@@ -344,6 +353,10 @@ void bind_op_kernels(py::module& m) {
     py::gil_scoped_release nogil;
     eager::raise_index_errors(device);
   }, "Raises the first index error found on the device (-1: any) since the last call, and clears it.");
+  m.def("_register_copy_ops", &register_copy_ops,
+        "Registers the C++ tpu kernels of copy_, _copy_from, _copy_from_and_resize and _local_scalar_dense, "
+        "whose device-side copy is op kernel `copy_kernel`.");
+  m.attr("COMPLEX32_ERROR") = kComplex32Error;
   m.def("_plan_cache_stats", [] {
     auto& c = eager::plan_cache();
     py::dict d;

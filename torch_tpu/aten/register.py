@@ -14,12 +14,11 @@ import threading
 import torch
 from torch._decomp import core_aten_decompositions
 
+from .. import _C
 from ..lowering import registry
-from . import copy as copy_ops
 from .kernel import Kernel
 
 _registered: dict[str, object] = {}
-copy_kernel = None
 
 
 def _overload(name: str):
@@ -69,7 +68,6 @@ def _variants(f):
 
 
 def register_lowerings():
-    global copy_kernel
     for name, low in registry.REGISTRY.items():
         f = _overload(name)
         host = name == "copy"
@@ -77,14 +75,14 @@ def register_lowerings():
         for k in _variants(f):
             kern = Kernel(k, low, f, host_inputs=host)
             if host and k._schema.name == "aten::copy_":
+                # copy_, _copy_from, _copy_from_and_resize and _local_scalar_dense are C++ kernels
+                # (csrc/python/copies.cc) that run this lowered copy for the device side.
                 kern.register(dispatch=False)
-                copy_kernel = kern
-                _impl(k, copy_ops.copy_)
+                registry.KERNELS.append(kern)
+                _C._register_copy_ops(kern.id)
+                _registered[_name(k)] = kern
             else:
                 _impl(k, kern)
-    for name, fn in (("_copy_from", copy_ops._copy_from), ("_copy_from_and_resize", copy_ops._copy_from_and_resize),
-                     ("_local_scalar_dense", copy_ops._local_scalar_dense)):
-        registry.register_kernel(name, fn)
 
 
 _active = threading.local()
@@ -107,11 +105,13 @@ def _decomposed(op, decomp):
     return kernel
 
 
-# Factories whose C++ CompositeExplicitAutograd kernel is empty_like / new_empty then fill_ / zero_,
-# which tpu has: the Python decomposition (torch._refs) would compute the same result at about twice
-# the host time. ones_like runs on every loss.backward() (autograd's implicit gradient).
+# Ops whose C++ CompositeExplicitAutograd kernel calls ops tpu lowers (empty then fill_ / zero_,
+# cat of unsqueezed inputs, arange's out= overload): the Python decomposition (torch._refs) would
+# compute the same result with Python in the way (and its first use imports torch._dynamo, most of
+# a fresh process's first-op time). ones_like runs on every loss.backward().
 _CPP_COMPOSITE_FACTORIES = frozenset({"empty_like", "zeros_like", "ones_like", "full_like", "new_empty",
-                                      "new_zeros", "new_ones", "new_full"})
+                                      "new_zeros", "new_ones", "new_full", "ones", "zeros", "stack",
+                                      "arange", "arange.start"})
 
 
 def register_decompositions():

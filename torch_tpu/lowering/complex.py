@@ -12,13 +12,12 @@ import math
 
 import torch
 
+from .. import _C
 from .builder import Builder, TensorType, Value
 from .elementwise import compute_dtype, operand
 from .registry import register
 
-COMPLEX32_ERROR = ("tpu: dtype torch.complex32 (chalf) is not supported on the tpu device: PJRT has no complex "
-                   "type with float16 parts. Use torch.complex64 instead (x.cfloat(), x.to(torch.complex64)), "
-                   "or keep complex32 tensors on the CPU.")
+COMPLEX32_ERROR = _C.COMPLEX32_ERROR  # one message, shared with the C++ copies (csrc/python/copies.cc)
 
 
 def reject_complex32(*dtypes) -> None:
