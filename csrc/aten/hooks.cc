@@ -97,6 +97,8 @@ struct TpuHooks final : at::PrivateUse1HooksInterface {
     TORCH_CHECK(impl->resizable(), "Trying to resize storage that is not resizable");
     c10::Allocator* alloc = impl->allocator();
     TORCH_CHECK(alloc, "tpu storage has no allocator; it cannot be resized");
+    // Recorded (fused) ops still to read this storage read its old cell: run them first.
+    Runtime::get().flush_recorded();
     // The new cell lives on the storage's device, whatever the current device is.
     c10::DeviceGuard guard(impl->device());
     c10::DataPtr fresh = alloc->allocate(newsize);

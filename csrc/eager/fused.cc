@@ -31,12 +31,16 @@ size_t FusedRecorder::KeyHash::operator()(const std::vector<int64_t>& k) const n
 }
 
 int FusedRecorder::Run::local(const at::Tensor& t) {
-  Cell* c = aten::cell_of(t);
+  return local(aten::cell_of(t), t.storage());
+}
+
+int FusedRecorder::Run::local(Cell* c, const c10::Storage& storage) {
   auto it = local_of.find(c);
   if (it != local_of.end()) return it->second;
   int i = static_cast<int>(locals.size());
   local_of.emplace(c, i);
-  locals.push_back(t);
+  cells.push_back(c);
+  locals.push_back(storage);
   written.push_back(false);
   return i;
 }
@@ -112,7 +116,7 @@ void FusedRecorder::split_locked(size_t k) {
     Record r = run_.records[i];
     for (auto& w : r.wiring) {
       if (w.local) {
-        w.index = rest.local(run_.locals[w.index]);
+        w.index = rest.local(run_.cells[w.index], run_.locals[w.index]);
       } else {
         int j = static_cast<int>(rest.host.size());
         rest.host.push_back(run_.host[w.index]);
@@ -120,7 +124,7 @@ void FusedRecorder::split_locked(size_t k) {
       }
     }
     for (auto& o : r.outs) {
-      int j = rest.local(run_.locals[o]);
+      int j = rest.local(run_.cells[o], run_.locals[o]);
       rest.written[j] = true;
       o = j;
     }
@@ -155,8 +159,7 @@ void FusedRecorder::flush_locked(Run& run_ref) {
   // Outputs: written storages still in use (by a tensor, a view, autograd) besides this run.
   std::vector<int> outputs;
   for (size_t i = 0; i < run.locals.size(); ++i) {
-    const at::Tensor& t = run.locals[i];
-    bool alive = !(t.use_count() == 1 && t.storage().use_count() == 1);
+    bool alive = run.locals[i].use_count() > 1;  // a tensor (the user's, a view, autograd's) besides ours
     if (run.written[i] && alive) outputs.push_back(static_cast<int>(i));
   }
   std::vector<int64_t> key;
@@ -188,13 +191,13 @@ void FusedRecorder::flush_locked(Run& run_ref) {
   args.reserve(prog.args.size());
   for (const auto& w : prog.args) {
     if (w.local)
-      args.push_back({aten::cell_of(run.locals[w.index]), nullptr});
+      args.push_back({run.cells[w.index], nullptr});
     else
       args.push_back(run.host[w.index]);
   }
   std::vector<Cell*> sinks;
   sinks.reserve(outputs.size());
-  for (int i : outputs) sinks.push_back(aten::cell_of(run.locals[i]));
+  for (int i : outputs) sinks.push_back(run.cells[i]);
   std::string names;
   std::set<std::string> seen;
   for (const auto& r : run.records) {
@@ -208,10 +211,9 @@ void FusedRecorder::replay(Run& run) {
   for (const auto& r : run.records) {
     auto exe = r.plan->exe ? r.plan->exe : op_executable_(*r.plan);
     std::vector<LaunchArg> args;
-    for (const auto& w : r.wiring)
-      args.push_back(w.local ? LaunchArg{aten::cell_of(run.locals[w.index]), nullptr} : run.host[w.index]);
+    for (const auto& w : r.wiring) args.push_back(w.local ? LaunchArg{run.cells[w.index], nullptr} : run.host[w.index]);
     std::vector<Cell*> sinks;
-    for (int o : r.outs) sinks.push_back(aten::cell_of(run.locals[o]));
+    for (int o : r.outs) sinks.push_back(run.cells[o]);
     Runtime::get().execute(exe, std::move(args), std::move(sinks), run.device, r.plan->name);
   }
 }

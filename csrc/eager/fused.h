@@ -88,10 +88,14 @@ class FusedRecorder {
     int device = -1;
     std::vector<Record> records;
     std::unordered_map<runtime::Cell*, int> local_of;
-    std::vector<at::Tensor> locals;  // one tensor per local storage (keeps it alive until the flush)
+    // Per local storage: its cell as recorded, and the storage (kept alive until the flush; a
+    // storage whose bytes are replaced, resize_, flushes the run first: csrc/aten/hooks.cc).
+    std::vector<runtime::Cell*> cells;
+    std::vector<c10::Storage> locals;
     std::vector<runtime::LaunchArg> host;
     std::vector<bool> written;
     int local(const at::Tensor& t);
+    int local(runtime::Cell* c, const c10::Storage& storage);
   };
   void flush_locked(Run& run);
   void replay(Run& run);  // runs each record alone (a fused program failed to build)

@@ -155,6 +155,8 @@ class GraphRunner {
       sinks[k] = cell_of(t);
       results[k] = py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(t)));
     }
+    // The copies above are eager ops: in fused eager they are recorded, not yet run.
+    if (!copies.empty()) rt.flush_recorded();
     rt.execute(exe_, std::move(args), std::move(sinks), device, producer_);
     return py::make_tuple(results, py::cast(copied));
   }

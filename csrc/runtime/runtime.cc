@@ -365,6 +365,7 @@ void Runtime::drain() {
       lk.lock();
       issuing_ = false;
     }
+    if (queue_.empty() && !issuing_) qidle_.notify_all();  // other waiters: what they wait for is issued
     qwork_.notify_one();  // the launcher takes over anything queued meanwhile by other threads
     qidle_.wait(lk, [this] { return queue_.empty() && !issuing_; });
     std::swap(err, launch_error_);
