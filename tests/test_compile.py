@@ -443,6 +443,7 @@ def test_entry_points_resolve_backend_without_import(tmp_path):
     assert json.loads(r.stdout.strip().splitlines()[-1]) == pytest.approx([2 * torch.cos(torch.tensor(1.0)).item()] * 3)
 
 
+@torch_tpu.eager_mode("strict")  # counts host syncs: debug mode waits after every launch
 def test_index_bounds_are_checked_on_every_new_content():
     """Graph inputs used as indices are bounds-checked before the program runs (XLA would clamp);
     an unchanged index tensor is not checked (downloaded) again, a changed one is."""

@@ -237,6 +237,7 @@ def test_device_index_error_raises_at_the_op_in_debug_mode():
         torch.tpu.synchronize()
 
 
+@torch_tpu.eager_mode("strict")  # counts host syncs: debug mode waits after every op
 def test_device_index_checks_do_not_sync():
     w = torch.randn(10, 4, device="tpu")
     i = torch.tensor([1, 2, 9], device="tpu")
