@@ -4,8 +4,6 @@
 
 #include <map>
 #include <mutex>
-#include <tuple>
-#include <vector>
 
 #include "aten/device.h"
 #include "runtime/runtime.h"
@@ -24,20 +22,29 @@ struct Status {
 };
 
 std::mutex g_mu;
-std::vector<ErrorKind> g_kinds;
-std::map<std::tuple<std::string, bool, std::string>, int64_t> g_ids;
+std::map<int64_t, ErrorKind> g_kinds;  // by id
 std::map<int, Status> g_status;
+
+// A program bakes its error ids in, so an id depends on the error alone (FNV-1a of the triple):
+// the same program text, and its disk-cached executable, in every process.
+int64_t id_of(const std::string& op, bool index_error, const std::string& message) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](const std::string& s) {
+    for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+    h = (h ^ 0xff) * 1099511628211ull;  // separator
+  };
+  mix(op);
+  mix(index_error ? "IndexError" : "RuntimeError");
+  mix(message);
+  return static_cast<int64_t>(h >> 2) + 1;  // positive: 0 means "no error"
+}
 
 }  // namespace
 
 int64_t register_index_error(const std::string& op, bool index_error, const std::string& message) {
+  int64_t id = id_of(op, index_error, message);
   std::lock_guard<std::mutex> g(g_mu);
-  auto key = std::make_tuple(op, index_error, message);
-  auto it = g_ids.find(key);
-  if (it != g_ids.end()) return it->second;
-  g_kinds.push_back({op, message, index_error});
-  int64_t id = static_cast<int64_t>(g_kinds.size());
-  g_ids.emplace(key, id);
+  g_kinds.emplace(id, ErrorKind{op, message, index_error});
   return id;
 }
 
@@ -61,8 +68,9 @@ void raise_index_errors(int device) {
       int64_t v[2] = {0, 0};
       rt.download(*c, v, sizeof v);
       s.checked = c->buffer.get();
-      if (v[0] <= 0 || v[0] > static_cast<int64_t>(g_kinds.size()) || !message.empty()) continue;
-      const auto& k = g_kinds[v[0] - 1];
+      auto kind = g_kinds.find(v[0]);
+      if (v[0] == 0 || kind == g_kinds.end() || !message.empty()) continue;
+      const auto& k = kind->second;
       message = k.message;
       auto at = message.find("{value}");
       if (at != std::string::npos) message.replace(at, 7, std::to_string(v[1]));

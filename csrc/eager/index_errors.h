@@ -14,7 +14,8 @@
 namespace torch_tpu::eager {
 
 // The id (>= 1) of the error `message` ({value}: the bad index) of op `op`; IndexError when
-// `index_error`, else RuntimeError. The same triple always gets the same id.
+// `index_error`, else RuntimeError. A hash of the triple: the same in every process, so programs
+// that bake it in have the same text (and disk-cached executable) everywhere.
 int64_t register_index_error(const std::string& op, bool index_error, const std::string& message);
 // The status tensor of `device` (int64[2], zeros until an error), made on first use.
 at::Tensor index_status(int device);
