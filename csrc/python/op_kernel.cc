@@ -375,10 +375,6 @@ void bind_op_kernels(py::module& m) {
   });
   m.def("_eager_mode", [] { return static_cast<int>(eager::mode()); }, "This thread's eager mode: 0 debug, 1 strict, 2 fused.");
   m.def("_set_default_eager_mode", [](int m) { eager::set_default_mode(static_cast<eager::Mode>(m)); });
-  m.def("_thread_eager_mode", []() -> std::optional<int> {
-    auto m = eager::thread_mode();
-    return m ? std::optional<int>(static_cast<int>(*m)) : std::nullopt;
-  });
   m.def("_fused_record", [](py::object entry, py::list inputs, py::list sinks, py::list new_specs, int device) {
     auto plan = plan_of_entry(entry, false, false);
     std::vector<runtime::LaunchArg> args;

@@ -45,7 +45,7 @@ def launch(entry, inputs, sinks, device: int, name: str):
     """Runs (or records) one op program; returns the new output tensors."""
     mode = _state.eager_mode()
     if mode == "fused":
-        return fused.record(entry, inputs, sinks, device, name)
+        return fused.record(entry, inputs, sinks, device)
     new = _C._launch(executable(entry), inputs, sinks, entry.new_outputs, device, name)
     if mode == "debug":
         try:

@@ -76,7 +76,7 @@ class IndexBound:
     negative_ok: bool = False
     ignore: int | None = None
 
-    def check_on_host(self, args=None):
+    def check_on_host(self):
         """The same check with a host sync (compiled graphs)."""
         idx = self.index
         if idx is None or idx.numel() == 0:
