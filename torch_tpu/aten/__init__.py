@@ -1,5 +1,5 @@
 """The eager tpu kernels' Python half: a cache miss's meta, lowering and program assembly
-(kernel.py), view reads and writes (views.py), launching and fused programs' text (launch.py,
+(kernel.py), launching and fused programs' text (launch.py,
 fused.py), and the registration of every lowering and of the fallback chain (register.py). The hot
 path and the host <-> tpu copies are C++ (csrc/eager, csrc/python/op_kernel.cc, copies.cc).
 

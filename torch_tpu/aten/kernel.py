@@ -10,7 +10,7 @@ before anything runs), emits StableHLO through the lowering registry, compiles i
 entry back to C++ as the plan; debug and fused eager, per-call checks and the CPU fallback run here.
 
 The program reads each storage it needs as one 1-D buffer, reads the argument views from it
-(aten/views.py), computes the op, and returns new outputs as 1-D buffers and written storages as
+(lowering/strided.py), computes the op, and returns new outputs as 1-D buffers and written storages as
 whole new buffers, which replace the old ones (donated to the program, so in-place updates do not
 double memory). Execution is asynchronous: nothing waits for the device here.
 """
@@ -22,12 +22,11 @@ from dataclasses import dataclass, field
 import torch
 from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
 
-from .. import _C
-from .. import _state, runtime
+from .. import _C, _state, runtime
 from ..lowering.builder import Builder, TensorType, Value
-from ..lowering.registry import Lowering, LoweringContext, NotLowered, fit
+from ..lowering.registry import Lowering, LoweringContext, NotLowered, fit, lower_arguments
+from ..lowering.strided import _contiguous_strides, dense_order, is_whole, read_view, write_view
 from .launch import compile_entry_text, launch
-from .views import _contiguous_strides, dense_order, is_whole, read_view, write_view
 
 
 
@@ -82,6 +81,20 @@ class _Signature:
             else:
                 vals.append(None)
         return vals
+
+
+def _key_parts(key, kinds) -> list[list]:
+    """Per argument, its parts of a call key (csrc/eager/call.h): one for a tensor, Scalar,
+    Generator or value; one per element for a list (whose own part is its length)."""
+    it = iter(key)
+    out = []
+    for kind in kinds:
+        if kind in ("TL", "SL"):
+            n = next(it)
+            out.append([next(it) for _ in range(n)])
+        else:
+            out.append([next(it)])
+    return out
 
 
 def _fresh_layout(t: TensorType, strides: tuple):
@@ -484,7 +497,6 @@ class Kernel:
                 plan.append(pos)
             return v
 
-        key_iter = iter(call.key)
         views = {}  # id(tensor) -> Value of its view
 
         def lower_tensor(t, kpart):
@@ -516,34 +528,15 @@ class Kernel:
             a = operand_arg(kpart[2])
             return Value(a.name, a.type, py)
 
-        lowered = []
-        k_to_lowered = {}
-        for i, (v, kind) in enumerate(zip(vals, sig.kinds)):
-            if kind == "T":
-                kp = next(key_iter)
-                k_to_lowered[i] = (lambda t=v, kp=kp: lower_tensor(t, kp))
-            elif kind == "TL":
-                next(key_iter)
-                kps = [next(key_iter) for _ in v]
-                k_to_lowered[i] = (lambda ts=v, kps=kps: [lower_tensor(t, kp) for t, kp in zip(ts, kps)])
-            elif kind == "S":
-                kp = next(key_iter)
-                k_to_lowered[i] = (lambda s=v, kp=kp: lower_scalar(s, kp))
-            elif kind == "SL":
-                next(key_iter)
-                kps = [next(key_iter) for _ in v]
-                k_to_lowered[i] = (lambda ss=v, kps=kps: [lower_scalar(s, kp) for s, kp in zip(ss, kps)])
-            elif kind == "G":
-                kp = next(key_iter)
-                k_to_lowered[i] = (lambda kp=kp: operand_arg(kp[1]))
-            else:
-                next(key_iter)
-                k_to_lowered[i] = (lambda v=v: v)
+        parts = _key_parts(call.key, sig.kinds)
+        f_parts = [parts[i] for i in self.f_index]
         # Out tensors of out= variants are written, never read: F's arguments are what is lowered.
-        for i in self.f_index:
-            lowered.append(k_to_lowered[i]())
-        if self.lowering.rng and "G" not in sig.kinds:  # its state comes last
-            lowered.append(operand_arg(call.key[-1][1]))
+        lowered = lower_arguments(
+            f_vals, f_kinds,
+            tensor=lambda t, i, j: lower_tensor(t, f_parts[i][j or 0]),
+            scalar=lambda v, i, j: lower_scalar(v, f_parts[i][j or 0]),
+            generator=lambda g, i: operand_arg(f_parts[i][0][1]),
+            rng_state=(lambda: operand_arg(call.key[-1][1])) if self.lowering.rng else None)
 
         # 3. The op itself.
         ctx = LoweringContext(b, out_types)
@@ -575,19 +568,9 @@ class Kernel:
                 new_outputs.append(spec)
         else:
             targets = []
-            kparts = {}
-            it = iter(call.key)
-            for i, kind in enumerate(sig.kinds):
-                if kind == "T":
-                    kparts[i] = [next(it)]
-                elif kind in ("TL", "SL"):
-                    n = next(it)
-                    kparts[i] = [next(it) for _ in range(n)]
-                else:
-                    next(it)
             for i in sig.written:
                 ts = vals[i] if isinstance(vals[i], list) else [vals[i]]
-                for t, kp in zip(ts, kparts[i]):
+                for t, kp in zip(ts, parts[i]):
                     targets.append((t, kp[5], kp[-1]))
             if len(targets) != len(fixed):
                 raise RuntimeError(f"{self.name}: {len(fixed)} values for {len(targets)} written tensors")

@@ -16,73 +16,56 @@ from torch._decomp import core_aten_decompositions
 
 from .. import _C
 from ..lowering import registry
+from ..lowering.overloads import overload, overload_name, variants
 from .kernel import Kernel
 
 _registered: dict[str, object] = {}
+_LIBRARY = torch.library.Library("aten", "IMPL")
+# Every Python kernel registered with the dispatcher for tpu tensors (PrivateUse1): torch.compile
+# must never trace them as user code when it meets them running eagerly (dynamo/__init__.py).
+KERNELS: list = []
 
 
-def _overload(name: str):
-    packet, _, ov = name.partition(".")
-    return getattr(getattr(torch.ops.aten, packet), ov or "default")
+def _register_fn(name: str, fn, dispatch_key: str = "PrivateUse1") -> None:
+    _LIBRARY.impl(name, fn, dispatch_key)
+    if dispatch_key == "PrivateUse1":
+        KERNELS.append(fn)
 
 
-def _same_args(a, b) -> bool:
-    return [(x.name, str(x.type)) for x in a._schema.arguments] == [(x.name, str(x.type)) for x in b._schema.arguments]
-
-
-def _name(overload) -> str:
-    return overload._schema.name.split("::")[1] + ("." + overload._overloadname if overload._overloadname != "default" else "")
-
-
-def _impl(overload, fn):
-    name = _name(overload)
+def _impl(op, fn):
+    name = overload_name(op)
     if name in _registered:
         return
     if isinstance(fn, Kernel):
         fn.register()
-        registry.KERNELS.append(fn)
+        KERNELS.append(fn)
     else:
-        registry.register_kernel(name, fn)
+        _register_fn(name, fn)
     _registered[name] = fn
 
 
-def _variants(f):
-    """In-place and out= overloads whose value is f's."""
-    packet_name = f._schema.name.split("::")[1]
-    out = []
-    if not packet_name.endswith("_"):
-        inplace = getattr(torch.ops.aten, packet_name + "_", None)
-        if inplace is not None and f._overloadname in inplace.overloads():
-            k = getattr(inplace, f._overloadname)
-            if _same_args(k, f):
-                out.append(k)
-    packet = getattr(torch.ops.aten, packet_name)
-    f_args = [(x.name, str(x.type)) for x in f._schema.arguments]
-    for ov in packet.overloads():
-        k = getattr(packet, ov)
-        args = k._schema.arguments
-        outs = [a for a in args if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write]
-        if outs and [(x.name, str(x.type)) for x in args if x not in outs] == f_args:
-            out.append(k)
-    return out
-
-
 def register_lowerings():
+    """Registers a Kernel for every eager lowering and its variants, then the lowering package's
+    host kernels and meta functions (registry.HOST_KERNELS)."""
     for name, low in registry.REGISTRY.items():
-        f = _overload(name)
+        if low.graph_only:
+            continue
+        f = overload(name)
         host = name == "copy"
         _impl(f, Kernel(f, low, f, host_inputs=host))
-        for k in _variants(f):
+        for k in variants(f):
             kern = Kernel(k, low, f, host_inputs=host)
             if host and k._schema.name == "aten::copy_":
                 # copy_, _copy_from, _copy_from_and_resize and _local_scalar_dense are C++ kernels
                 # (csrc/python/copies.cc) that run this lowered copy for the device side.
                 kern.register(dispatch=False)
-                registry.KERNELS.append(kern)
+                KERNELS.append(kern)
                 _C._register_copy_ops(kern.id)
-                _registered[_name(k)] = kern
+                _registered[overload_name(k)] = kern
             else:
                 _impl(k, kern)
+    for name, fn, key in registry.HOST_KERNELS:
+        _register_fn(name, fn, key)
 
 
 _active = threading.local()
@@ -120,7 +103,7 @@ def register_decompositions():
     for op, fn in core_aten_decompositions().items():
         if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten":
             continue
-        name = op._schema.name.split("::")[1] + ("." + op._overloadname if op._overloadname != "default" else "")
+        name = overload_name(op)
         if name in _registered or name in _CPP_COMPOSITE_FACTORIES:
             continue
         if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"):
@@ -134,5 +117,5 @@ def register_decompositions():
         if any(r.alias_info is not None for r in op._schema.returns) and \
                 torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeExplicitAutograd"):
             continue  # a view (squeeze.dim): PyTorch's own view kernel, over as_strided, stays a view
-        registry.register_kernel(name, _decomposed(op, fn))
+        _register_fn(name, _decomposed(op, fn))
         _registered[name] = fn

@@ -30,7 +30,7 @@ def _run_kernels_as_is() -> None:
     it would trace each kernel into a graph of its own, with guards on our internals. Their code,
     and all they call, is marked to run as is (a recursive SKIP frame strategy)."""
     global _kernels_marked
-    from ..lowering.registry import KERNELS
+    from ..aten.register import KERNELS
     if _kernels_marked == len(KERNELS):
         return
     from torch._dynamo.eval_frame import set_code_exec_strategy

@@ -31,8 +31,9 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 
 from .. import _state
+from ..lowering.overloads import resolve
 from . import collectives
-from .lower_graph import GraphProgram, Unsupported, find_lowering, log
+from .lower_graph import GraphProgram, Unsupported, log
 
 
 @functools.lru_cache(maxsize=1)
@@ -41,7 +42,7 @@ def decompositions() -> dict:
     its decomposition: e.g. native_layer_norm, _softmax, convolution_backward)."""
     table = {}
     for op, fn in core_aten_decompositions().items():
-        if isinstance(op, torch._ops.OpOverload) and op.namespace == "aten" and find_lowering(op) is not None:
+        if isinstance(op, torch._ops.OpOverload) and op.namespace == "aten" and resolve(op) is not None:
             continue
         table[op] = fn
     return table

@@ -1,7 +1,7 @@
 """One functionalized ATen FX graph -> one StableHLO module -> one executable, and its runner.
 
-Every call_function node is lowered by the shared registry (torch_tpu/lowering), or by the graph-only
-lowerings of views, factories and casts (graph_ops.py), into ONE Builder. Result types come from the
+Every call_function node is lowered by the one registry (torch_tpu/lowering; views, factories and
+casts by its graph-only entries, lowering/functional.py), into ONE Builder. Result types come from the
 nodes' FakeTensors (node.meta["val"]), so no meta kernel runs again.
 
 Inputs: each tpu input is passed as its storage's 1-D buffer, as eager does. The program reads it
@@ -31,14 +31,13 @@ import torch
 
 from .. import _C, _state, runtime
 from ..aten.kernel import _Signature
-from ..aten.views import dense_order
 from ..lowering.builder import Builder, TensorType, Value
-from ..lowering.registry import REGISTRY, LoweringContext, fit
-from .graph_ops import GRAPH_LOWERINGS
+from ..lowering.overloads import overload_name, resolve
+from ..lowering.registry import LoweringContext, fit, lower_arguments
+from ..lowering.strided import dense_order
 from .host_part import HostPart
 
 log = logging.getLogger("torch_tpu.dynamo")
-_GEN = object()  # stands for a Generator? argument until the rng state replaces it
 last_text: str | None = None
 
 
@@ -52,12 +51,6 @@ class Unsupported(NotImplementedError):
         super().__init__(f"torch.compile(backend='tpu'): {op} {why}{where}")
 
 
-def overload_name(target) -> str:
-    """Registry key of an OpOverload: "add.Tensor", "abs" (default overload: bare name)."""
-    base = target._schema.name.split("::")[1]
-    return base if target._overloadname == "default" else f"{base}.{target._overloadname}"
-
-
 _SIGS: dict = {}
 
 
@@ -66,36 +59,6 @@ def _sig(target):
     if s is None:
         s = _SIGS[target] = _Signature(target)
     return s
-
-
-def find_lowering(target):
-    """(fn, Lowering or None, out-arg name or None) for an aten OpOverload, or None."""
-    if target.namespace != "aten":
-        return None
-    name = overload_name(target)
-    if name in GRAPH_LOWERINGS:
-        return GRAPH_LOWERINGS[name], None, None
-    low = REGISTRY.get(name)
-    if low is not None:
-        return low.fn, low, None
-    base, _, ov = name.partition(".")
-    # A functional op whose lowering is registered in-place only (uniform -> uniform_).
-    low = REGISTRY.get(base + "_" + ("." + ov if ov else ""))
-    if low is not None:
-        return low.fn, low, None
-    # A functional op whose lowering is registered as out= only (eye -> eye.out).
-    names = [a.name for a in target._schema.arguments]
-    for key, low in REGISTRY.items():
-        if key.partition(".")[0] != base:
-            continue
-        packet = getattr(torch.ops.aten, base)
-        k = getattr(packet, key.partition(".")[2] or "default")
-        outs = [a.name for a in k._schema.arguments if a.kwarg_only and a.alias_info is not None
-                and a.alias_info.is_write]
-        rest = [a.name for a in k._schema.arguments if a.name not in outs]
-        if len(outs) == 1 and all(n in names for n in rest):
-            return low.fn, low, (k, outs[0])
-    return None
 
 
 def _tensor_types(val):
@@ -427,10 +390,10 @@ class GraphProgram:
             self.host_packs.append(self.host.pack_slot(members))
 
     def _lower_node(self, node, value_of, scalar, rng_state):
-        found = find_lowering(node.target)
+        found = resolve(node.target)
         if found is None:
             raise Unsupported(f"{node.target.namespace}::{overload_name(node.target)}", node)
-        fn, low, out_arg = found
+        low, out_arg = found
         sig = _sig(node.target)
         vals = sig.bind(node.args, node.kwargs)
         self.wide = any(isinstance(v, torch.fx.Node) and isinstance(v.meta.get("val"), torch.Tensor)
@@ -445,45 +408,31 @@ class GraphProgram:
                 return value_of(v)
             return scalar(v, node)  # a python number for a Tensor argument
 
-        args = []
-        for v, kind in zip(vals, sig.kinds):
-            if kind == "T":
-                args.append(tensor(v))
-            elif kind == "TL":
-                args.append([tensor(t) for t in v])
-            elif kind == "S":
-                args.append(scalar(v, node))
-            elif kind == "SL":
-                args.append([scalar(s, node) for s in v])
-            elif kind == "G":
-                args.append(_GEN)  # filled below
-            else:
-                if _has_node(v):
-                    raise Unsupported(f"aten::{overload_name(node.target)}", node,
-                                      "with a symbolic (data-dependent or dynamic) argument is not supported")
-                args.append(v)
-        if out_arg is not None:  # lowered through its out= overload: arguments by name, out last
-            k, out_name = out_arg
-            by_name = dict(zip(sig.names, args))
-            args = [by_name.get(a.name) for a in k._schema.arguments if a.name != out_name] + [None]
+        def value(v, i):
+            if _has_node(v):
+                raise Unsupported(f"aten::{overload_name(node.target)}", node,
+                                  "with a symbolic (data-dependent or dynamic) argument is not supported")
+            return v
+
+        l_vals, l_kinds = vals, sig.kinds
+        if out_arg is not None:  # lowered through its out= overload: arguments by name, no out tensor
+            k_sig = _sig(out_arg[0])
+            by_name = dict(zip(sig.names, vals))
+            l_vals, l_kinds = [by_name.get(n) for n in k_sig.names], k_sig.kinds
         types = ctx.out
-        if low is not None and low.rng:
-            draws = sum(t.numel for t in types if t is not None)
-            st = rng_state(draws)
-            if any(a is _GEN for a in args):
-                args = [st if a is _GEN else a for a in args]
-            else:
-                args.append(st)
-        else:
-            args = [None if a is _GEN else a for a in args]
-        if low is not None and low.prepare is not None and any(
+        state = (lambda: rng_state(sum(t.numel for t in types if t is not None))) if low.rng else None
+        args = lower_arguments(l_vals, l_kinds, tensor=lambda v, i, j: tensor(v),
+                               scalar=lambda v, i, j: scalar(v, node),
+                               generator=lambda g, i: state() if state is not None else None,
+                               value=value, rng_state=state)
+        if low.prepare is not None and any(
                 isinstance(v, torch.fx.Node) and isinstance(v.meta.get("val"), torch.Tensor)
                 and v.meta["val"].dtype == torch.bool for vs in vals for v in (vs if isinstance(vs, list) else [vs])):
             raise Unsupported(f"aten::{overload_name(node.target)}", node, "with a boolean mask (data-dependent "
                               "shape) is not supported inside a graph")
-        if low is not None and low.graph_check is not None:
+        if low.graph_check is not None:
             self._record_check(low.graph_check, vals, sig, node)
-        result = fn(ctx, *args)
+        result = low.fn(ctx, *args)
         if result is None:
             result = []
         results = [result] if isinstance(result, Value) else list(result)

@@ -1,5 +1,5 @@
 """StableHLO lowerings of ATen ops, grouped by op family; importing fills `registry.REGISTRY`."""
-from . import elementwise  # noqa: F401
+from . import elementwise, functional  # noqa: F401
 from . import linalg, convolution, pooling  # noqa: F401
 from . import reduction, softmax_loss, normalization  # noqa: F401
 from . import random, factory, foreach  # noqa: F401

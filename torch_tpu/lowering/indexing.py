@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from .elementwise import compute_dtype
-from .registry import IndexBound, check_reads, in_format, register, register_kernel
+from .registry import IndexBound, check_reads, host_kernel, in_format, register
 
 
 
@@ -311,7 +311,7 @@ def nonzero(x):
     return torch.ops.aten.nonzero_static.out(x, size=count, fill_value=-1, out=out)
 
 
-register_kernel("nonzero", nonzero)
+host_kernel("nonzero", nonzero)
 
 
 def masked_select(x, mask):
@@ -321,7 +321,7 @@ def masked_select(x, mask):
     return torch.ops.aten.index.Tensor(xb, [mb])
 
 
-register_kernel("masked_select", masked_select)
+host_kernel("masked_select", masked_select)
 
 
 # -- advanced indexing -----------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ import torch
 
 from .builder import TensorType, Value
 from .linalg import dot
-from .registry import column_major, register, register_kernel
+from .registry import column_major, host_kernel, register
 
 _I64 = torch.int64
 
@@ -814,7 +814,7 @@ def _geqrf_meta(a):
 
 
 if not torch._C._dispatch_has_kernel_for_dispatch_key("aten::geqrf", "Meta"):
-    register_kernel("geqrf", _geqrf_meta, "Meta")
+    host_kernel("geqrf", _geqrf_meta, "Meta")
 
 
 @register("geqrf")

@@ -30,7 +30,7 @@ from .builder import TensorType
 from .linalg_decomp import (_I64, _abs, _bcast_batch, _col, _conj, _empty, _entry, _expand, _eye, _index,
                             _matmul, _mH, _mT, _re, _real_dtype, _scalar_to, _sum_last, _to, _tri, _zero,
                             geqrf, householder_product, take_rows)
-from .registry import column_major, register, register_kernel
+from .registry import column_major, host_kernel, register
 
 # Sweep caps: Jacobi converges quadratically, typically in 5-10 sweeps at these precisions.
 _MAX_SWEEPS = {torch.float32: 20, torch.float64: 30}
@@ -387,9 +387,9 @@ def _lstsq_out_meta(a, other, rcond=None, *, driver=None, solution, residuals, r
 
 
 if not torch._C._dispatch_has_kernel_for_dispatch_key("aten::linalg_lstsq", "Meta"):
-    register_kernel("linalg_lstsq", _lstsq_meta, "Meta")
+    host_kernel("linalg_lstsq", _lstsq_meta, "Meta")
 if not torch._C._dispatch_has_kernel_for_dispatch_key("aten::linalg_lstsq.out", "Meta"):
-    register_kernel("linalg_lstsq.out", _lstsq_out_meta, "Meta")
+    host_kernel("linalg_lstsq.out", _lstsq_out_meta, "Meta")
 
 
 def _check_lstsq(a, other, rcond=None, driver=None):

@@ -13,7 +13,7 @@ from torch._prims_common import suggest_memory_format
 
 from .elementwise import compute_dtype
 from .reduction import reduce_sum
-from .registry import in_format, register, register_kernel
+from .registry import host_kernel, in_format, register
 
 
 def _chan(b, v, x, cd):
@@ -185,10 +185,10 @@ def _batch_norm_backward(grad, x, w, rm, rv, save_mean, save_var, update, eps, o
                                                      output_mask)
 
 
-register_kernel("native_batch_norm", _native_batch_norm)
-register_kernel("_native_batch_norm_legit", _native_batch_norm_legit)
-register_kernel("_batch_norm_with_update", _batch_norm_with_update)
-register_kernel("batch_norm_backward", _batch_norm_backward)
+host_kernel("native_batch_norm", _native_batch_norm)
+host_kernel("_native_batch_norm_legit", _native_batch_norm_legit)
+host_kernel("_batch_norm_with_update", _batch_norm_with_update)
+host_kernel("batch_norm_backward", _batch_norm_backward)
 
 
 # -- SyncBatchNorm's ops --------------------------------------------------------------------------
@@ -229,7 +229,7 @@ for _name, _meta in (("batch_norm_stats", _stats_meta), ("batch_norm_elemt", _el
                      ("batch_norm_backward_reduce", _backward_reduce_meta),
                      ("batch_norm_backward_elemt", _backward_elemt_meta)):
     if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{_name}", "Meta"):
-        register_kernel(_name, _meta, "Meta")
+        host_kernel(_name, _meta, "Meta")
 
 
 @register("batch_norm_stats")
@@ -319,8 +319,8 @@ def _gather_stats(x, mean, invstd, rm, rv, momentum, eps, count):
     return _gather_stats_with_counts(x, mean, invstd, rm, rv, momentum, eps, counts)
 
 
-register_kernel("batch_norm_gather_stats_with_counts", _gather_stats_with_counts)
-register_kernel("batch_norm_gather_stats", _gather_stats)
+host_kernel("batch_norm_gather_stats_with_counts", _gather_stats_with_counts)
+host_kernel("batch_norm_gather_stats", _gather_stats)
 
 
 # -- layer norm --------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import torch
 
 from .builder import TensorType
 from .elementwise import compute_dtype, operand
-from .registry import register, register_kernel
+from .registry import host_kernel, register
 
 _TYPE_NAME = {torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char",
               torch.uint8: "Byte", torch.bool: "Bool", torch.uint16: "UInt16", torch.uint32: "UInt32",
@@ -483,7 +483,7 @@ def rrelu_with_noise(self, noise, lower=0.125, upper=1.0 / 3.0, training=False, 
     return self * slope
 
 
-register_kernel("rrelu_with_noise", rrelu_with_noise)
+host_kernel("rrelu_with_noise", rrelu_with_noise)
 
 
 @register("rrelu_with_noise_backward")

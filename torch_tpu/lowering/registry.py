@@ -47,6 +47,9 @@ class Lowering:
     # surfaces at the next synchronisation (debug mode: at the op). May raise for what shapes alone
     # make wrong. Compiled graphs run them on the host (`graph_check`).
     bounds: Callable | None = None
+    # Lowered only inside compiled graphs (views, view scatters, factories: functional.py); eager
+    # runs these ops as metadata kernels or composites and registers no kernel for them.
+    graph_only: bool = False
 
     @property
     def graph_check(self) -> Callable | None:
@@ -109,19 +112,17 @@ def column_major(meta):
     *batch, m, n = meta.shape
     return torch.empty(*batch, n, m, device="meta").mT.stride()
 
-_KERNEL_LIBRARY = torch.library.Library("aten", "IMPL")
-# Every Python kernel registered with the dispatcher for tpu tensors (PrivateUse1): torch.compile
-# must never trace them as user code when it meets them running eagerly (dynamo/__init__.py).
-KERNELS: list[Callable] = []
+# Kernels that are not one lowering (host logic for data-dependent result shapes, composite
+# wrappers, fallback chains) and meta functions PyTorch lacks: (overload, fn, dispatch key). The
+# lowering package only lists them; the ATen layer registers them with the dispatcher
+# (aten/register.py), as it does every lowering.
+HOST_KERNELS: list[tuple[str, Callable, str]] = []
 
 
-def register_kernel(name: str, fn: Callable, dispatch_key: str = "PrivateUse1") -> None:
-    """Registers `fn` as the `dispatch_key` kernel of aten::`name` ("add.Tensor"; "PrivateUse1":
-    tpu tensors, "Meta": shape functions PyTorch lacks). For kernels that are not one lowering: host
-    logic (data-dependent result shapes, composite wrappers), fallback chains, meta functions."""
-    _KERNEL_LIBRARY.impl(name, fn, dispatch_key)
-    if dispatch_key == "PrivateUse1":
-        KERNELS.append(fn)
+def host_kernel(name: str, fn: Callable, dispatch_key: str = "PrivateUse1") -> None:
+    """Lists `fn` as the `dispatch_key` kernel of aten::`name` ("nonzero"; "PrivateUse1": tpu
+    tensors, "Meta": a shape function PyTorch lacks)."""
+    HOST_KERNELS.append((name, fn, dispatch_key))
 
 
 def check_reads(*names: str):
@@ -142,15 +143,47 @@ class NotLowered(NotImplementedError):
 
 
 def register(*names: str, check: Callable | None = None, rng: bool = False, prepare: Callable | None = None,
-             layout: Callable | None = None, bounds: Callable | None = None, prepare_only_for_masks: bool = False):
-    """Decorator: registers `fn` as the lowering of each named overload ("aten::" omitted)."""
+             layout: Callable | None = None, bounds: Callable | None = None, prepare_only_for_masks: bool = False,
+             graph_only: bool = False):
+    """Decorator: registers `fn` as the lowering of each named overload ("aten::" omitted).
+    Raises RuntimeError for an overload that already has one (one lowering per op)."""
     def deco(fn):
         for n in names:
             if n in REGISTRY:
                 raise RuntimeError(f"two lowerings registered for aten::{n}")
-            REGISTRY[n] = Lowering(n, fn, check, rng, prepare, prepare_only_for_masks, layout, bounds)
+            REGISTRY[n] = Lowering(n, fn, check=check, rng=rng, prepare=prepare,
+                                   prepare_only_for_masks=prepare_only_for_masks, layout=layout, bounds=bounds,
+                                   graph_only=graph_only)
         return fn
     return deco
+
+
+def lower_arguments(vals, kinds, tensor, scalar, generator, value=None, rng_state=None) -> list:
+    """A lowering's arguments from an overload's call (`vals` in schema order), the one conversion
+    that eager, fused eager and the graph lowering share. `kinds` per argument, as aten/kernel.py's
+    schema reading spells them: "T" Tensor(?), "TL" Tensor(?)[], "S" Scalar, "SL" Scalar[], "G"
+    Generator?, anything else a python value. Tensors become `tensor(v, i, j)` and Scalars
+    `scalar(v, i, j)` (i: the argument's position, j: the element's in a list, else None), a
+    Generator `generator(v, i)`, other values `value(v, i)` (default: as they are). A random
+    lowering (rng_state given) whose overload has no Generator argument gets the state,
+    `rng_state()`, as its last argument."""
+    out = []
+    for i, (v, kind) in enumerate(zip(vals, kinds)):
+        if kind == "T":
+            out.append(tensor(v, i, None))
+        elif kind == "TL":
+            out.append([tensor(t, i, j) for j, t in enumerate(v)])
+        elif kind == "S":
+            out.append(scalar(v, i, None))
+        elif kind == "SL":
+            out.append([scalar(s, i, j) for j, s in enumerate(v)])
+        elif kind == "G":
+            out.append(generator(v, i))
+        else:
+            out.append(v if value is None else value(v, i))
+    if rng_state is not None and "G" not in kinds:
+        out.append(rng_state())
+    return out
 
 
 class LoweringContext:

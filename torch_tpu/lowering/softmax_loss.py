@@ -10,7 +10,7 @@ import torch
 
 from .elementwise import compute_dtype
 from .reduction import reduce_max, reduce_sum
-from .registry import IndexBound, check_reads, register, register_kernel
+from .registry import IndexBound, check_reads, host_kernel, register
 
 _NONE, _MEAN, _SUM = 0, 1, 2
 
@@ -245,8 +245,8 @@ def _like_input_meta(grad, x, *rest, **kw):
     return torch.empty_like(x)
 
 
-register_kernel("multi_margin_loss_backward", _like_input_meta, "Meta")
-register_kernel("multilabel_margin_loss_backward", _like_input_meta, "Meta")
+host_kernel("multi_margin_loss_backward", _like_input_meta, "Meta")
+host_kernel("multilabel_margin_loss_backward", _like_input_meta, "Meta")
 
 
 @register("multi_margin_loss_backward")
@@ -311,7 +311,7 @@ def _multilabel_forward_meta(x, target, reduction):
     return x.new_empty(out), x.new_empty(x.shape)
 
 
-register_kernel("multilabel_margin_loss_forward", _multilabel_forward_meta, "Meta")
+host_kernel("multilabel_margin_loss_forward", _multilabel_forward_meta, "Meta")
 
 
 @register("multilabel_margin_loss_forward")

@@ -24,7 +24,7 @@ import torch
 
 from .elementwise import compute_dtype
 from .reduction import arg_reduce, reduce_sum
-from .registry import register, register_kernel
+from .registry import host_kernel, register
 from .shape import _sort
 
 
@@ -508,7 +508,7 @@ def equal(a, b):
     return bool(torch.ops.aten.all.default(torch.ops.aten.eq.Tensor(a, b)).item())
 
 
-register_kernel("equal", equal)
+host_kernel("equal", equal)
 
 
 def bincount(x, weights=None, minlength=0):
@@ -543,7 +543,7 @@ def bincount(x, weights=None, minlength=0):
     return out.scatter_add_(0, idx, src) if x.numel() else out
 
 
-register_kernel("bincount", bincount)
+host_kernel("bincount", bincount)
 
 
 def _triangle_indices(upper):
@@ -564,8 +564,8 @@ def _triangle_indices(upper):
     return kernel
 
 
-register_kernel("triu_indices", _triangle_indices(True))
-register_kernel("tril_indices", _triangle_indices(False))
+host_kernel("triu_indices", _triangle_indices(True))
+host_kernel("tril_indices", _triangle_indices(False))
 
 
 # -- unique (data-dependent length: the number of distinct values is read back) ----------------
@@ -610,7 +610,7 @@ def unique2(x, sorted=True, return_inverse=False, return_counts=False):
     return sv.index_select(0, starts), inverse, counts
 
 
-register_kernel("_unique2", unique2)
+host_kernel("_unique2", unique2)
 
 
 def unique_consecutive(x, return_inverse=False, return_counts=False, dim=None):
@@ -630,7 +630,7 @@ def unique_consecutive(x, return_inverse=False, return_counts=False, dim=None):
     return (out if dim is None else out.movedim(0, d)), inverse, counts
 
 
-register_kernel("unique_consecutive", unique_consecutive)
+host_kernel("unique_consecutive", unique_consecutive)
 
 
 # -- histogram ----------------------------------------------------------------------------------
@@ -703,8 +703,8 @@ def _histogram_meta(x, bins=100, *, range=None, weight=None, density=False):
     return x.new_empty((nb,)), x.new_empty((nb + 1,))
 
 
-register_kernel("histogram.bin_ct", _histogram_meta, "Meta")
-register_kernel("histogram.bins_tensor", _histogram_meta, "Meta")
+host_kernel("histogram.bin_ct", _histogram_meta, "Meta")
+host_kernel("histogram.bins_tensor", _histogram_meta, "Meta")
 
 
 @register("histogram.bin_ct", check=_check_histogram)

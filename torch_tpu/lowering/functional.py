@@ -1,9 +1,9 @@
-"""Lowerings that exist only inside compiled graphs: views, factories and casts.
+"""Lowerings that only a compiled (functionalized) graph uses: views, view scatters, factories, casts.
 
-In eager these ops are metadata kernels (views alias a storage) or composites, so they are not in
-the shared registry. A functionalized FX graph has value semantics: a view is just the value it
-reads and `slice_scatter` & co. are the writes, so each lowers to a few StableHLO ops. Same
-convention as torch_tpu/lowering/registry.py: fn(ctx, *args in schema order) -> Value(s).
+Eager runs these ops as metadata kernels (a view aliases its base's storage) or as composites, so
+they are registered `graph_only` and get no eager kernel. A functionalized FX graph has value
+semantics: a view is just the value it reads, and `slice_scatter` & co. are the writes, so each
+lowers to a few StableHLO ops. Same convention as every lowering (registry.py).
 """
 from __future__ import annotations
 
@@ -11,18 +11,14 @@ import math
 
 import torch
 
-from ..aten.views import _contiguous_strides, read_view, write_view
-from ..lowering.registry import REGISTRY
-
-GRAPH_LOWERINGS: dict = {}
+from .builder import Value
+from .complex import imag_part, make_complex, real_part
+from .registry import REGISTRY, register
+from .strided import _contiguous_strides, read_view, write_view
 
 
 def graph_register(*names):
-    def deco(fn):
-        for n in names:
-            GRAPH_LOWERINGS[n] = fn
-        return fn
-    return deco
+    return register(*names, graph_only=True)
 
 
 # -- value-preserving views -----------------------------------------------------------------------
@@ -44,7 +40,6 @@ def _reshape(ctx, x, *rest):
 @graph_register("view_as_real", "view_as_real_copy")
 def _view_as_real(ctx, x):
     """(..., ) complex -> (..., 2) of its (real, imag) parts, the storage's interleaved layout."""
-    from ..lowering.complex import imag_part, real_part
     b = ctx.b
     parts = [b.reshape(f(b, x), (*x.shape, 1)) for f in (real_part, imag_part)]
     return b.concatenate(parts, x.rank)
@@ -53,7 +48,6 @@ def _view_as_real(ctx, x):
 @graph_register("view_as_complex", "view_as_complex_copy")
 def _view_as_complex(ctx, x):
     """(..., 2) float -> (..., ) complex whose parts are the last dim's two entries."""
-    from ..lowering.complex import make_complex
     b = ctx.b
     n = x.rank - 1
     re, im = (b.reshape(b.slice(x, [0] * n + [k], [*x.shape[:n], k + 1]), x.shape[:n]) for k in (0, 1))
@@ -205,15 +199,6 @@ def _slice_scatter(ctx, base, src, dim=0, start=None, end=None, step=1):
     return _strided_write(ctx, base, src, s * st[dim], sizes, strides)
 
 
-@graph_register("select_scatter")
-def _select_scatter(ctx, base, src, dim, index):
-    st = _contiguous_strides(base.shape)
-    dim %= base.rank
-    index = index + base.shape[dim] if index < 0 else index
-    keep = [d for d in range(base.rank) if d != dim]
-    return _strided_write(ctx, base, src, index * st[dim], [base.shape[d] for d in keep], [st[d] for d in keep])
-
-
 @graph_register("diagonal_scatter")
 def _diagonal_scatter(ctx, base, src, offset=0, dim1=0, dim2=1):
     st = _contiguous_strides(base.shape)
@@ -286,13 +271,11 @@ def _arange(ctx, end, *rest):
 
 
 def _one(ctx):
-    from ..lowering.builder import Value
     c = ctx.b.constant(1, torch.int64)
     return Value(c.name, c.type, 1)
 
 
 def _zero(ctx):
-    from ..lowering.builder import Value
     c = ctx.b.constant(0, torch.int64)
     return Value(c.name, c.type, 0)
 

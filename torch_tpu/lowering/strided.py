@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from ..lowering.builder import Builder, TensorType, Value
+from .builder import Builder, TensorType, Value
 
 
 def _contiguous_strides(sizes):
