@@ -284,6 +284,7 @@ def test_flat_index_errors():
             fn(x.clone())
         with pytest.raises(exc, match=msg):
             fn(xt)
+            torch.tpu.synchronize()  # take/put check on the device: raised at the next sync
     assert torch.equal(xt.cpu(), x)
     assert torch_tpu.metrics.fallback_counts() == before
 
@@ -296,5 +297,8 @@ def test_index_reduce(dtype):
     for reduce in ("prod", "mean", "amax", "amin"):
         for include_self in (True, False):
             check(lambda x, s, i: x.index_reduce(1, i, s, reduce, include_self=include_self), x, src, idx)
+    xt = to_tpu(x)
     with pytest.raises(IndexError, match="index out of range"):
-        to_tpu(x).index_reduce_(1, to_tpu(torch.tensor([3, 0, 0, 0, 0])), to_tpu(src), "amax")
+        xt.index_reduce_(1, to_tpu(torch.tensor([3, 0, 0, 0, 0])), to_tpu(src), "amax")
+        torch.tpu.synchronize()  # checked on the device: raised at the next sync
+    assert torch.equal(xt.cpu(), x)

@@ -30,6 +30,17 @@ bool is_wide(c10::ScalarType t) {
   return t == c10::ScalarType::Double || t == c10::ScalarType::ComplexDouble;
 }
 
+}  // namespace
+
+c10::ScalarType scalar_operand_dtype(const c10::Scalar& s, bool wide) {
+  if (s.isBoolean()) return c10::ScalarType::Bool;
+  if (s.isIntegral(false)) return c10::ScalarType::Long;
+  if (s.isComplex()) return wide ? c10::ScalarType::ComplexDouble : c10::ScalarType::ComplexFloat;
+  return wide ? c10::ScalarType::Double : c10::ScalarType::Float;
+}
+
+namespace {
+
 std::string same_device_message(const std::string& a, const std::string& b) {
   return "Expected all tensors to be on the same device, but found at least two devices, " + a + " and " + b + "!";
 }
@@ -111,20 +122,8 @@ class Walker {
       return;
     }
     c10::Scalar s = v.toScalar();
-    c10::ScalarType dt;
-    bool bakeable = false;
-    if (s.isBoolean()) {
-      dt = c10::ScalarType::Bool;
-      bakeable = true;
-    } else if (s.isIntegral(false)) {
-      dt = c10::ScalarType::Long;
-      int64_t x = s.toLong();
-      bakeable = x == 0 || x == 1 || x == -1;
-    } else if (s.isComplex()) {
-      dt = wide_ ? c10::ScalarType::ComplexDouble : c10::ScalarType::ComplexFloat;
-    } else {
-      dt = wide_ ? c10::ScalarType::Double : c10::ScalarType::Float;
-    }
+    c10::ScalarType dt = scalar_operand_dtype(s, wide_);
+    bool bakeable = s.isBoolean() || (s.isIntegral(false) && s.toLong() >= -1 && s.toLong() <= 1);
     if (bakeable) {
       words({kWBaked, static_cast<int64_t>(dt), s.toLong()});
       if (describe_) {

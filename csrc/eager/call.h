@@ -41,6 +41,11 @@ enum class ArgKind : char {
   kValue = 'V',       // everything else, by value
 };
 
+// The dtype a Scalar argument takes in a program: bool, int64 for integers, and for floats
+// (complex) double (complex128) precision when `wide` (a tensor argument is float64/complex128),
+// else single. The one rule, for eager keys and compiled graphs' constants alike.
+c10::ScalarType scalar_operand_dtype(const c10::Scalar& s, bool wide);
+
 struct Operand {
   enum Kind : uint8_t { kCell, kHostTensor, kScalar, kGenerator } kind;
   at::Tensor tensor;                  // kCell: a tensor of the storage; kHostTensor: the CPU tensor

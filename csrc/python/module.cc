@@ -252,12 +252,13 @@ PYBIND11_MODULE(_C, m) {
     return true;
   }, "Writes src[i] into the 0-dim CPU tensor dsts[i] (None: skipped) as copy_ would; False (nothing "
      "written) when some pair needs more than a byte copy (another dtype or device, requires_grad).");
-  m.def("_synchronize", [](int device) {
+  m.def("_synchronize", [](int device, bool index_errors) {
     py::gil_scoped_release nogil;
     Runtime::get().synchronize(device);
-    torch_tpu::eager::raise_index_errors(device);
-  }, "Waits for every execution on `device` (-1: all); raises their errors, then an index error found "
-     "on the device since the last synchronisation.");
+    if (index_errors) torch_tpu::eager::raise_index_errors(device);
+  }, py::arg("device"), py::arg("index_errors") = true,
+     "Waits for every execution on `device` (-1: all); raises their errors, then (index_errors) an "
+     "index error found on the device since the last synchronisation.");
 
   // Metrics.
   m.def("_counters", [] {

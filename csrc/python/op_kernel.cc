@@ -5,9 +5,11 @@
 #include <torch/csrc/utils/tensor_memoryformats.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
+#include <pybind11/complex.h>
 #include <torch/library.h>
 
 #include <atomic>
+#include <complex>
 #include <memory>
 #include <optional>
 #include <mutex>
@@ -349,6 +351,9 @@ void bind_op_kernels(py::module& m) {
   m.def("_register_index_error", &eager::register_index_error,
         "The id of an index error found on the device: (op, IndexError (else RuntimeError), CPU's message with "
         "{value} for the bad index).");
+  m.def("_index_status", &eager::index_status, py::arg("device"),
+        "The index-error status tensor of tpu device `device` (int64[2]: error id, first bad index), "
+        "which programs with device-side index checks update in place.");
   m.def("_raise_index_errors", [](int device) {
     py::gil_scoped_release nogil;
     eager::raise_index_errors(device);
@@ -357,6 +362,25 @@ void bind_op_kernels(py::module& m) {
         "Registers the C++ tpu kernels of copy_, _copy_from, _copy_from_and_resize and _local_scalar_dense, "
         "whose device-side copy is op kernel `copy_kernel`.");
   m.attr("COMPLEX32_ERROR") = kComplex32Error;
+  m.def(
+      "_scalar_operand_dtype",
+      [](const py::object& v, bool wide) {
+        c10::Scalar s;
+        if (py::isinstance<py::bool_>(v)) {
+          s = c10::Scalar(v.cast<bool>());
+        } else if (py::isinstance<py::int_>(v)) {
+          s = c10::Scalar(v.cast<int64_t>());
+        } else if (PyComplex_Check(v.ptr())) {
+          auto c = v.cast<std::complex<double>>();
+          s = c10::Scalar(c10::complex<double>(c.real(), c.imag()));
+        } else {
+          s = c10::Scalar(v.cast<double>());
+        }
+        return dtype_obj(eager::scalar_operand_dtype(s, wide));
+      },
+      py::arg("value"), py::arg("wide"),
+      "The dtype a python number takes as a Scalar operand of a program (eager keys and compiled "
+      "graphs alike): bool, int64, or float32/complex64 (float64/complex128 when `wide`).");
   m.def("_plan_cache_stats", [] {
     auto& c = eager::plan_cache();
     py::dict d;

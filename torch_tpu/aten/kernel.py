@@ -24,7 +24,7 @@ from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_
 
 from .. import _C, _state, runtime
 from ..lowering.builder import Builder, TensorType, Value
-from ..lowering.registry import Lowering, LoweringContext, NotLowered, fit, lower_arguments
+from ..lowering.registry import Lowering, LoweringContext, NotLowered, bounds_status, fit, lower_arguments
 from ..lowering.strided import _contiguous_strides, dense_order, is_whole, read_view, write_view
 from .launch import compile_entry_text, launch
 
@@ -353,9 +353,7 @@ class Kernel:
         return outs[0] if sig.num_returns == 1 else tuple(outs)
 
     def _bounds_status(self, b, f_vals, lowered, status):
-        """(this op's failure flag, the device's new status) for the lowering's index bounds. The
-        status is (error id, first bad index); the first error since the last synchronisation stays.
-        A bound's error id names its op and CPU's message (csrc/eager/index_errors.h)."""
+        """(this op's failure flag, the device's new status) for the lowering's index bounds."""
         by_id = {}
         for real, low in zip(f_vals, lowered):
             if isinstance(real, list):
@@ -363,33 +361,9 @@ class Kernel:
                     by_id[id(r)] = v
             else:
                 by_id[id(real)] = low
-        i64 = torch.int64
-        code, value, failed = b.constant(0, i64), b.constant(0, i64), None
-        for bd in reversed(self.lowering.bounds(*f_vals)):
-            idx = by_id.get(id(bd.index))
-            if idx is None or idx.type.numel == 0:
-                continue
-            n = idx.type.numel
-            flat = b.reshape(b.convert(idx, i64), [n])
-            bad = b.or_(b.compare(flat, b.full_like(flat, bd.size), "GE"),
-                        b.compare(flat, b.full_like(flat, -bd.size if bd.negative_ok else 0), "LT"))
-            if bd.ignore is not None:
-                bad = b.and_(bad, b.compare(flat, b.full_like(flat, bd.ignore), "NE"))
-            pos = b.select(bad, b.iota([n], 0), b.full_like(flat, n))
-            first = b.reduce([pos], [b.constant(n, i64)], [0], lambda rb, x, y: [rb.minimum(x, y)])[0]
-            hit = b.compare(first, b.constant(n, i64), "LT")
-            at = b.reshape(b.dynamic_slice(flat, [b.minimum(first, b.constant(n - 1, i64))], [1]), [])
-            ov = self.sig.overload
-            op = ov._schema.name + ("" if ov._overloadname == "default" else "." + ov._overloadname)
-            ident = _C._register_index_error(op, bd.error is IndexError, bd.message)
-            code = b.select(hit, b.constant(ident, i64), code)
-            value = b.select(hit, at, value)
-            failed = hit if failed is None else b.or_(hit, failed)
-        if failed is None:
-            return None, None
-        new = b.concatenate([b.reshape(code, [1]), b.reshape(value, [1])], 0)
-        earlier = b.compare(b.reshape(b.slice(status, [0], [1]), []), b.constant(0, i64), "NE")
-        return failed, b.select(b.broadcast_to(earlier, (2,)), status, new)
+        ov = self.sig.overload
+        op = ov._schema.name + ("" if ov._overloadname == "default" else "." + ov._overloadname)
+        return bounds_status(b, self.lowering.bounds(*f_vals), lambda t: by_id.get(id(t)), op, status)
 
     def _cpu_strides(self, value_meta, f_vals):
         """Per functional result: the strides CPU gives it (the meta kernel's, or the lowering's

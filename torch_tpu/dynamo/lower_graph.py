@@ -16,9 +16,11 @@ Input mutation (`copy_` into a placeholder at the end of an inference graph, e.g
 step): the program writes the new value into the input's storage, donating the old buffer.
 Random ops take the default tpu generator's (seed, offset) as one runtime operand; each random node
 draws from its own offset, advanced by its output size as in eager.
-Index checks (`check=` of a lowering) run on the real inputs when the checked tensors are graph
-inputs; on intermediate values they cannot run (the values exist only inside the program) and are
-skipped: out-of-range indices then clamp, as XLA does.
+Index bounds (`bounds=` of a lowering) are checked inside the program, on graph inputs and
+intermediate values alike: the device's index-error status tensor is one more input, written in
+place, and a bad index keeps every input the graph writes unchanged (the error surfaces at the next
+synchronisation, as in eager). Host checks (`check=`) run on the real inputs when the checked
+tensors are graph inputs; on intermediate values they cannot run and are skipped.
 """
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ from .. import _C, _state, runtime
 from ..aten.kernel import _Signature
 from ..lowering.builder import Builder, TensorType, Value
 from ..lowering.overloads import overload_name, resolve
-from ..lowering.registry import LoweringContext, fit, lower_arguments
+from ..lowering.registry import LoweringContext, bounds_status, fit, lower_arguments
 from ..lowering.strided import dense_order
 from .host_part import HostPart
 
@@ -161,6 +163,12 @@ class GraphProgram:
         self.ph_arg = {}        # placeholder index -> program argument position
         self.rng_draws = 0
         self.checks = []        # (check fn, args with ("in", i) markers, what its key covers)
+        # Device-side index checks (lowerings' `bounds`): the device's status tensor is one more
+        # input, written in place; `failed` (any bad index) keeps every written input unchanged.
+        self.status_ph = None   # its input index (after the graph's own), when some node checks
+        self.status_device = None
+        self.status = None      # its Value after the nodes lowered so far
+        self.failed = None
         # Content keys of argument sets that passed their checks: a training loop feeding the same
         # index tensor again skips the host sync. Storage addresses are never reused and every write
         # bumps a tensor's version counter, so an unchanged key means unchanged data.
@@ -214,15 +222,7 @@ class GraphProgram:
                 return None
             if isinstance(v, torch.Tensor):
                 v = v.item()
-            if isinstance(v, bool):
-                dt = torch.bool
-            elif isinstance(v, int):
-                dt = torch.int64
-            elif isinstance(v, complex):
-                dt = torch.complex128 if self.wide else torch.complex64
-            else:
-                dt = torch.float64 if self.wide else torch.float32
-            c = b.constant(v, dt)
+            c = b.constant(v, _C._scalar_operand_dtype(v, self.wide))
             return Value(c.name, c.type, v)
 
         def rng_state(draws):
@@ -320,6 +320,11 @@ class GraphProgram:
                 self.out_plan.append(("prog", k))
         self.mutations = []      # (placeholder index, program result index)
         self.donated = set()     # placeholder indices whose buffer the program consumes
+        if self.failed is not None:  # a bad index: every written input keeps its value
+            mutations = [(i, b.select(b.broadcast_to(self.failed, v.shape), value_of(placeholders[i]), v))
+                         for i, v in mutations]
+        if self.status is not None:
+            mutations.append((self.status_ph, self.status))
         for i, v in mutations:
             k = len(results)
             results.append(b.reshape(v, [v.type.numel]))
@@ -430,8 +435,10 @@ class GraphProgram:
                 and v.meta["val"].dtype == torch.bool for vs in vals for v in (vs if isinstance(vs, list) else [vs])):
             raise Unsupported(f"aten::{overload_name(node.target)}", node, "with a boolean mask (data-dependent "
                               "shape) is not supported inside a graph")
-        if low.graph_check is not None:
-            self._record_check(low.graph_check, vals, sig, node)
+        if low.check is not None:
+            self._record_check(low.check, vals, sig, node)
+        if low.bounds is not None:
+            self._device_bounds(low, node, l_vals, args)
         result = low.fn(ctx, *args)
         if result is None:
             result = []
@@ -451,6 +458,41 @@ class GraphProgram:
         if isinstance(val, torch.Tensor):
             return fixed[0]
         return fixed
+
+    def _device_bounds(self, low, node, vals, args):
+        """Adds the node's index checks to the program (registry.bounds_status), on the FakeTensors'
+        shapes: a bad index sets the device's status and keeps the graph's writes from landing."""
+        metas, by_id = [], {}
+        for v, a in zip(vals, args):
+            items = v if isinstance(v, list) else [v]
+            lows = a if isinstance(v, list) else [a]
+            got = []
+            for t, lv in zip(items, lows):
+                m = t.meta.get("val") if isinstance(t, torch.fx.Node) else t
+                if isinstance(m, torch.Tensor):
+                    by_id[id(m)] = lv
+                got.append(m)
+            metas.append(got if isinstance(v, list) else got[0])
+        bounds = low.bounds(*metas)
+        idx = next((bd.index for bd in bounds if isinstance(bd.index, torch.Tensor)), None)
+        if idx is None or any(not isinstance(bd.size, int) for bd in bounds):
+            return
+        if idx.device.type != "tpu":
+            return
+        if self.status is None:
+            b = self.b
+            self.status_ph = self.num_inputs
+            self.status_device = idx.device.index or 0
+            self.ph_devices.append("tpu")
+            a = b.arg(TensorType((2,), torch.int64))
+            self.ph_arg[self.status_ph] = len(self.arg_plan)
+            self.arg_plan.append(("in", self.status_ph))
+            self.status = a
+        failed, status = bounds_status(self.b, bounds, lambda t: by_id.get(id(t)), f"aten::{overload_name(node.target)}",
+                                       self.status)
+        if failed is not None:
+            self.status = status
+            self.failed = failed if self.failed is None else self.b.or_(self.failed, failed)
 
     def _record_check(self, check, vals, sig, node):
         """Runs `check` at call time when every tensor it reads is a graph input."""
@@ -492,6 +534,8 @@ class GraphProgram:
     def __call__(self, args):
         real = list(args)
         args.clear()  # boxed calling convention: inputs may be freed as soon as they are used
+        if self.status_ph is not None:
+            real.append(_C._index_status(self.status_device))
         for n, (check, template, keyed) in enumerate(self.checks):
             key = _C._content_key([real[x] if isinstance(x, int) else x for x in keyed])
             key = None if key is None else (n, key)
@@ -508,9 +552,10 @@ class GraphProgram:
         produced, copied = self.runner(real, packs)
         if _state.eager_mode() == "debug":
             try:
-                _C._synchronize(-1)
+                _C._synchronize(-1, index_errors=False)
             except RuntimeError as e:
                 raise RuntimeError(f"tpu: compiled {self.name} graph failed: {e}") from None
+            _C._raise_index_errors(-1)  # CPU's own error type and message, naming the op
         _state.count("graph_executions")
         for i, k in self.mutations if copied else self.host_side_mutations:
             if produced[k] is not real[i]:  # a copied input, or one on the host: write back

@@ -58,24 +58,6 @@ def _host(idx):
     return idx.detach().cpu().long().reshape(-1)
 
 
-def _bounds(idx, size, dim, negative_ok, error):
-    """Raises error(value, dim, size) for the first index outside [-size, size) or [0, size)."""
-    if idx is None or idx.numel() == 0:
-        return
-    h = _host(idx)
-    bad = (h >= size) | (h < (-size if negative_ok else 0))
-    if bool(bad.any()):
-        raise error(int(h[bad.nonzero()[0, 0]]), dim, size)
-
-
-def _oob(v, d, n):
-    return RuntimeError(f"index {v} is out of bounds for dimension {d} with size {n}")
-
-
-def _oob_index(v, d, n):
-    return IndexError(f"index {v} is out of bounds for dimension {d} with size {n}")
-
-
 def _dim(d, rank):
     return d % rank if rank else 0
 
@@ -112,7 +94,6 @@ def _identity(name, dtype):
 
 
 # -- index_select / gather / scatter -----------------------------------------------------------------
-@check_reads('index')
 def _index_select_bounds(x, dim, index):
     d = _dim(dim, x.dim())
     size = x.shape[d] if x.dim() else 1
@@ -140,7 +121,6 @@ def index_select(ctx, x, dim, index):
                     index_vector_dim=1, slice_sizes=sizes, out_shape=out)
 
 
-@check_reads('index')
 def _gather_bounds(x, dim, index, *rest, **kw):
     d = _dim(dim, x.dim())
     n = x.shape[d] if x.dim() else 1
@@ -225,7 +205,6 @@ def scatter_reduce(ctx, x, dim, index, src, reduce, include_self=True):
 
 
 # -- embedding ------------------------------------------------------------------------------------------
-@check_reads('indices')
 def _embedding_bounds(weight, indices, *rest):
     return [IndexBound(indices, weight.shape[0], IndexError, "index out of range in self")]
 
@@ -361,7 +340,6 @@ def _prepare_index_put(x, indices, values, accumulate=False, *rest):
     return [x, _prepare_indices(x, indices), values, accumulate, *rest]
 
 
-@check_reads('indices')
 def _index_bounds(x, indices, *rest):
     """Advanced indexing's index tensors (bool masks already turned into long indices by
     `prepare`); what shapes and dtypes alone make wrong is raised here."""
@@ -446,13 +424,19 @@ def _along(ctx, x, dim, index, src, combine):
                      scatter_dims_to_operand_dims=[d], index_vector_dim=1, combine=combine)
 
 
-@check_reads('index')
-def _check_index_add(x, dim, index, source, alpha=1):
-    d = _dim(dim, x.dim())
-    _bounds(index, x.shape[d] if x.dim() else 1, d, False, _oob)
+def _along_bounds(error, message, negative_ok=False):
+    """`bounds` of an op that indexes x along dim (x, dim, index, ...): CPU's `error`, whose
+    `message` may name {dim} and {size} besides the bad {value}."""
+    def bounds(x, dim, index, *rest):
+        d = _dim(dim, x.dim())
+        n = x.shape[d] if x.dim() else 1
+        return [IndexBound(index, n, error, message.replace("{dim}", str(d)).replace("{size}", str(n)),
+                           negative_ok=negative_ok)]
+    return bounds
 
 
-@register("index_add", check=_check_index_add)
+@register("index_add", bounds=_along_bounds(RuntimeError, "index {value} is out of bounds for dimension {dim} with "
+                                                          "size {size}"))
 def index_add(ctx, x, dim, index, source, alpha=None):
     """x + alpha * source's slices at index, added one by one in x's dtype: CPU rounds alpha * source
     and every addition to a half-precision result, so duplicate indices accumulate as there."""
@@ -465,25 +449,15 @@ def index_add(ctx, x, dim, index, source, alpha=None):
     return _along(ctx, b.convert(x, dt), dim, index, b.convert(src, dt), _combine_fn("sum", dt))
 
 
-@check_reads('index')
-def _check_index_copy(x, dim, index, source):
-    d = _dim(dim, x.dim())
-    _bounds(index, x.shape[d] if x.dim() else 1, d, False,
-            lambda v, dd, n: IndexError(f"index_copy_(): index {v} is out of bounds for dimension {dd} with size {n}"))
-
-
-@register("index_copy", check=_check_index_copy)
+@register("index_copy", bounds=_along_bounds(IndexError, "index_copy_(): index {value} is out of bounds for "
+                                                         "dimension {dim} with size {size}"))
 def index_copy(ctx, x, dim, index, source):
     return _along(ctx, x, dim, index, ctx.b.convert(source, x.dtype), None)
 
 
-@check_reads('index')
-def _check_index_fill(x, dim, index, value):
-    d = _dim(dim, x.dim())
-    _bounds(index, x.shape[d] if x.dim() else 1, d, True, _oob_index)
-
-
-@register("index_fill.int_Scalar", "index_fill.int_Tensor", check=_check_index_fill)
+@register("index_fill.int_Scalar", "index_fill.int_Tensor",
+          bounds=_along_bounds(IndexError, "index {value} is out of bounds for dimension {dim} with size {size}",
+                               negative_ok=True))
 def index_fill(ctx, x, dim, index, value):
     """A select with the mask `position along dim is among index` (no scatter needed)."""
     b = ctx.b
@@ -510,21 +484,17 @@ def masked_fill(ctx, x, mask, value):
 
 
 # -- take / put / masked_scatter ----------------------------------------------------------------------
-def _check_flat(x, index, *rest):
+def _flat_bounds(x, index, *rest):
     n = x.numel()
-    if index.numel():
-        h = _host(index)
-        bad = (h >= n) | (h < -n)
-        if bool(bad.any()):
-            raise IndexError(f"out of range: tried to access index {int(h[bad.nonzero()[0, 0]])} on a tensor of "
-                             f"{n} elements.")
+    return [IndexBound(index, n, IndexError, f"out of range: tried to access index {{value}} on a tensor of {n} "
+                       "elements.", negative_ok=True)]
 
 
 def _flat_index(b, index, n):
     return b.reshape(_wrap(b, _i64(b, index), n), index.shape + (1,))
 
 
-@register("take", check=_check_flat)
+@register("take", bounds=_flat_bounds)
 def take(ctx, x, index):
     b = ctx.b
     e = _empty_out(ctx)
@@ -534,7 +504,7 @@ def take(ctx, x, index):
     return b.gather(b.reshape(x, [n]), _flat_index(b, index, n), [], [0], [0], index.rank, [1], index.shape)
 
 
-@register("put", check=_check_flat)
+@register("put", bounds=_flat_bounds)
 def put(ctx, x, index, source, accumulate=False):
     b = ctx.b
     n = x.type.numel
@@ -575,13 +545,7 @@ def masked_scatter(ctx, x, mask, source):
     return b.reshape(b.select(m, picked, flat), out.shape)
 
 
-@check_reads('index')
-def _check_index_reduce(x, dim, index, source, reduce, include_self=True):
-    d = _dim(dim, x.dim())
-    _bounds(index, x.shape[d] if x.dim() else 1, d, False, lambda v, dd, n: IndexError("index out of range in self"))
-
-
-@register("index_reduce", check=_check_index_reduce)
+@register("index_reduce", bounds=_along_bounds(IndexError, "index out of range in self"))
 def index_reduce(ctx, x, dim, index, source, reduce, include_self=True):
     """scatter_reduce's rules (identity reset when not include_self, mean floors for ints) on slices."""
     b = ctx.b

@@ -19,6 +19,7 @@ import torch
 
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
+from .. import _C
 from .builder import Builder, TensorType, Value
 
 
@@ -45,25 +46,11 @@ class Lowering:
     # Index arguments checked on the device, with no host sync: (*real arguments) -> [IndexBound].
     # Eager programs compute a flag beside their result and write nothing when it is set; the error
     # surfaces at the next synchronisation (debug mode: at the op). May raise for what shapes alone
-    # make wrong. Compiled graphs run them on the host (`graph_check`).
+    # make wrong. Compiled graphs check them on the device too (dynamo/lower_graph.py).
     bounds: Callable | None = None
     # Lowered only inside compiled graphs (views, view scatters, factories: functional.py); eager
     # runs these ops as metadata kernels or composites and registers no kernel for them.
     graph_only: bool = False
-
-    @property
-    def graph_check(self) -> Callable | None:
-        """The host-side check a compiled graph runs at call time: `check`, or the bounds' check."""
-        if self.check is not None or self.bounds is None:
-            return self.check
-        bounds = self.bounds
-
-        def check(*args):
-            for bd in bounds(*args):
-                bd.check_on_host()
-        if hasattr(bounds, "reads"):
-            check.reads = bounds.reads
-        return check
 
 
 @dataclass
@@ -79,17 +66,39 @@ class IndexBound:
     negative_ok: bool = False
     ignore: int | None = None
 
-    def check_on_host(self):
-        """The same check with a host sync (compiled graphs)."""
-        idx = self.index
-        if idx is None or idx.numel() == 0:
-            return
-        h = idx.detach().cpu().long().reshape(-1)
-        bad = (h >= self.size) | (h < (-self.size if self.negative_ok else 0))
-        if self.ignore is not None:
-            bad &= h != self.ignore
-        if bool(bad.any()):
-            raise self.error(self.message.format(value=int(h[bad.nonzero()[0, 0]])))
+
+def bounds_status(b: Builder, bounds: list[IndexBound], value_of: Callable, op: str, status: Value):
+    """(failure flag, the device's new status), or (None, None) when no bound applies: the program
+    part that checks `bounds` on the device, for eager programs and compiled graphs alike.
+    value_of(bound.index) is the index's Value in the program (None: not checked). `status` is the
+    device's status tensor, int64[2] = (error id, first bad index); the first error since the last
+    synchronisation stays. The error ids name `op` ("aten::gather") and CPU's message
+    (csrc/eager/index_errors.h), which the host raises at its next synchronisation."""
+    i64 = torch.int64
+    code, value, failed = b.constant(0, i64), b.constant(0, i64), None
+    for bd in reversed(bounds):  # the first bound's error wins, as CPU checks them in order
+        idx = value_of(bd.index)
+        if idx is None or idx.type.numel == 0:
+            continue
+        n = idx.type.numel
+        flat = b.reshape(b.convert(idx, i64), [n])
+        bad = b.or_(b.compare(flat, b.full_like(flat, bd.size), "GE"),
+                    b.compare(flat, b.full_like(flat, -bd.size if bd.negative_ok else 0), "LT"))
+        if bd.ignore is not None:
+            bad = b.and_(bad, b.compare(flat, b.full_like(flat, bd.ignore), "NE"))
+        pos = b.select(bad, b.iota([n], 0), b.full_like(flat, n))
+        first = b.reduce([pos], [b.constant(n, i64)], [0], lambda rb, x, y: [rb.minimum(x, y)])[0]
+        hit = b.compare(first, b.constant(n, i64), "LT")
+        at = b.reshape(b.dynamic_slice(flat, [b.minimum(first, b.constant(n - 1, i64))], [1]), [])
+        ident = _C._register_index_error(op, bd.error is IndexError, bd.message)
+        code = b.select(hit, b.constant(ident, i64), code)
+        value = b.select(hit, at, value)
+        failed = hit if failed is None else b.or_(hit, failed)
+    if failed is None:
+        return None, None
+    new = b.concatenate([b.reshape(code, [1]), b.reshape(value, [1])], 0)
+    earlier = b.compare(b.reshape(b.slice(status, [0], [1]), []), b.constant(0, i64), "NE")
+    return failed, b.select(b.broadcast_to(earlier, (2,)), status, new)
 
 
 REGISTRY: dict[str, Lowering] = {}

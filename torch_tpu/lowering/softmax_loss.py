@@ -10,7 +10,7 @@ import torch
 
 from .elementwise import compute_dtype
 from .reduction import reduce_max, reduce_sum
-from .registry import IndexBound, check_reads, host_kernel, register
+from .registry import IndexBound, host_kernel, register
 
 _NONE, _MEAN, _SUM = 0, 1, 2
 
@@ -79,7 +79,6 @@ def log_softmax_backward(ctx, grad, output, dim, input_dtype):
 
 
 # -- nll_loss ---------------------------------------------------------------------------------------
-@check_reads('target')
 def _target_bounds(x, target, weight, reduction, ignore_index, *rest):
     classes = x.shape[1] if x.dim() >= 2 else x.shape[0]
     return [IndexBound(target, classes, IndexError, "Target {value} is out of bounds.", ignore=ignore_index)]
