@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <complex>
+#include <map>
 #include <memory>
 #include <optional>
 #include <mutex>
@@ -280,9 +281,11 @@ std::mutex g_mu;
 std::vector<OpKernel*> g_kernels;  // owned by the dispatcher's registrations (process lifetime)
 std::vector<std::unique_ptr<OpKernel>> g_undispatched;  // kernels called from Python only
 
-torch::Library& library() {
-  static auto* lib = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__,
-                                        __LINE__);
+// The PrivateUse1 IMPL library of an operator namespace ("aten", or a custom kernel's); caller holds g_mu.
+torch::Library& library(const std::string& ns) {
+  static auto* libs = new std::map<std::string, std::unique_ptr<torch::Library>>();
+  auto& lib = (*libs)[ns];
+  if (!lib) lib = std::make_unique<torch::Library>(torch::Library::IMPL, ns, c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
   return *lib;
 }
 
@@ -298,14 +301,17 @@ void run_op_kernel(int64_t id, torch::jit::Stack* stack) {
 }
 
 void bind_op_kernels(py::module& m) {
-  m.def("_register_op_kernel", [](const std::string& name, const std::string& overload, const std::string& kinds,
+  m.def("_register_op_kernel", [](const std::string& qualified, const std::string& overload, const std::string& kinds,
                                   bool host_inputs, bool default_generator, bool scalar_values_in_key,
                                   bool has_check, bool python_first, bool prepare_only_for_masks, bool has_bounds,
                                   bool dispatch, py::object py_kernel) {
-    auto op = c10::Dispatcher::singleton().findSchemaOrThrow(("aten::" + name).c_str(),
+    auto sep = qualified.find("::");
+    TORCH_CHECK(sep != std::string::npos, "_register_op_kernel: expected a qualified name (ns::op), got ", qualified);
+    const std::string ns = qualified.substr(0, sep), name = qualified.substr(sep + 2);
+    auto op = c10::Dispatcher::singleton().findSchemaOrThrow(qualified.c_str(),
                                                              overload == "default" ? "" : overload.c_str());
     const auto& schema = op.schema();
-    TORCH_CHECK(kinds.size() == schema.arguments().size(), "aten::", name, ": ", kinds.size(), " kinds for ",
+    TORCH_CHECK(kinds.size() == schema.arguments().size(), qualified, ": ", kinds.size(), " kinds for ",
                 schema.arguments().size(), " arguments");
     eager::Signature sig{kinds, host_inputs, default_generator, scalar_values_in_key, has_bounds};
     eager::OpFacts facts;
@@ -314,7 +320,7 @@ void bind_op_kernels(py::module& m) {
       if (alias && alias->isWrite()) facts.written.push_back(static_cast<int>(i));
     }
     facts.num_returns = schema.returns().size();
-    facts.name = "aten::" + name + (overload.empty() || overload == "default" ? "" : "." + overload);
+    facts.name = qualified + (overload.empty() || overload == "default" ? "" : "." + overload);
     std::lock_guard<std::mutex> g(g_mu);
     int64_t id = static_cast<int64_t>(g_kernels.size());
     auto kernel = std::make_unique<OpKernel>(id, op, std::move(sig), std::move(facts), has_check, python_first,
@@ -324,10 +330,10 @@ void bind_op_kernels(py::module& m) {
       g_undispatched.push_back(std::move(kernel));
       return id;
     }
-    library().impl((name + (overload.empty() || overload == "default" ? "" : "." + overload)).c_str(),
-                   torch::CppFunction::makeFromBoxedFunctor(std::move(kernel)));
+    library(ns).impl((name + (overload.empty() || overload == "default" ? "" : "." + overload)).c_str(),
+                     torch::CppFunction::makeFromBoxedFunctor(std::move(kernel)));
     return id;
-  }, "Registers the tpu kernel of aten::name.overload: C++ keying and plan cache, calling py_kernel._slow "
+  }, "Registers the tpu kernel of ns::name.overload (qualified: \"ns::name\"): C++ keying and plan cache, calling py_kernel._slow "
      "on a miss (and py_kernel(*args) first when python_first); dispatch=False registers nothing with the "
      "dispatcher (the kernel is run by _run_op_kernel only). kinds: one of T L S Q G V per schema "
      "argument (see csrc/eager/call.h). Returns the kernel's id.");

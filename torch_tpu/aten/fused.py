@@ -44,6 +44,8 @@ def _text(records, outputs):
     for entry, wiring, out_idx in records:
         if entry.uid not in funcs:
             funcs[entry.uid] = entry.fn_text.replace("@__OP__", f"@op{entry.uid}", 1)
+            for f in entry.functions:  # what the op calls (a custom kernel's functions), once
+                b.add_function(f, f)
         operands = []
         for (kind, i), t in zip(wiring, entry.arg_types):
             if kind == "c" and i in current:

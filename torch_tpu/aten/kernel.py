@@ -128,6 +128,7 @@ class _Entry:
     name: str = ""
     # For fused eager: the program as a private function "@__OP__", its argument and result types.
     fn_text: str = ""
+    functions: list = field(default_factory=list)  # private functions fn_text calls (custom kernels)
     arg_types: list = field(default_factory=list)
     result_types: list = field(default_factory=list)
     uid: int | None = None
@@ -271,7 +272,7 @@ class Kernel:
         kinds = "".join(_KIND_CODES[k] for k in self.sig.kinds)
         low = self.lowering
         self.id = _C._register_op_kernel(
-            ov._schema.name.split("::")[1], ov._overloadname, kinds, self.host_inputs,
+            ov._schema.name, ov._overloadname, kinds, self.host_inputs,
             low.rng and "G" not in self.sig.kinds, self.sized_by_scalars, low.check is not None,
             low.prepare is not None, low.prepare_only_for_masks, low.bounds is not None, dispatch, self)
 
@@ -581,5 +582,6 @@ class Kernel:
         absent = tuple(i for i, t in enumerate(out_types) if t is None)
         return _Entry(exe, plan, new_outputs, sinks, structure, rng_draws=draws, absent=absent, text=text,
                       name=self.name,
-                      fn_text=b.function("__OP__", outputs, public=False), arg_types=b.arg_types(),
+                      fn_text=b.function("__OP__", outputs, public=False), functions=b.functions,
+                      arg_types=b.arg_types(),
                       result_types=[v.type for v in outputs])

@@ -48,24 +48,29 @@ def register_lowerings():
     """Registers a Kernel for every eager lowering and its variants, then the lowering package's
     host kernels and meta functions (registry.HOST_KERNELS)."""
     for name, low in registry.REGISTRY.items():
-        if low.graph_only:
-            continue
-        f = overload(name)
-        host = name == "copy"
-        _impl(f, Kernel(f, low, f, host_inputs=host))
-        for k in variants(f):
-            kern = Kernel(k, low, f, host_inputs=host)
-            if host and k._schema.name == "aten::copy_":
-                # copy_, _copy_from, _copy_from_and_resize and _local_scalar_dense are C++ kernels
-                # (csrc/python/copies.cc) that run this lowered copy for the device side.
-                kern.register(dispatch=False)
-                KERNELS.append(kern)
-                _C._register_copy_ops(kern.id)
-                _registered[overload_name(k)] = kern
-            else:
-                _impl(k, kern)
+        if not low.graph_only:
+            register_lowering(name, low)
     for name, fn, key in registry.HOST_KERNELS:
         _register_fn(name, fn, key)
+
+
+def register_lowering(name: str, low) -> None:
+    """Registers the tpu kernel of the overload `name` (a registry key) computed by `low`, and those
+    of its in-place and out= variants (aten ops; a custom kernel's op has none)."""
+    f = overload(name)
+    host = name == "copy"
+    _impl(f, Kernel(f, low, f, host_inputs=host))
+    for k in variants(f) if f.namespace == "aten" else ():
+        kern = Kernel(k, low, f, host_inputs=host)
+        if host and k._schema.name == "aten::copy_":
+            # copy_, _copy_from, _copy_from_and_resize and _local_scalar_dense are C++ kernels
+            # (csrc/python/copies.cc) that run this lowered copy for the device side.
+            kern.register(dispatch=False)
+            KERNELS.append(kern)
+            _C._register_copy_ops(kern.id)
+            _registered[overload_name(k)] = kern
+        else:
+            _impl(k, kern)
 
 
 _active = threading.local()

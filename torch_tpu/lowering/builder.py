@@ -117,6 +117,7 @@ class Builder:
         self._args: list[tuple[Value, str]] = []
         self._donated: dict[str, int] = {}  # parameter name -> result index
         self._counter = counter if counter is not None else [0]
+        self._functions: dict[str, str] = {}  # private functions of the module (add_function)
 
     # -- plumbing ---------------------------------------------------------------------------------
     def _fresh(self) -> str:
@@ -133,6 +134,16 @@ class Builder:
         """Result `result` of @main may take over parameter `arg`'s buffer (XLA input/output
         aliasing: an in-place update does not double memory). Ignored when their types differ."""
         self._donated[arg.name] = result
+
+    def add_function(self, name: str, text: str) -> None:
+        """Adds the private func.func @name (its whole text, e.g. a custom kernel's StableHLO) to the
+        module, once; ops call it with `call`."""
+        self._functions.setdefault(name, text)
+
+    @property
+    def functions(self) -> list[str]:
+        """The texts of the functions added with add_function."""
+        return list(self._functions.values())
 
     def call(self, callee: str, operands: Sequence[Value], results: Sequence[TensorType]) -> list[Value]:
         """func.call of the private function @callee (a recorded op, in a fused program)."""
@@ -163,6 +174,7 @@ class Builder:
     def region(self, arg_types: Sequence[TensorType], body) -> str:
         """A single-block region: `body(builder, *block_args)` returns the values to return."""
         sub = Builder(self._counter)
+        sub._functions = self._functions  # a region's calls need their functions in the module
         args = [Value(sub._fresh(), t) for t in arg_types]
         results = body(sub, *args)
         if isinstance(results, Value):
@@ -187,8 +199,10 @@ class Builder:
                 f"    {ret}\n  }}")
 
     def module(self, results: Sequence[Value], functions: Sequence[str] = (), name: str = "torch_tpu") -> str:
-        """The module: @main returning `results`, and the private `functions` it calls."""
-        return f"module @{name} {{\n  " + "\n  ".join([self.function("main", results), *functions]) + "\n}\n"
+        """The module: @main returning `results`, and the private `functions` it calls (with those
+        added by add_function)."""
+        extra = [f for f in self._functions.values() if f not in functions]
+        return f"module @{name} {{\n  " + "\n  ".join([self.function("main", results), *functions, *extra]) + "\n}\n"
 
     def arg_types(self) -> list:
         return [v.type for v, _ in self._args]

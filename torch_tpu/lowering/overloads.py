@@ -15,15 +15,19 @@ from .registry import REGISTRY, Lowering
 
 
 def overload_name(op) -> str:
-    """Registry key of an OpOverload: "add.Tensor", "abs" (default overload: the bare name)."""
-    base = op._schema.name.split("::")[1]
+    """Registry key of an OpOverload: "add.Tensor", "abs" (default overload: the bare name); an op
+    outside aten keeps its namespace ("mylib::scale", a custom kernel's)."""
+    ns, base = op._schema.name.split("::")
+    base = base if ns == "aten" else f"{ns}::{base}"
     return base if op._overloadname == "default" else f"{base}.{op._overloadname}"
 
 
 def overload(name: str):
-    """The aten OpOverload of a registry key ("add.Tensor" -> torch.ops.aten.add.Tensor)."""
-    packet, _, ov = name.partition(".")
-    return getattr(getattr(torch.ops.aten, packet), ov or "default")
+    """The OpOverload of a registry key ("add.Tensor" -> torch.ops.aten.add.Tensor,
+    "mylib::scale" -> torch.ops.mylib.scale.default)."""
+    ns, _, rest = name.rpartition("::")
+    packet, _, ov = rest.partition(".")
+    return getattr(getattr(getattr(torch.ops, ns or "aten"), packet), ov or "default")
 
 
 def _arg_sig(op, skip=()):
@@ -64,7 +68,10 @@ def resolve(op) -> tuple[Lowering, tuple | None] | None:
     if op in _RESOLVED:
         return _RESOLVED[op]
     found = None
-    if op.namespace == "aten":
+    if op.namespace != "aten":
+        low = REGISTRY.get(overload_name(op))
+        found = None if low is None else (low, None)
+    else:
         name = overload_name(op)
         base, _, ov = name.partition(".")
         # registered under this name, or in-place only (uniform -> uniform_)

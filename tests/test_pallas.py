@@ -1,0 +1,163 @@
+"""Custom kernels: JAX functions and Pallas kernels as PyTorch operators on tpu tensors
+(torch_tpu.pallas), in every eager mode, under torch.compile and autograd. CPU (torch) is the
+reference for values."""
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import torch_tpu
+
+jax = pytest.importorskip("jax")
+jnp = jax.numpy
+pl = pytest.importorskip("jax.experimental.pallas")
+
+from torch_tpu.pallas import custom_jax_kernel, jax_op  # noqa: E402
+
+TPU = "tpu"
+
+
+def _axpy_kernel(x_ref, y_ref, o_ref):
+    o_ref[...] = x_ref[...] * 2 + y_ref[...]
+
+
+def _pallas_axpy(x, y):
+    return pl.pallas_call(_axpy_kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x, y)
+
+
+axpy = jax_op("tpu_test::axpy", _pallas_axpy)
+sin_sq = jax_op("tpu_test::sin_sq", lambda a: (jnp.sin(a), a * a))
+
+
+def test_pallas_kernel_runs_on_tpu_tensors_and_is_cached():
+    x, y = torch.randn(8, 128), torch.randn(8, 128)
+    out = axpy(x.to(TPU), y.to(TPU))
+    assert out.device.type == "tpu" and out.shape == (8, 128)
+    torch.testing.assert_close(out.cpu(), 2 * x + y)
+    before = torch_tpu.runtime.cache_stats()
+    plans = torch_tpu._C._plan_cache_stats()["misses"]
+    for _ in range(3):
+        out = axpy(y.to(TPU), x.to(TPU))
+    torch.testing.assert_close(out.cpu(), 2 * y + x)
+    assert torch_tpu.runtime.cache_stats()["misses"] == before["misses"]  # nothing compiled again
+    assert torch_tpu._C._plan_cache_stats()["misses"] == plans             # the C++ plan cache hit
+
+
+def test_views_and_multiple_outputs():
+    base = torch.randn(6, 8)
+    s, q = sin_sq(base.to(TPU).t()[1:5])  # a strided view is read as eager ops read it
+    ref = base.t()[1:5]
+    torch.testing.assert_close(s.cpu(), torch.sin(ref))
+    torch.testing.assert_close(q.cpu(), ref * ref)
+
+
+def test_default_backward_is_jax_vjp():
+    a = torch.randn(5, 3, requires_grad=True)
+    at = a.detach().to(TPU).requires_grad_()
+    s, q = sin_sq(at)
+    (s.sum() + (q * 3).sum()).backward()
+    s0, q0 = torch.sin(a), a * a
+    (s0.sum() + (q0 * 3).sum()).backward()
+    torch.testing.assert_close(at.grad.cpu(), a.grad)
+
+
+def test_register_autograd_overrides_the_vjp():
+    op = jax_op("tpu_test::double", lambda a: a * 2)
+    op.register_autograd(lambda ctx, grads: ([grads[0] * 100],))
+    a = torch.ones(3, device=TPU, requires_grad=True)
+    op(a).sum().backward()
+    torch.testing.assert_close(a.grad.cpu(), torch.full((3,), 100.0))
+
+
+def test_static_arguments_are_keyed():
+    scale = custom_jax_kernel(lambda x, s, n: x * s + n, name="tpu_test::scale")
+    x = torch.randn(4)
+    torch.testing.assert_close(scale(x.to(TPU), 3.0, 1).cpu(), x * 3 + 1)
+    torch.testing.assert_close(scale(x.to(TPU), 0.5, 2).cpu(), x * 0.5 + 2)
+
+
+def test_donation_updates_the_input_in_place():
+    acc = jax_op("tpu_test::acc", lambda a, b: a + b, donate_argnums=(0,))
+    a = torch.zeros(4, device=TPU)
+    view_before = a[1:]
+    r = acc(a, torch.ones(4, device=TPU))
+    assert r is a
+    torch.testing.assert_close(a.cpu(), torch.ones(4))
+    torch.testing.assert_close(view_before.cpu(), torch.ones(3))  # the storage itself was updated
+    pallas_acc = custom_jax_kernel(
+        lambda o, x: pl.pallas_call(lambda o_ref, x_ref, out_ref: out_ref.__setitem__(..., o_ref[...] + x_ref[...]),
+                                    out_shape=jax.ShapeDtypeStruct(o.shape, o.dtype),
+                                    input_output_aliases={0: 0})(o, x),
+        name="tpu_test::pallas_acc", input_output_aliases={0: 0})
+    pallas_acc(a, torch.full((4,), 2.0, device=TPU))
+    torch.testing.assert_close(a.cpu(), torch.full((4,), 3.0))
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused", "debug"])
+def test_every_eager_mode(mode):
+    x, y = torch.randn(8, 128), torch.randn(8, 128)
+    with torch_tpu.eager_mode(mode):
+        before = torch_tpu.metrics.counters()["fused_ops"]
+        out = (axpy(x.to(TPU) * 2, y.to(TPU)) + 1).relu()
+        recorded = torch_tpu.metrics.counters()["fused_ops"] - before
+        got = out.cpu()
+    torch.testing.assert_close(got, (4 * x + y + 1).relu())
+    if mode == "fused":
+        assert recorded >= 3  # the kernel is one op of the fused run, between its neighbours
+
+
+def test_inlined_into_compiled_graphs_forward_and_backward():
+    x, y = torch.randn(8, 128), torch.randn(8, 128)
+    f = torch.compile(lambda u, v: axpy(u * 1.5, v).relu(), backend="tpu", fullgraph=True)
+    torch.testing.assert_close(f(x.to(TPU), y.to(TPU)).cpu(), (3 * x + y).relu())
+    assert "func.call" in torch_tpu.dynamo.last_stablehlo()  # one module: XLA fuses around the kernel
+
+    def g(u):
+        s, q = sin_sq(u * 2)
+        return (s * q).sum()
+
+    xt = x.to(TPU).requires_grad_()
+    graphs = torch_tpu.metrics.counters()["compiled_graphs"]
+    out = torch.compile(g, backend="tpu", fullgraph=True)(xt)
+    out.backward()
+    xc = x.clone().requires_grad_()
+    ref = (torch.sin(xc * 2) * (xc * 2) ** 2).sum()
+    ref.backward()
+    torch.testing.assert_close(out.cpu(), ref.detach(), rtol=1e-4, atol=1e-3)
+    torch.testing.assert_close(xt.grad.cpu(), xc.grad, rtol=1e-4, atol=1e-4)
+    assert torch_tpu.metrics.counters()["compiled_graphs"] == graphs + 2  # forward and backward
+    assert "_vjp" in torch_tpu.dynamo.last_stablehlo() or "func.call" in torch_tpu.dynamo.last_stablehlo()
+
+
+def test_a_kernel_jax_cannot_differentiate_says_to_register_autograd():
+    x = torch.randn(8, 128, device=TPU, requires_grad=True)
+    out = axpy(x, x.detach())
+    with pytest.raises(RuntimeError, match="register_autograd"):
+        out.sum().backward()
+
+
+def test_errors_are_clear_and_change_nothing():
+    with pytest.raises(RuntimeError, match="runs on tpu tensors, and argument 0 is on cpu"):
+        axpy(torch.randn(8, 128), torch.randn(8, 128))
+    bad = jax_op("tpu_test::bad", lambda a: jnp.dot(a, a))
+    with pytest.raises(RuntimeError, match=r"could not trace tpu_test::bad[\s\S]*TypeError"):
+        bad(torch.randn(3, 4, device=TPU))
+    with pytest.raises(ValueError, match="namespace::name"):
+        jax_op("no_namespace", lambda a: a)
+    acc = jax_op("tpu_test::acc2", lambda a, b: (a + b).astype(jnp.float32), donate_argnums=(0,))
+    a = torch.zeros(4, dtype=torch.float16, device=TPU)
+    with pytest.raises(ValueError, match="same shape and dtype"):
+        acc(a, torch.ones(4, dtype=torch.float16, device=TPU))
+    torch.testing.assert_close(a.cpu(), torch.zeros(4, dtype=torch.float16))
+
+
+def test_import_torch_tpu_does_not_import_jax_and_missing_jax_says_what_to_install():
+    prog = ("import sys, torch, torch_tpu; assert 'jax' not in sys.modules, 'jax imported';"
+            "sys.modules['jax'] = None\n"
+            "from torch_tpu.pallas import jax_op\n"
+            "try:\n    jax_op('t::f', lambda a: a)(torch.ones(2, device='tpu'))\n"
+            "except ImportError as e:\n    print('IMPORT-ERROR', e)\n")
+    r = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "IMPORT-ERROR" in r.stdout and "torch_tpu[kernels]" in r.stdout

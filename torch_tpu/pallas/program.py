@@ -1,0 +1,107 @@
+"""A JAX function lowered to StableHLO for one call signature, as functions of OUR programs.
+
+JAX traces the function for the argument shapes and dtypes (and the static arguments' values) and
+lowers it for the platform the PJRT plugin runs: Pallas calls in interpret mode (plain StableHLO)
+where the platform cannot compile Mosaic kernels (the CPU plugin), natively otherwise. The module's
+functions are renamed into a namespace of their own (a hash of the module text, so the same kernel
+has the same names, and the same disk-cached executables, in every process), made private, and
+stripped of JAX's argument/result attributes; a lowering then adds them to whatever program calls
+the kernel (an eager op, a fused run, a compiled graph) and calls the renamed entry function. One
+lowering per signature: a second call with the same shapes traces and compiles nothing.
+"""
+from __future__ import annotations
+
+import hashlib
+import threading
+import warnings
+
+import torch
+
+from .. import runtime
+from ..lowering.builder import TensorType
+from . import _jax
+
+_CACHE: dict = {}
+_LOCK = threading.Lock()
+_WARNED_INTERPRET = [False]
+
+
+def jax_platform() -> str:
+    """The JAX lowering platform of the PJRT plugin torch_tpu runs on: "cpu", "cuda" or "tpu"."""
+    name = runtime.platform().lower()
+    return "cuda" if name in ("cuda", "gpu") else name
+
+
+class JaxProgram:
+    """`fn` lowered for arguments of `in_types` (TensorType, in order) with `statics` bound.
+
+    Attributes: entry (the renamed public function), functions (private func.func texts),
+    out_types (TensorType per flat output), out_tree (JAX's tree of the outputs), interpreted
+    (Pallas calls lowered in interpret mode)."""
+
+    def __init__(self, name: str, fn, in_types: list[TensorType], statics: tuple, jit_kwargs: dict):
+        jax = _jax.require()
+        from jax._src.lib.mlir import ir
+        platform = jax_platform()
+        self.interpreted = platform != "tpu"
+        specs = [jax.ShapeDtypeStruct(t.shape, _jax.jax_dtype(t.dtype)) for t in in_types]
+        wide = any(t.dtype in (torch.float64, torch.int64, torch.complex128, torch.uint64) for t in in_types)
+        try:
+            with _jax.lowering_context(wide, self.interpreted):
+                bound = (lambda *a: fn(*a, *statics)) if statics else fn
+                traced = jax.jit(bound, **jit_kwargs).trace(*specs)
+                lowered = traced.lower(lowering_platforms=(platform,))
+        except Exception as e:
+            hint = ""
+            if name.endswith("_vjp"):
+                hint = (f"\n(This is the backward of {name[:-4]}, JAX's vjp of its function. JAX cannot "
+                        "differentiate some functions, e.g. a pallas_call without a custom_vjp: give the operator "
+                        "a backward with register_autograd.)")
+            raise RuntimeError(f"torch_tpu.pallas: JAX could not trace {name} for arguments "
+                               f"{[(tuple(t.shape), t.dtype) for t in in_types]}: {type(e).__name__}: {e}{hint}") from e
+        if self.interpreted and "pallas_call" in str(traced.jaxpr) and not _WARNED_INTERPRET[0]:
+            _WARNED_INTERPRET[0] = True
+            warnings.warn(f"torch_tpu.pallas: the {platform} platform cannot compile Pallas (Mosaic) kernels; "
+                          "they run in Pallas's interpret mode (plain StableHLO), correct but not fast.",
+                          stacklevel=4)
+        self.out_tree = lowered.out_tree
+        self.out_types = [TensorType(tuple(o.shape), _jax.torch_dtype(o.dtype)) for o in lowered.out_info_flat] \
+            if hasattr(lowered, "out_info_flat") else \
+            [TensorType(tuple(o.shape), _jax.torch_dtype(o.dtype)) for o in jax.tree_util.tree_leaves(lowered.out_info)]
+        module = lowered.compiler_ir("stablehlo")
+        with module.context:
+            text = module.operation.get_asm(enable_debug_info=False)
+            prefix = "k" + hashlib.sha256(f"{name}\n{text}".encode()).hexdigest()[:16] + "_"
+            table = ir.SymbolTable(module.operation)
+            ops = list(module.body.operations)
+            for op in ops:
+                old = ir.StringAttr(op.attributes["sym_name"]).value
+                ir.SymbolTable.replace_all_symbol_uses(old, prefix + old, module.operation)
+                ir.SymbolTable.set_symbol_name(op, prefix + old)
+                ir.SymbolTable.set_visibility(op, "private")
+                for attr in ("arg_attrs", "res_attrs"):
+                    if attr in op.attributes:
+                        del op.attributes[attr]
+            del table
+            self.functions = [op.operation.get_asm(enable_debug_info=False) for op in ops]
+        self.entry = prefix + "main"
+
+    def call(self, b, args):
+        """The kernel inside program `b`: its functions added, the entry called on `args` (Values of
+        in_types); returns one Value per flat output."""
+        for f in self.functions:
+            b.add_function(f, f)
+        return b.call(self.entry, args, self.out_types)
+
+
+def program(name: str, fn, in_types: list[TensorType], statics: tuple = (), jit_kwargs: dict | None = None,
+            key=None) -> JaxProgram:
+    """The cached JaxProgram of `fn` for this signature (`key` names fn in the cache: the op)."""
+    k = (key if key is not None else fn, tuple(in_types), statics)
+    p = _CACHE.get(k)
+    if p is None:
+        with _LOCK:
+            p = _CACHE.get(k)
+            if p is None:
+                p = _CACHE[k] = JaxProgram(name, fn, list(in_types), statics, dict(jit_kwargs or {}))
+    return p
