@@ -161,3 +161,96 @@ def test_import_torch_tpu_does_not_import_jax_and_missing_jax_says_what_to_insta
     r = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "IMPORT-ERROR" in r.stdout and "torch_tpu[kernels]" in r.stdout
+
+
+def test_tokamax_kernels_through_custom_jax_kernel():
+    tokamax = pytest.importorskip("tokamax")
+    from absl import flags
+    if not flags.FLAGS.is_parsed():  # tokamax reads absl flags, which would parse pytest's argv
+        flags.FLAGS(["pytest"])
+    # implementation="xla": the default autotunes, parsing absl flags from sys.argv (pytest's)
+    attn = custom_jax_kernel(lambda q, k, v: tokamax.dot_product_attention(q, k, v, implementation="xla"),
+                             name="tpu_test::tk_attn")
+    q, k, v = (torch.randn(2, 16, 4, 32) for _ in range(3))
+    ref = torch.nn.functional.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v))).transpose(1, 2)
+    torch.testing.assert_close(attn(q.to(TPU), k.to(TPU), v.to(TPU)).cpu(), ref, atol=1e-4, rtol=1e-4)
+    rd = custom_jax_kernel(lambda a, b, g: tokamax.ragged_dot(a, b, g), name="tpu_test::tk_ragged_dot")
+    lhs, rhs, sizes = torch.randn(12, 8), torch.randn(3, 8, 5), torch.tensor([4, 5, 3], dtype=torch.int32)
+    ref = torch.cat([lhs[0:4] @ rhs[0], lhs[4:9] @ rhs[1], lhs[9:12] @ rhs[2]])
+    torch.testing.assert_close(rd(lhs.to(TPU), rhs.to(TPU), sizes.to(TPU)).cpu(), ref, atol=1e-4, rtol=1e-4)
+    ln = custom_jax_kernel(lambda x, s, b: tokamax.layer_norm(x, s, b), name="tpu_test::tk_layer_norm")
+    x, s, b = torch.randn(4, 64), torch.randn(64), torch.randn(64)
+    torch.testing.assert_close(ln(x.to(TPU), s.to(TPU), b.to(TPU)).cpu(),
+                               torch.nn.functional.layer_norm(x, (64,), s, b), atol=1e-4, rtol=1e-4)
+
+
+try:
+    import helion
+    import helion.language as hl
+except ImportError:  # the kernels extra brings it
+    helion = None
+
+if helion is not None:
+    @helion.kernel(backend="pallas", config=helion.Config(block_sizes=[8, 128]))
+    def helion_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(x)
+        for tile in hl.tile(out.size()):
+            out[tile] = x[tile] + y[tile]
+        return out
+
+
+def test_helion_pallas_kernel_runs_through_its_own_launcher():
+    """Helion's Pallas launcher imports torch_tpu._internal.pallas.pallas (JaxCallable,
+    jax_placeholder) and torch_tpu._internal.utils.hardware: it runs unchanged on tpu tensors."""
+    if helion is None:
+        pytest.skip("helion is not installed (pip install 'torch_tpu[kernels]')")
+    x, y = torch.randn(16, 256), torch.randn(16, 256)
+    out = helion_add(x.to(TPU), y.to(TPU))
+    assert out.device.type == "tpu"
+    torch.testing.assert_close(out.cpu(), x + y)
+
+
+def test_internal_names_google_documents():
+    from torch_tpu._internal.pallas import custom_jax_kernel as ck, jax_op as jo
+    from torch_tpu._internal.pallas.pallas import JaxCallable, jax_placeholder
+    assert jo is jax_op and ck is custom_jax_kernel
+    assert jax_placeholder(torch.empty(3, 4, dtype=torch.bfloat16)) == jax.ShapeDtypeStruct((3, 4), jnp.bfloat16)
+
+    def kernel(x_ref, acc_ref, o_ref):
+        o_ref[...] = acc_ref[...] + x_ref[...]
+
+    acc = torch.ones(4, device=TPU)
+    call = JaxCallable(name="acc", jit_fn=jax.jit(pl.pallas_call(kernel, out_shape=jax_placeholder(acc),
+                                                                 input_output_aliases={1: 0})),
+                       trace_key="acc", input_output_aliases={1: 0})
+    call(torch.full((4,), 2.0, device=TPU), acc)  # a pallas_call built before tracing: interpreted too
+    torch.testing.assert_close(acc.cpu(), torch.full((4,), 3.0))
+
+
+def test_tpu_torch_pallas_runs_serialized_modules():
+    """The registry PyTorch Inductor's tpu Pallas backend calls (a jax.export module on tpu tensors)."""
+    from torch_tpu._internal.pallas import tpu_torch_pallas as registry
+    spec = jax.ShapeDtypeStruct((8, 128), jnp.float32)
+    exported = jax.export.export(jax.jit(lambda a, b: (a * 2 + b, a.sum())), platforms=["cpu"])(spec, spec)
+    assert not registry.lookup_custom_kernel("k", "8x128")
+    registry.register_custom_kernel("k", "8x128", serialized_mlir_module=exported.mlir_module_serialized)
+    assert registry.lookup_custom_kernel("k", "8x128")
+    x, y = torch.randn(8, 128), torch.randn(8, 128)
+    out = registry.call_custom_kernel("k", "8x128", inputs=[x.to(TPU), y.to(TPU)],
+                                      output_shapes=[torch.empty(8, 128), torch.empty(())], donate_argnums=[])
+    torch.testing.assert_close(out[0].cpu(), 2 * x + y)
+    torch.testing.assert_close(out[1].cpu(), x.sum(), rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="the kernel takes"):
+        registry.call_custom_kernel("k", "8x128", inputs=[x.to(TPU)])
+    with pytest.raises(KeyError, match="not registered"):
+        registry.call_custom_kernel("k", "other", inputs=[])
+
+
+def test_torch_compile_without_a_backend_routes_tpu_graphs_to_the_tpu_backend():
+    """Inductor's tpu path emits Mosaic kernels, which compile only on a TPU: elsewhere a graph of tpu
+    tensors compiled with the default backend runs through backend "tpu" (README)."""
+    graphs = torch_tpu.metrics.counters()["compiled_graphs"]
+    f = torch.compile(lambda a, b: (a * 2 + axpy(a, b)).relu().sum(1))
+    x, y = torch.randn(8, 128), torch.randn(8, 128)
+    torch.testing.assert_close(f(x.to(TPU), y.to(TPU)).cpu(), (4 * x + y).relu().sum(1), rtol=1e-4, atol=1e-4)
+    assert torch_tpu.metrics.counters()["compiled_graphs"] == graphs + 1

@@ -197,6 +197,7 @@ def _busy_product(n=1400):
     return a, c
 
 
+@torch_tpu.eager_mode("strict")  # debug mode waits after every launch: nothing would still be running
 def test_inplace_update_of_a_busy_buffer_does_not_wait():
     """Donating a buffer that a running program still reads would make PJRT block the host until
     that program ends; the update then writes a fresh buffer instead (same storage, same values),

@@ -74,6 +74,34 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
+def _route_inductor_to_tpu() -> None:
+    """torch.compile(fn) with no backend (Inductor) on tpu tensors compiles with backend "tpu".
+
+    Inductor's own tpu path generates Pallas (Mosaic) kernels and runs them through
+    torch_tpu._internal.pallas.tpu_torch_pallas; Mosaic kernels compile only on a TPU. So where the
+    plugin is not a TPU, and on a TPU unless TORCH_TPU_INDUCTOR_PALLAS=1 asks for Inductor's kernels,
+    a graph with a tpu tensor among its inputs goes to our backend. Graphs of CPU or CUDA tensors stay
+    Inductor's."""
+    import os
+
+    import torch
+    wrapper = getattr(torch, "_TorchCompileInductorWrapper", None)
+    if wrapper is None or getattr(wrapper.__call__, "_torch_tpu_routed", False):
+        return
+    inductor_call = wrapper.__call__
+
+    def __call__(self, model_, inputs_, **kwargs):
+        if any(isinstance(t, torch.Tensor) and t.device.type == "tpu" for t in inputs_):
+            from .. import runtime
+            if runtime.platform().lower() != "tpu" or os.environ.get("TORCH_TPU_INDUCTOR_PALLAS") != "1":
+                return tpu_backend(model_, inputs_)
+        return inductor_call(self, model_, inputs_, **kwargs)
+    __call__._torch_tpu_routed = True
+    wrapper.__call__ = __call__
+
+
+_route_inductor_to_tpu()
+
 if _REGISTRY_MODULE in sys.modules:
     _register()
 else:

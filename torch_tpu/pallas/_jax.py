@@ -71,4 +71,31 @@ def lowering_context(wide: bool, interpret: bool):
         if interpret:
             prev = config.pallas_tpu_interpret_mode_context_manager.swap_local(True)
             stack.callback(config.pallas_tpu_interpret_mode_context_manager.set_local, prev)
+            _force_interpreted_pallas_lowering(stack)
         yield
+
+
+def _force_interpreted_pallas_lowering(stack: contextlib.ExitStack) -> None:
+    """A pallas_call built before tracing (Helion's launcher builds it, then jits it) carries
+    interpret=False from its construction, which the config above cannot change: while we lower,
+    pallas_call's lowering (the primitive's rule, and the function that Pallas's mpmd_map lowering
+    calls directly) interprets it. JAX internals: jax._src.pallas.pallas_call._pallas_call_lowering
+    and jax._src.interpreters.mlir's rule table; without them only calls built while tracing are
+    interpreted."""
+    try:
+        from jax._src.interpreters import mlir
+        from jax._src.pallas import pallas_call as module
+    except ImportError:
+        return
+    original = getattr(module, "_pallas_call_lowering", None)
+    if original is None:
+        return
+
+    def interpreted(ctx, *args, interpret=False, **params):
+        return original(ctx, *args, interpret=interpret or True, **params)
+    module._pallas_call_lowering = interpreted
+    stack.callback(setattr, module, "_pallas_call_lowering", original)
+    entry = mlir._lowerings.get(module.pallas_call_p)
+    if entry is not None:
+        mlir._lowerings[module.pallas_call_p] = mlir.LoweringRuleEntry(interpreted, entry.inline)
+        stack.callback(mlir._lowerings.__setitem__, module.pallas_call_p, entry)

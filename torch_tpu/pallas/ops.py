@@ -29,7 +29,7 @@ import torch
 from ..lowering import registry
 from ..lowering.builder import TensorType
 from . import _jax
-from .program import program
+from .program import ModuleProgram, program
 
 _NAMES = itertools.count()
 _LOCK = threading.Lock()
@@ -52,7 +52,7 @@ class JaxOp:
     (naming the op and JAX's message); no tensor is changed then."""
 
     def __init__(self, name: str, fn, donate: dict[int, int] | None = None, jit_kwargs: dict | None = None,
-                 vjp_of: "JaxOp | None" = None):
+                 vjp_of: "JaxOp | None" = None, autograd: bool = True):
         self.name = _check_name(name)
         self.fn = fn
         self.donate = dict(donate or {})
@@ -71,7 +71,7 @@ class JaxOp:
         registry.register(key)(self._lower)
         from ..aten import register
         register.register_lowering(key, registry.REGISTRY[key])
-        if not self.donate:
+        if autograd and not self.donate:
             self.op.register_autograd(self._backward, setup_context=self._setup_context)
         ns, _, op = name.partition("::")
         self.overload = getattr(getattr(torch.ops, ns), op).default
@@ -133,6 +133,8 @@ class JaxOp:
             return flat[0]
         if tree == "tuple":
             return tuple(flat)
+        if tree == "list":
+            return list(flat)
         return tree.unflatten(list(flat))
 
     # -- tracing ---------------------------------------------------------------------------------
@@ -240,6 +242,24 @@ class JaxOp:
         """Replaces the shape function (JAX's abstract evaluation by default)."""
         self.op.register_fake(fn)
         return fn
+
+
+class ModuleOp(JaxOp):
+    """A serialized StableHLO module (program.ModuleProgram) as the operator `name`: called with
+    tensors of its @main's argument types, returns a list of its results. No static arguments and
+    no autograd (its producer, e.g. Inductor, differentiates around it)."""
+
+    def __init__(self, name: str, serialized: bytes):
+        self.module = ModuleProgram(name, serialized)
+        super().__init__(name, None, autograd=False)
+
+    def _program(self, in_types, number):
+        if list(in_types) != self.module.in_types:
+            got = [(t.shape, t.dtype) for t in in_types]
+            want = [(t.shape, t.dtype) for t in self.module.in_types]
+            raise ValueError(f"{self.name}: called with arguments {got}; the kernel takes {want}")
+        self._out_trees.setdefault(number, "list")
+        return self.module
 
 
 def _structure(tree):

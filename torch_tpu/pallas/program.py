@@ -18,7 +18,7 @@ import warnings
 import torch
 
 from .. import runtime
-from ..lowering.builder import TensorType
+from ..lowering.builder import _ELEMENT, TensorType
 from . import _jax
 
 _CACHE: dict = {}
@@ -65,26 +65,11 @@ class JaxProgram:
                           "they run in Pallas's interpret mode (plain StableHLO), correct but not fast.",
                           stacklevel=4)
         self.out_tree = lowered.out_tree
-        self.out_types = [TensorType(tuple(o.shape), _jax.torch_dtype(o.dtype)) for o in lowered.out_info_flat] \
-            if hasattr(lowered, "out_info_flat") else \
-            [TensorType(tuple(o.shape), _jax.torch_dtype(o.dtype)) for o in jax.tree_util.tree_leaves(lowered.out_info)]
+        self.out_types = [TensorType(tuple(o.shape), _jax.torch_dtype(o.dtype))
+                          for o in jax.tree_util.tree_leaves(lowered.out_info)]
         module = lowered.compiler_ir("stablehlo")
         with module.context:
-            text = module.operation.get_asm(enable_debug_info=False)
-            prefix = "k" + hashlib.sha256(f"{name}\n{text}".encode()).hexdigest()[:16] + "_"
-            table = ir.SymbolTable(module.operation)
-            ops = list(module.body.operations)
-            for op in ops:
-                old = ir.StringAttr(op.attributes["sym_name"]).value
-                ir.SymbolTable.replace_all_symbol_uses(old, prefix + old, module.operation)
-                ir.SymbolTable.set_symbol_name(op, prefix + old)
-                ir.SymbolTable.set_visibility(op, "private")
-                for attr in ("arg_attrs", "res_attrs"):
-                    if attr in op.attributes:
-                        del op.attributes[attr]
-            del table
-            self.functions = [op.operation.get_asm(enable_debug_info=False) for op in ops]
-        self.entry = prefix + "main"
+            self.entry, self.functions = _import(module, name)
 
     def call(self, b, args):
         """The kernel inside program `b`: its functions added, the entry called on `args` (Values of
@@ -92,6 +77,66 @@ class JaxProgram:
         for f in self.functions:
             b.add_function(f, f)
         return b.call(self.entry, args, self.out_types)
+
+
+def _import(module, name: str) -> tuple[str, list[str]]:
+    """(entry, private func.func texts) of an MLIR StableHLO module (its context entered): every
+    function renamed into the namespace k<hash of name and text>_, made private, and stripped of
+    argument/result attributes (JAX's result names, shardings, donation hints only mean something on
+    a program's own @main)."""
+    from jax._src.lib.mlir import ir
+    text = module.operation.get_asm(enable_debug_info=False)
+    prefix = "k" + hashlib.sha256(f"{name}\n{text}".encode()).hexdigest()[:16] + "_"
+    ops = list(module.body.operations)
+    for op in ops:
+        old = ir.StringAttr(op.attributes["sym_name"]).value
+        ir.SymbolTable.replace_all_symbol_uses(old, prefix + old, module.operation)
+        ir.SymbolTable.set_symbol_name(op, prefix + old)
+        ir.SymbolTable.set_visibility(op, "private")
+        for attr in ("arg_attrs", "res_attrs"):
+            if attr in op.attributes:
+                del op.attributes[attr]
+    return prefix + "main", [op.operation.get_asm(enable_debug_info=False) for op in ops]
+
+
+class ModuleProgram(JaxProgram):
+    """A serialized StableHLO module (a portable artifact, e.g. `jax.export`'s
+    mlir_module_serialized) as functions of our programs: its @main's argument and result types
+    are the signature. Raises RuntimeError when the bytes are not such a module."""
+
+    def __init__(self, name: str, serialized: bytes):
+        _jax.require()
+        from jax._src.interpreters import mlir as jmlir
+        from jax._src.lib import _jax as jaxlib
+        from jax._src.lib.mlir import ir
+        ctx = jmlir.make_ir_context()
+        with ctx:
+            try:
+                module = jaxlib.mlir.deserialize_portable_artifact(serialized)
+            except Exception:
+                try:
+                    module = ir.Module.parse(serialized)
+                except Exception as e:
+                    raise RuntimeError(f"torch_tpu.pallas: kernel {name}: not a StableHLO module or portable "
+                                       f"artifact ({type(e).__name__}: {e})") from None
+            main = next(op for op in module.body.operations if ir.StringAttr(op.attributes["sym_name"]).value == "main")
+            ftype = ir.FunctionType(ir.TypeAttr(main.attributes["function_type"]).value)
+            self.in_types = [_tensor_type(t) for t in ftype.inputs]
+            self.out_types = [_tensor_type(t) for t in ftype.results]
+            self.entry, self.functions = _import(module, name)
+        self.out_tree = None
+        self.interpreted = False
+
+
+def _tensor_type(t) -> TensorType:
+    """TensorType of an MLIR ranked tensor type (its element type spelled as our builder spells it)."""
+    from jax._src.lib.mlir import ir
+    rt = ir.RankedTensorType(t)
+    element = str(rt.element_type)
+    dtype = next((d for d, e in _ELEMENT.items() if e == element), None)
+    if dtype is None:
+        raise TypeError(f"torch_tpu.pallas: element type {element} has no torch dtype")
+    return TensorType(tuple(rt.shape), dtype)
 
 
 def program(name: str, fn, in_types: list[TensorType], statics: tuple = (), jit_kwargs: dict | None = None,
