@@ -254,3 +254,32 @@ def test_torch_compile_without_a_backend_routes_tpu_graphs_to_the_tpu_backend():
     x, y = torch.randn(8, 128), torch.randn(8, 128)
     torch.testing.assert_close(f(x.to(TPU), y.to(TPU)).cpu(), (4 * x + y).relu().sum(1), rtol=1e-4, atol=1e-4)
     assert torch_tpu.metrics.counters()["compiled_graphs"] == graphs + 1
+
+
+def test_donation_inside_a_compiled_graph():
+    """The donated input is an input the graph writes: its buffer is donated to the program (one
+    graph, the kernel inlined), as functionalization makes of any in-place update."""
+    acc = jax_op("tpu_test::acc_compiled", lambda a, b: a + b * 2, donate_argnums=(0,))
+
+    def step(a, b):
+        acc(a, b)
+        return a.sum()
+
+    a, b = torch.zeros(4, device=TPU), torch.ones(4, device=TPU)
+    graphs = torch_tpu.metrics.counters()["compiled_graphs"]
+    out = torch.compile(step, backend="tpu", fullgraph=True)(a, b)
+    text = torch_tpu.dynamo.last_stablehlo()
+    assert torch_tpu.metrics.counters()["compiled_graphs"] == graphs + 1
+    assert "func.call" in text and "tf.aliasing_output" in text
+    torch.testing.assert_close(a.cpu(), torch.full((4,), 2.0))
+    assert out.item() == 8.0
+
+
+def test_stablehlo_the_plugin_cannot_read_names_the_jax_version():
+    """A JAX newer than the plugin's XLA may write StableHLO it cannot parse: the error says so."""
+    text = ('module @m {\n  func.func public @main(%arg0: tensor<2xf32>) -> (tensor<2xf32>) {\n'
+            '    "func.return"(%arg0) : (tensor<2xf32>) -> ()\n  }\n'
+            '  func.func private @k0123456789abcdef_main(%a: tensor<2xf32>) -> tensor<2xf32> {\n'
+            '    %0 = stablehlo.an_op_from_a_newer_stablehlo %a : tensor<2xf32>\n    return %0 : tensor<2xf32>\n  }\n}\n')
+    with pytest.raises(RuntimeError, match=r"custom kernel's StableHLO[\s\S]*torch_tpu\[kernels\]"):
+        torch_tpu.runtime.compile(text)

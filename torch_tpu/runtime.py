@@ -13,6 +13,8 @@ import glob
 import hashlib
 import importlib.util
 import os
+import re
+import sys
 
 from . import _C
 
@@ -210,7 +212,20 @@ def compile(program: str):
                                "%d.%d" % tuple(_C._api_version()), _CACHE_FORMAT,
                                os.environ.get("XLA_FLAGS", "")])
     key = hashlib.sha256((_identity + "\0" + program).encode()).hexdigest()
-    return _C._compile_cached(key, program)
+    try:
+        return _C._compile_cached(key, program)
+    except RuntimeError as e:
+        if "Failed to parse" in str(e) and _KERNEL_FUNCTION.search(program):
+            jax = sys.modules.get("jax")
+            raise RuntimeError(f"{e}\nThe program inlines a custom kernel's StableHLO (torch_tpu.pallas), written by "
+                               f"JAX {getattr(jax, '__version__', '?')}: this plugin's XLA may not read that StableHLO "
+                               "version. Install the JAX that torch_tpu's kernels extra pins "
+                               "(pip install 'torch_tpu[kernels]').") from None
+        raise
+
+
+# The functions of custom kernels (torch_tpu/pallas/program.py names them k<16 hex digits>_<name>).
+_KERNEL_FUNCTION = re.compile(r"func\.func private @k[0-9a-f]{16}_")
 
 
 def cache_stats() -> dict:

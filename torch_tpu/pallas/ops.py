@@ -61,6 +61,8 @@ class JaxOp:
         self._static_values: list = []
         self._out_trees: dict = {}     # statics number -> JAX's output tree (the same for any shapes)
         self._vjp: JaxOp | None = None
+        # With donation: the same function without it (name_functional), which compiled graphs call.
+        self._twin = JaxOp(name + "_functional", fn, jit_kwargs=jit_kwargs, autograd=False) if donate else None
         self._vjp_of = vjp_of
         schema = ("(Tensor[] args, Tensor(a!)[] outs, int statics=0) -> ()" if self.donate
                   else "(Tensor[] args, int statics=0) -> Tensor[]")
@@ -87,21 +89,39 @@ class JaxOp:
         for i in self.donate:
             if i not in by_pos:
                 raise ValueError(f"{self.name}: donated argument {i} is not a tensor")
-        types = self._program([TensorType(tuple(t.shape), t.dtype) for t in tensors], number).out_types
+        types = self._out_types(tuple((tuple(t.shape), t.dtype) for t in tensors), number)
         if max(self.donate.values()) >= len(types):
             raise ValueError(f"{self.name}: an input is donated to output {max(self.donate.values())}, and the "
                              f"function has {len(types)} outputs")
         outs = []
         donated_at = {o: i for i, o in self.donate.items()}
-        for k, t in enumerate(types):
+        for k, (shape, dtype) in enumerate(types):
             src = by_pos.get(donated_at[k]) if k in donated_at else None
-            if src is not None and (tuple(src.shape) != t.shape or src.dtype != t.dtype):
+            if src is not None and (tuple(src.shape) != shape or src.dtype != dtype):
                 raise ValueError(f"{self.name}: input {donated_at[k]} ({tuple(src.shape)}, {src.dtype}) is donated "
-                                 f"to output {k} ({t.shape}, {t.dtype}): they must have the same shape and dtype")
-            outs.append(src if src is not None else torch.empty(t.shape, dtype=t.dtype, device=tensors[0].device))
+                                 f"to output {k} ({shape}, {dtype}): they must have the same shape and dtype")
+            outs.append(src if src is not None else torch.empty(shape, dtype=dtype, device=tensors[0].device))
+        if torch.compiler.is_compiling():
+            # A mutating custom op reaches a compiled graph wrapped in auto_functionalized; the
+            # functional twin plus copy_ into the donated inputs is what functionalization makes of
+            # an in-place update, and the graph lowering donates those inputs' buffers.
+            twin = self._twin
+            flat = twin.overload(tensors, twin._static_number(statics, [i for i, a in enumerate(args)
+                                                                         if not isinstance(a, torch.Tensor)]))
+            for k, i in donated_at.items():
+                by_pos[i].copy_(flat[k])
+            return self._unflatten(number, [by_pos[donated_at[k]] if k in donated_at else flat[k]
+                                            for k in range(len(types))])
         rest = [by_pos[i] for i in positions if i not in self.donate]
         self.overload(rest, outs, number)
         return self._unflatten(number, outs)
+
+
+
+    @torch._dynamo.assume_constant_result  # torch.compile: traced by JAX here, a constant to Dynamo
+    def _out_types(self, in_specs, number) -> tuple:
+        """(shape, dtype) per output for inputs of `in_specs` ((shape, dtype) pairs)."""
+        return tuple((t.shape, t.dtype) for t in self._program([TensorType(*x) for x in in_specs], number).out_types)
 
     def _split(self, args):
         tensors = [a for a in args if isinstance(a, torch.Tensor)]

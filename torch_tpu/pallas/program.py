@@ -67,8 +67,11 @@ class JaxProgram:
         self.out_tree = lowered.out_tree
         self.out_types = [TensorType(tuple(o.shape), _jax.torch_dtype(o.dtype))
                           for o in jax.tree_util.tree_leaves(lowered.out_info)]
-        module = lowered.compiler_ir("stablehlo")
-        with module.context:
+        jax_module = lowered.compiler_ir("stablehlo")
+        with jax_module.context:
+            from jax._src.lib.mlir import ir
+            # a copy: JAX may hand the same module to a later lowering of the same function
+            module = ir.Module.parse(jax_module.operation.get_asm(enable_debug_info=False))
             self.entry, self.functions = _import(module, name)
 
     def call(self, b, args):
