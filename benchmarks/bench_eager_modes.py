@@ -3,8 +3,9 @@
     python benchmarks/bench_eager_modes.py
 
 Prints per workload the time per step in each mode and the ratios fused/strict (speed-up) and
-debug/strict (cost); then the first step of a fresh process with a cold and with a warm disk cache.
-Each step ends with a host read (loss.item()), as training loops that log do.
+debug/strict (cost), and the same step compiled whole (torch.compile(backend="tpu"): one program
+per step, the most fused eager could reach); then the first step of a fresh process with a cold and
+with a warm disk cache. Each step ends with a host read (loss.item()), as training loops that log do.
 """
 from __future__ import annotations
 
@@ -26,51 +27,61 @@ import torch_tpu  # noqa: E402
 from tiny_models import MLP, TinyGPT  # noqa: E402
 
 
-def mlp_step():
+def _steps(compute, compiled):
+    """step() -> loss.item() around `compute` (run eagerly, or compiled whole with backend "tpu")."""
+    fn = torch.compile(compute, backend="tpu") if compiled else compute
+
+    def step():
+        return fn().item()
+    return step
+
+
+def mlp_step(compiled=False):
     torch.manual_seed(0)
     model = MLP().to("tpu")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x, y = torch.randn(32, 64, device="tpu"), torch.randint(0, 10, (32,), device="tpu")
 
-    def step():
+    def compute():
         loss = F.cross_entropy(model(x), y)
         opt.zero_grad()
         loss.backward()
         opt.step()
-        return loss.item()
-    return step
+        return loss
+    return _steps(compute, compiled)
 
 
-def gpt_step():
+def gpt_step(compiled=False):
     torch.manual_seed(0)
     model = TinyGPT().to("tpu")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     idx = torch.randint(0, 64, (8, 17), device="tpu")
 
-    def step():
+    def compute():
         logits = model(idx[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), idx[:, 1:].reshape(-1))
         opt.zero_grad()
         loss.backward()
         opt.step()
-        return loss.item()
-    return step
+        return loss
+    return _steps(compute, compiled)
 
 
-def chain_step():
+def chain_step(compiled=False):
     x = torch.randn(128, 128, device="tpu")
 
-    def step():
+    def compute():
         y = x
         for i in range(50):
             y = torch.tanh(y) if i % 3 == 0 else (y * 1.001 if i % 3 == 1 else y + 0.01)
-        return y.sum().item()
-    return step
+        return y.sum()
+    return _steps(compute, compiled)
 
 
 def time_step(make, mode, warm=8, n=20):
-    torch_tpu.set_eager_mode(mode)
-    step = make()
+    """Median seconds per step in eager `mode`, or compiled whole ("compiled", in strict mode)."""
+    torch_tpu.set_eager_mode("strict" if mode == "compiled" else mode)
+    step = make(compiled=mode == "compiled")
     for _ in range(warm):
         step()
     times = []
@@ -111,9 +122,10 @@ def main():
     print(f"platform: {torch_tpu.runtime.platform()}")
     for name, make in (("MLP training step", mlp_step), ("GPT-style block training step", gpt_step),
                        ("50-op elementwise chain", chain_step)):
-        t = {m: time_step(make, m) for m in ("strict", "fused", "debug")}
+        t = {m: time_step(make, m) for m in ("strict", "fused", "debug", "compiled")}
         print(f"{name:32s} strict {t['strict'] * 1e3:7.2f} ms  fused {t['fused'] * 1e3:7.2f} ms  "
-              f"debug {t['debug'] * 1e3:7.2f} ms  | fused speed-up {t['strict'] / t['fused']:5.2f}x  "
+              f"debug {t['debug'] * 1e3:7.2f} ms  compiled {t['compiled'] * 1e3:7.2f} ms  | "
+              f"fused speed-up {t['strict'] / t['fused']:5.2f}x  (compiled: {t['strict'] / t['compiled']:5.2f}x)  "
               f"debug cost {t['debug'] / t['strict']:5.2f}x")
     with tempfile.TemporaryDirectory() as d:
         cold = first_step_seconds(d)

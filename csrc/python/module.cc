@@ -16,6 +16,7 @@
 #include "aten/fallback.h"
 #include "eager/index_errors.h"
 #include "python/graph_runner.h"
+#include "python/custom_autograd.h"
 #include "python/op_kernel.h"
 #include "python/launch_args.h"
 #include "runtime/compile_cache.h"
@@ -33,6 +34,7 @@ PYBIND11_MODULE(_C, m) {
   py::register_exception<torch_tpu::pjrt::PjrtError>(m, "PjrtError", PyExc_RuntimeError);
   torch_tpu::python::init_distributed(m);
   torch_tpu::python::bind_op_kernels(m);
+  torch_tpu::python::bind_custom_autograd(m);
 
   py::class_<torch_tpu::pjrt::Executable, std::shared_ptr<torch_tpu::pjrt::Executable>>(m, "Executable")
       .def_property_readonly("num_outputs", &torch_tpu::pjrt::Executable::num_outputs);

@@ -26,6 +26,8 @@ import threading
 
 import torch
 
+from .. import _C
+from ..aten import register
 from ..lowering import registry
 from ..lowering.builder import TensorType
 from . import _jax
@@ -52,7 +54,7 @@ class JaxOp:
     (naming the op and JAX's message); no tensor is changed then."""
 
     def __init__(self, name: str, fn, donate: dict[int, int] | None = None, jit_kwargs: dict | None = None,
-                 vjp_of: "JaxOp | None" = None, autograd: bool = True):
+                 autograd: bool = True):
         self.name = _check_name(name)
         self.fn = fn
         self.donate = dict(donate or {})
@@ -60,23 +62,28 @@ class JaxOp:
         self._statics: dict = {}       # static tuple -> its number (the operator's `statics`)
         self._static_values: list = []
         self._out_trees: dict = {}     # statics number -> JAX's output tree (the same for any shapes)
-        self._vjp: JaxOp | None = None
         # With donation: the same function without it (name_functional), which compiled graphs call.
         self._twin = JaxOp(name + "_functional", fn, jit_kwargs=jit_kwargs, autograd=False) if donate else None
-        self._vjp_of = vjp_of
         schema = ("(Tensor[] args, Tensor(a!)[] outs, int statics=0) -> ()" if self.donate
                   else "(Tensor[] args, int statics=0) -> Tensor[]")
-        mutates = ("outs",) if self.donate else ()
-        self.op = torch.library.custom_op(self.name, self._not_on_tpu, mutates_args=mutates, schema=schema)
-        self.op.register_fake(self._fake)
-        key = name
-        registry.register(key)(self._lower)
-        from ..aten import register
-        register.register_lowering(key, registry.REGISTRY[key])
-        if autograd and not self.donate:
-            self.op.register_autograd(self._backward, setup_context=self._setup_context)
         ns, _, op = name.partition("::")
+        self._lib = _library(ns)
+        self._lib.define(op + schema)
+        self._lib.impl(op, self._not_on_tpu, "CompositeExplicitAutograd")
+        torch.library.register_fake(name, self._fake, lib=self._lib)
+        registry.register(name)(self._lower)
+        register.register_lowering(name, registry.REGISTRY[name])
         self.overload = getattr(getattr(torch.ops, ns), op).default
+        # Autograd: JAX's vjp of the function (one more operator, name_vjp) unless register_autograd
+        # replaces it. Operators with donation mutate their inputs and have none.
+        self._autograd = autograd and not self.donate
+        self._vjp = JaxOp(name + "_vjp", self._vjp_fn, jit_kwargs=jit_kwargs, autograd=False) \
+            if self._autograd else None
+        self._backward_fn = self._default_backward
+        self._setup_fn = None
+        self._function = _autograd_function(self)
+        if not self.donate:
+            _C._register_custom_autograd(name, self._with_grad)
 
     # -- calling ---------------------------------------------------------------------------------
     def __call__(self, *args):
@@ -213,32 +220,21 @@ class JaxOp:
                            "Move the tensors with .to('tpu').")
 
     # -- autograd ---------------------------------------------------------------------------------
-    @staticmethod
-    def _setup_context(ctx, inputs, output):
-        args, number = inputs[0], inputs[1] if len(inputs) > 1 else 0
-        ctx.save_for_backward(*args)
-        ctx.number = number
+    def _with_grad(self, args, number=0):
+        """The operator's call when a gradient is needed (csrc/python/custom_autograd.cc)."""
+        if not self._autograd:
+            raise RuntimeError(f"{self.name} has no backward (it is a backward itself, donates its inputs, or is a "
+                               "serialized kernel); call it on tensors that do not require grad")
+        return list(self._function.apply(number, *args))
 
-    def _backward(self, ctx, grads):
-        """grads: one per output (the operator's Tensor[] result), None for unused ones."""
+    def _default_backward(self, ctx, grads):
+        """JAX's vjp: grads, one per output (None for unused ones) -> one per tensor argument."""
         primals = list(ctx.saved_tensors)
         diff = [t.dtype.is_floating_point or t.dtype.is_complex for t in primals]
-        cts = [g if g is not None else torch.zeros_like(o) for g, o in zip(grads, self._fake_outputs(primals, ctx))]
-        vjp = self._vjp_op()
-        got = iter(vjp(*primals, *cts, ctx.number, tuple(diff), len(primals)))
-        # one gradient per tensor of `args`; torch.library adds the None of `statics`
-        return ([next(got) if d else None for d in diff],)
-
-    def _fake_outputs(self, primals, ctx):
-        p = self._program([TensorType(tuple(t.shape), t.dtype) for t in primals], ctx.number)
-        return [primals[0].new_empty(t.shape, dtype=t.dtype) for t in p.out_types]
-
-    def _vjp_op(self) -> "JaxOp":
-        if self._vjp is None:
-            with _LOCK:
-                if self._vjp is None:
-                    self._vjp = JaxOp(self.name + "_vjp", self._vjp_fn, jit_kwargs=self.jit_kwargs, vjp_of=self)
-        return self._vjp
+        cts = [g if g is not None else torch.zeros(shape, dtype=dtype, device=primals[0].device)
+               for g, (shape, dtype) in zip(grads, ctx.out_specs)]
+        got = iter(self._vjp(*primals, *cts, ctx.number, tuple(diff), len(primals)))
+        return [next(got) if d else None for d in diff]
 
     def _vjp_fn(self, *args):
         """JAX's vjp of the function: (primals..., cotangents..., statics number, differentiable
@@ -254,14 +250,56 @@ class JaxOp:
 
     # -- torch.library's registration, for the user to override ------------------------------------
     def register_autograd(self, backward, /, *, setup_context=None):
-        """Replaces the default JAX-vjp backward (torch.library.register_autograd semantics: the
-        backward receives the operator's arguments, `args` as a list)."""
-        self.op.register_autograd(backward, setup_context=setup_context)
+        """Replaces the default JAX-vjp backward, with torch.library.register_autograd's conventions:
+        setup_context(ctx, inputs, output) with inputs = (args, statics number) and output the list of
+        results (default: the tensor arguments are saved); backward(ctx, grads) with one gradient per
+        result returns one per tensor of `args` (a list, or torch.library's ([...],))."""
+        if not self._autograd:
+            raise RuntimeError(f"{self.name}: an operator with donation has no autograd")
+        self._backward_fn = backward
+        self._setup_fn = setup_context
 
     def register_fake(self, fn, /):
         """Replaces the shape function (JAX's abstract evaluation by default)."""
-        self.op.register_fake(fn)
+        torch.library.register_fake(self.name, fn, lib=self._lib, allow_override=True)
         return fn
+
+
+def _autograd_function(op: JaxOp):
+    """The torch.autograd.Function that records op's backward: forward(number, *tensors)."""
+
+    class JaxOpFunction(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, number, *tensors):
+            outs = op.overload(list(tensors), number)
+            ctx.number = number
+            ctx.out_specs = [(tuple(o.shape), o.dtype) for o in outs]
+            if op._setup_fn is not None:
+                op._setup_fn(ctx, (list(tensors), number), outs)
+            else:
+                ctx.save_for_backward(*tensors)
+            return tuple(outs)
+
+        @staticmethod
+        def backward(ctx, *grads):
+            got = op._backward_fn(ctx, list(grads))
+            if isinstance(got, tuple) and len(got) == 1 and isinstance(got[0], (list, tuple)):
+                got = got[0]  # torch.library's convention: a tuple holding the list for `args`
+            return (None, *got)
+
+    JaxOpFunction.__name__ = JaxOpFunction.__qualname__ = "JaxOp_" + op.name.replace("::", "_")
+    return JaxOpFunction
+
+
+_LIBS: dict = {}
+
+
+def _library(ns: str) -> torch.library.Library:
+    """The FRAGMENT library defining custom kernels' operators in namespace `ns`."""
+    lib = _LIBS.get(ns)
+    if lib is None:
+        lib = _LIBS[ns] = torch.library.Library(ns, "FRAGMENT")
+    return lib
 
 
 class ModuleOp(JaxOp):
