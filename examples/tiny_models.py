@@ -20,12 +20,15 @@ class MLP(nn.Module):
 
 
 class TinyGPT(nn.Module):
-    """Token embedding + learned positions, one pre-norm decoder block (causal
-    scaled_dot_product_attention, MLP with GELU), final LayerNorm and a head tied to the embedding."""
+    """Token embedding + learned positions, one pre-norm decoder block (causal attention, MLP with
+    GELU), final LayerNorm and a head tied to the embedding. `attention(q, k, v)` on (batch, heads,
+    time, head_dim) tensors: causal scaled_dot_product_attention by default (examples/kernels puts a
+    Pallas kernel there)."""
 
-    def __init__(self, vocab=64, dim=32, heads=4, ctx=16):
+    def __init__(self, vocab=64, dim=32, heads=4, ctx=16, attention=None):
         super().__init__()
         self.heads = heads
+        self.attention = attention or (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True))
         self.emb = nn.Embedding(vocab, dim)
         self.pos = nn.Parameter(torch.randn(ctx, dim) * 0.02)
         self.ln1, self.ln2, self.lnf = nn.LayerNorm(dim), nn.LayerNorm(dim), nn.LayerNorm(dim)
@@ -39,7 +42,7 @@ class TinyGPT(nn.Module):
         x = self.emb(idx) + self.pos[:t]
         q, k, v = self.qkv(self.ln1(x)).chunk(3, dim=-1)
         q, k, v = (z.reshape(b, t, self.heads, -1).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = self.attention(q, k, v)
         x = x + self.proj(y.transpose(1, 2).reshape(b, t, -1))
         x = x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
         return self.lnf(x) @ self.emb.weight.t()
