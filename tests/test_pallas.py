@@ -295,3 +295,31 @@ def test_stablehlo_the_plugin_cannot_read_names_the_jax_version():
             '    %0 = stablehlo.an_op_from_a_newer_stablehlo %a : tensor<2xf32>\n    return %0 : tensor<2xf32>\n  }\n}\n')
     with pytest.raises(RuntimeError, match=r"custom kernel's StableHLO[\s\S]*torch_tpu\[kernels\]"):
         torch_tpu.runtime.compile(text)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_forward_and_gradient_per_dtype(dtype):
+    op = jax_op(f"tpu_test::gelu_mul_{str(dtype).split('.')[-1]}", lambda a, b: jax.nn.gelu(a, approximate=False) * b)
+    a, b = torch.randn(4, 8, dtype=dtype), torch.randn(4, 8, dtype=dtype)
+    at, bt = a.to(TPU).requires_grad_(), b.to(TPU).requires_grad_()
+    out = op(at, bt)
+    assert out.dtype == dtype
+    out.float().sum().backward()
+    ac, bc = a.clone().requires_grad_(), b.clone().requires_grad_()
+    ref = torch.nn.functional.gelu(ac) * bc
+    ref.float().sum().backward()
+    tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.detach().cpu(), ref.detach(), **tol)
+    torch.testing.assert_close(at.grad.cpu(), ac.grad, **tol)
+    torch.testing.assert_close(bt.grad.cpu(), bc.grad, **tol)
+
+
+def test_a_new_shape_traces_again_the_same_does_not():
+    from torch_tpu.pallas import program
+    op = jax_op("tpu_test::cube", lambda a: a * a * a)
+    before = len(program._CACHE)
+    op(torch.ones(3, device=TPU))
+    op(torch.full((3,), 2.0, device=TPU))
+    assert len(program._CACHE) == before + 1   # one trace for the (3,) float32 signature
+    torch.testing.assert_close(op(torch.full((2, 2), 2.0, device=TPU)).cpu(), torch.full((2, 2), 8.0))
+    assert len(program._CACHE) == before + 2   # a new shape: traced again
