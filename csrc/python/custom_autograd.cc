@@ -18,8 +18,8 @@ namespace py = pybind11;
 bool requires_grad(const c10::IValue& v) {
   if (v.isTensor()) return v.toTensor().defined() && v.toTensor().requires_grad();
   if (v.isTensorList()) {
-    for (const at::Tensor& t : v.toTensorList().vec())
-      if (t.defined() && t.requires_grad()) return true;
+    for (const c10::IValue& e : v.toListRef())  // no copy of the list
+      if (e.isTensor() && e.toTensor().defined() && e.toTensor().requires_grad()) return true;
   }
   return false;
 }

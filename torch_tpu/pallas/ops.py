@@ -34,6 +34,7 @@ from . import _jax
 from .program import ModuleProgram, program
 
 _NAMES = itertools.count()
+_is_compiling = torch.compiler.is_compiling
 _LOCK = threading.Lock()
 
 
@@ -74,6 +75,9 @@ class JaxOp:
         registry.register(name)(self._lower)
         register.register_lowering(name, registry.REGISTRY[name])
         self.overload = getattr(getattr(torch.ops, ns), op).default
+        self._raw = self.overload._op   # the dispatcher entry OpOverload.__call__ calls
+        self._plain = None              # statics number of all-tensor calls, once seen
+        self._plain_one = False         # ... and whether they return one tensor
         # Autograd: JAX's vjp of the function (one more operator, name_vjp) unless register_autograd
         # replaces it. Operators with donation mutate their inputs and have none.
         self._autograd = autograd and not self.donate
@@ -87,10 +91,26 @@ class JaxOp:
 
     # -- calling ---------------------------------------------------------------------------------
     def __call__(self, *args):
+        number = self._plain
+        if number is not None and not _is_compiling():
+            # the common call, all arguments tensors and no donation: straight to the operator
+            for a in args:
+                if not isinstance(a, torch.Tensor):
+                    break
+            else:
+                flat = self._raw(list(args), number)
+                return flat[0] if self._plain_one else self._unflatten(number, flat)
+        return self._call(args)
+
+    def _call(self, args):
         tensors, statics = self._split(args)
         number = self._static_number(statics, [i for i, a in enumerate(args) if not isinstance(a, torch.Tensor)])
         if not self.donate:
-            return self._unflatten(number, self.overload(tensors, number))
+            flat = self.overload(tensors, number)
+            if not statics and number in self._out_trees:
+                self._plain_one = self._out_trees[number] == "one"
+                self._plain = number
+            return self._unflatten(number, flat)
         positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
         by_pos = dict(zip(positions, tensors))
         for i in self.donate:
