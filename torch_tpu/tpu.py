@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import enum
 
 import torch
 
@@ -149,6 +150,35 @@ def max_memory_allocated(device=None) -> int:
 
 def get_amp_supported_dtype():
     return [torch.bfloat16, torch.float16]
+
+
+class Precision(enum.Enum):
+    """Google TorchTPU's names for the precision of float32 matmuls and convolutions: DEFAULT (one
+    bfloat16 pass on a TPU), HIGH (three passes), HIGHEST (float32); PyTorch's "medium", "high" and
+    "highest" (torch.set_float32_matmul_precision), which they set."""
+    DEFAULT = "medium"
+    HIGH = "high"
+    HIGHEST = "highest"
+
+
+@contextlib.contextmanager
+def precision(level: Precision):
+    """Within the block, float32 matmuls and convolutions use `level` (a Precision); PyTorch's
+    float32 matmul precision is restored after it. TypeError for anything but a Precision."""
+    if not isinstance(level, Precision):
+        raise TypeError(f"torch.tpu.precision expects a torch.tpu.Precision, got {level!r}")
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(level.value)
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(previous)
+
+
+def _get_cache_stats() -> dict:
+    """The executable cache's counters (Google TorchTPU's name): memory and disk hits, misses,
+    compile seconds spent and saved, entries (torch_tpu.runtime.cache_stats)."""
+    return runtime.cache_stats()
 
 
 def _is_in_bad_fork() -> bool:

@@ -1,5 +1,7 @@
 #include "eager/call.h"
 
+#include <ATen/Context.h>
+
 #include <c10/util/Exception.h>
 
 #include <cstring>
@@ -272,6 +274,9 @@ void describe_call(int64_t op_id, const Signature& sig, const std::string& op_na
   Walker w(sig, describe, call);
   call.arg_count = args.size();
   call.key.push_back(op_id);
+  // torch.set_float32_matmul_precision: float32 dots and convolutions carry it in their program
+  // (torch_tpu/lowering/precision.py), so a program made under another setting is another plan.
+  call.key.push_back(static_cast<int64_t>(at::globalContext().float32MatmulPrecision()));
   for (size_t i = 0; i < args.size(); ++i) w.scan_wide(args[i], static_cast<ArgKind>(sig.kinds[i]));
   for (size_t i = 0; i < args.size(); ++i) {
     const c10::IValue& v = args[i];

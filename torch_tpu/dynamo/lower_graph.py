@@ -35,6 +35,7 @@ from .. import _C, _state, runtime
 from ..aten.kernel import _Signature
 from ..lowering.builder import Builder, TensorType, Value
 from ..lowering.overloads import overload_name, resolve
+from ..lowering.precision import matmul_precision
 from ..lowering.registry import LoweringContext, bounds_status, fit, lower_arguments
 from ..lowering.strided import dense_order
 from .host_part import HostPart
@@ -135,6 +136,8 @@ class GraphProgram:
     def __init__(self, gm: torch.fx.GraphModule, name: str = "graph"):
         global last_text
         self.name = name
+        self.gm = gm
+        self.precision = matmul_precision()  # float32 dots/convolutions carry it: lowered again on a change
         self._lower(gm)
         last_text = self.text
         try:
@@ -532,6 +535,8 @@ class GraphProgram:
 
     # -- running -----------------------------------------------------------------------------------
     def __call__(self, args):
+        if matmul_precision() != self.precision:  # torch.set_float32_matmul_precision since
+            self.__init__(self.gm, self.name)
         real = list(args)
         args.clear()  # boxed calling convention: inputs may be freed as soon as they are used
         if self.status_ph is not None:

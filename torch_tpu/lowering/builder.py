@@ -390,32 +390,6 @@ class Builder:
                         "window_dilations": _i64_array(window_dilations),
                         "padding": f"dense<[{pad}]> : tensor<{rank}x2xi64>"}, regions=[region])
 
-    def dot_general(self, x: Value, y: Value, batch, contract, out_dtype=None) -> Value:
-        """Result dims: batch dims, then x's free dims, then y's free dims (StableHLO order)."""
-        (xb, yb), (xc, yc) = batch, contract
-        shape = [x.shape[i] for i in xb]
-        shape += [s for i, s in enumerate(x.shape) if i not in xb and i not in xc]
-        shape += [s for i, s in enumerate(y.shape) if i not in yb and i not in yc]
-        attr = ("#stablehlo.dot<lhs_batching_dimensions = [" + ", ".join(map(str, xb)) +
-                "], rhs_batching_dimensions = [" + ", ".join(map(str, yb)) +
-                "], lhs_contracting_dimensions = [" + ", ".join(map(str, xc)) +
-                "], rhs_contracting_dimensions = [" + ", ".join(map(str, yc)) + "]>")
-        return self.op("stablehlo.dot_general", [x, y], [TensorType(tuple(shape), out_dtype or x.dtype)],
-                       {"dot_dimension_numbers": attr})[0]
-
-    def convolution(self, lhs: Value, rhs: Value, out_shape, strides, padding, lhs_dilation, rhs_dilation,
-                    feature_group_count=1, batch_group_count=1,
-                    dims="[b, f, 0, 1]x[o, i, 0, 1]->[b, f, 0, 1]") -> Value:
-        pad = ", ".join(f"[{lo}, {hi}]" for lo, hi in padding)
-        n = len(padding)
-        return self.op("stablehlo.convolution", [lhs, rhs], [TensorType(tuple(out_shape), lhs.dtype)],
-                       {"dimension_numbers": f"#stablehlo.conv<{dims}>",
-                        "window_strides": _i64_array(strides),
-                        "padding": f"dense<[{pad}]> : tensor<{n}x2xi64>" if n else "dense<> : tensor<0x2xi64>",
-                        "lhs_dilation": _i64_array(lhs_dilation), "rhs_dilation": _i64_array(rhs_dilation),
-                        "feature_group_count": f"{feature_group_count} : i64",
-                        "batch_group_count": f"{batch_group_count} : i64"})[0]
-
     # -- indexing ---------------------------------------------------------------------------------------
     def gather(self, x: Value, idx: Value, offset_dims, collapsed, start_index_map, index_vector_dim,
                slice_sizes, out_shape) -> Value:

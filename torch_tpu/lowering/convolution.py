@@ -14,6 +14,7 @@ from torch._prims_common import suggest_memory_format
 from .builder import TensorType, _i64_array
 from .elementwise import compute_dtype
 from .linalg import _name
+from .precision import precision_config
 from .registry import in_format, register
 
 
@@ -39,8 +40,8 @@ def _conv(b, lhs, rhs, dims, strides, padding, lhs_dil, rhs_dil, fgc=1, bgc=1):
              "padding": f"dense<[{pad}]> : tensor<{n}x2xi64>" if n else "dense<> : tensor<0x2xi64>",
              "lhs_dilation": _i64_array(lhs_dil), "rhs_dilation": _i64_array(rhs_dil),
              "feature_group_count": f"{fgc} : i64", "batch_group_count": f"{bgc} : i64"}
-    if lhs.dtype.is_floating_point or lhs.dtype.is_complex:
-        attrs["precision_config"] = "[#stablehlo<precision HIGHEST>, #stablehlo<precision HIGHEST>]"
+    if precision_config(lhs.dtype):
+        attrs["precision_config"] = precision_config(lhs.dtype)
     r = b.op("stablehlo.convolution", [lhs, rhs], [TensorType(tuple(shape), lhs.dtype)], attrs)[0]
     if any(p < 0 for pp in padding for p in pp):  # only when the window stride is 1 (transposed)
         start = [0] * r.rank

@@ -11,6 +11,7 @@ import torch
 
 from .builder import TensorType, Value
 from .elementwise import compute_dtype
+from .precision import precision_config
 from .registry import register
 
 _NAMES = {"mm": "addmm_impl_cpu_", "addmm": "addmm_impl_cpu_", "mv": "addmv_impl_cpu",
@@ -29,8 +30,8 @@ def dot(b, x: Value, y: Value, batch, contract, out_dtype) -> Value:
     attrs = {"dot_dimension_numbers":
              f"#stablehlo.dot<lhs_batching_dimensions = {lst(xb)}, rhs_batching_dimensions = {lst(yb)}, "
              f"lhs_contracting_dimensions = {lst(xc)}, rhs_contracting_dimensions = {lst(yc)}>"}
-    if cd.is_floating_point or cd.is_complex:
-        attrs["precision_config"] = "[#stablehlo<precision HIGHEST>, #stablehlo<precision HIGHEST>]"
+    if precision_config(cd):
+        attrs["precision_config"] = precision_config(cd)
     return b.op("stablehlo.dot_general", [x, y], [TensorType(tuple(shape), cd)], attrs)[0]
 
 
