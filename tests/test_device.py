@@ -94,7 +94,7 @@ def test_mixed_devices_error():
 
 def test_memory_stats_and_generator():
     stats = torch.tpu.memory_stats()
-    assert set(stats) >= {"bytes_in_use", "peak_bytes_in_use"}
+    assert set(stats) >= {"plugin.bytes_in_use", "plugin.peak_bytes_in_use", "allocated_bytes.all.current"}
     g = torch.tpu.default_generator()
     assert g.device.type == "tpu"
     torch.tpu.manual_seed(5)

@@ -133,19 +133,87 @@ def set_rng_state_all(states) -> None:
         set_rng_state(s, i)
 
 
-def memory_stats(device=None) -> dict:
-    """The plugin's memory statistics of a device (bytes_in_use, peak_bytes_in_use, num_allocs,
-    bytes_limit); values are -1 where the plugin does not report them (the CPU plugin reports none)."""
+def _memory_index(device) -> int:
     idx = _index(device)
-    return dict(_C._memory_stats(current_device() if idx is None else idx))
+    idx = current_device() if idx is None else idx
+    _C._check_device_index(idx)
+    runtime.start()  # the counters live in the runtime
+    return idx
+
+
+def memory_stats(device=None) -> dict:
+    """torch.cuda.memory_stats's keys for a tpu device ("allocated_bytes.all.current", ...,
+    "allocation.all.peak", "num_ooms"), from the runtime's count of live storages (every plugin),
+    plus "plugin.<name>" for what the PJRT plugin reports (bytes_in_use, peak_bytes_in_use,
+    num_allocs, bytes_limit; -1 where it does not, as the CPU plugin)."""
+    idx = _memory_index(device)
+    stats = dict(torch.accelerator.memory_stats(idx))
+    stats.update({f"plugin.{k}": v for k, v in _C._memory_stats(idx).items()})
+    return stats
 
 
 def memory_allocated(device=None) -> int:
-    return max(memory_stats(device)["bytes_in_use"], 0)
+    """Bytes of tpu storages alive on the device."""
+    return torch.accelerator.memory_allocated(_memory_index(device))
 
 
 def max_memory_allocated(device=None) -> int:
-    return max(memory_stats(device)["peak_bytes_in_use"], 0)
+    """Peak of memory_allocated since the start or reset_peak_memory_stats."""
+    return torch.accelerator.max_memory_allocated(_memory_index(device))
+
+
+def memory_reserved(device=None) -> int:
+    """Bytes held for tpu storages: memory_allocated (no caching allocator holds more)."""
+    return torch.accelerator.memory_reserved(_memory_index(device))
+
+
+def max_memory_reserved(device=None) -> int:
+    return torch.accelerator.max_memory_reserved(_memory_index(device))
+
+
+def reset_peak_memory_stats(device=None) -> None:
+    """Sets the peaks to the current values."""
+    torch.accelerator.reset_peak_memory_stats(_memory_index(device))
+
+
+def reset_accumulated_memory_stats(device=None) -> None:
+    """Zeroes the accumulated allocation and free counts."""
+    torch.accelerator.reset_accumulated_memory_stats(_memory_index(device))
+
+
+def mem_get_info(device=None) -> tuple[int, int]:
+    """(free, total) bytes of the device: the plugin's limit and use where it reports them, the host's
+    available and physical memory on the CPU plugin (its device memory is host memory)."""
+    return torch.accelerator.get_memory_info(_memory_index(device))
+
+
+def empty_cache() -> None:
+    """Nothing is cached: a freed storage's buffer is released once the work queued before the free
+    is done. Kept so that code written for torch.cuda runs."""
+    torch.accelerator.empty_cache()
+
+
+def memory_summary(device=None, abbreviated: bool = False) -> str:
+    """A table of the device's memory counters (current, peak, allocated, freed), as
+    torch.cuda.memory_summary lays out the same statistics."""
+    stats = memory_stats(device)
+    rows = [("Allocated memory", "allocated_bytes.all", True), ("Allocations", "allocation.all", False)]
+
+    def fmt(v, as_bytes):
+        if not as_bytes:
+            return str(v)
+        for unit in ("B", "KiB", "MiB", "GiB"):
+            if abs(v) < 1024 or unit == "GiB":
+                return f"{v:.0f} {unit}" if unit == "B" else f"{v:.2f} {unit}"
+            v /= 1024
+    lines = [f"tpu memory summary, device {_memory_index(device)} ({runtime.platform()} platform)",
+             f"{'':20s}{'current':>14s}{'peak':>14s}{'allocated':>14s}{'freed':>14s}"]
+    for title, key, as_bytes in rows:
+        lines.append(f"{title:20s}" + "".join(f"{fmt(stats.get(f'{key}.{c}', 0), as_bytes):>14s}"
+                                             for c in ("current", "peak", "allocated", "freed")))
+    free, total = mem_get_info(device)
+    lines.append(f"device memory: {free / 2**30:.2f} GiB free of {total / 2**30:.2f} GiB")
+    return "\n".join(lines)
 
 
 def get_amp_supported_dtype():

@@ -7,6 +7,10 @@
 #include <ATen/EmptyTensor.h>
 #include <c10/core/DeviceGuard.h>
 
+#include <unistd.h>
+
+#include <algorithm>
+
 #include "aten/device.h"
 #include "runtime/runtime.h"
 
@@ -34,13 +38,42 @@ struct TpuAllocator final : c10::DeviceAllocator {
                 "tpu copy_data: addresses are not the start of tpu storages");
     Runtime::get().copy_bytes(*d, *s, count);
   }
-  // Memory statistics come from the PJRT plugin (torch.tpu.memory_stats), not from here.
+  // Memory statistics are the runtime's own count of live storages (Runtime::memory), so they work
+  // on every plugin; there is no cache to empty (storages are PJRT buffers, freed when their last
+  // queued reader is done).
   bool initialized() override { return Runtime::get().started(); }
   void emptyCache(c10::MempoolId_t) override {}
   void recordStream(const c10::DataPtr&, c10::Stream) override {}
-  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex) override { return {}; }
-  void resetAccumulatedStats(c10::DeviceIndex) override {}
-  void resetPeakStats(c10::DeviceIndex) override {}
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override {
+    auto m = Runtime::get().memory(device);
+    c10::CachingDeviceAllocator::DeviceStats s;
+    auto set = [](c10::CachingDeviceAllocator::StatArray& a, int64_t cur, int64_t peak, int64_t alloc, int64_t freed) {
+      for (auto& st : a) st = {};
+      auto& agg = a[static_cast<size_t>(c10::CachingDeviceAllocator::StatType::AGGREGATE)];
+      agg.current = cur;
+      agg.peak = peak;
+      agg.allocated = alloc;
+      agg.freed = freed;
+    };
+    set(s.allocation, m.count, m.peak_count, m.allocations, m.frees);
+    set(s.active, m.count, m.peak_count, m.allocations, m.frees);
+    set(s.segment, m.count, m.peak_count, m.allocations, m.frees);
+    for (auto* a : {&s.allocated_bytes, &s.reserved_bytes, &s.active_bytes, &s.requested_bytes})
+      set(*a, m.bytes, m.peak_bytes, m.allocated_bytes, m.freed_bytes);
+    return s;
+  }
+  void resetAccumulatedStats(c10::DeviceIndex device) override { Runtime::get().reset_accumulated_memory(device); }
+  void resetPeakStats(c10::DeviceIndex device) override { Runtime::get().reset_peak_memory(device); }
+  // (free, total) bytes: the plugin's limit and use where it reports them; otherwise (the CPU
+  // plugin, whose device memory is host memory) the host's available and physical memory.
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override {
+    auto st = Runtime::get().client().memory_stats(device);
+    if (st.bytes_limit > 0 && st.bytes_in_use >= 0)
+      return {static_cast<size_t>(std::max<int64_t>(st.bytes_limit - st.bytes_in_use, 0)),
+              static_cast<size_t>(st.bytes_limit)};
+    long page = sysconf(_SC_PAGESIZE);
+    return {static_cast<size_t>(sysconf(_SC_AVPHYS_PAGES)) * page, static_cast<size_t>(sysconf(_SC_PHYS_PAGES)) * page};
+  }
 };
 
 TpuAllocator g_allocator;

@@ -140,6 +140,12 @@ Cell* Runtime::new_cell(size_t nbytes, int device) {
   // 256-byte aligned, and at least one byte apart so that every storage has its own address.
   next_addr_ += ((nbytes + 1 + 255) / 256) * 256;
   cells_[c->addr] = c;
+  auto& m = memory_[device];
+  m.bytes += static_cast<int64_t>(nbytes);
+  m.peak_bytes = std::max(m.peak_bytes, m.bytes);
+  m.allocated_bytes += static_cast<int64_t>(nbytes);
+  m.peak_count = std::max(m.peak_count, ++m.count);
+  ++m.allocations;
   return c;
 }
 
@@ -147,6 +153,11 @@ void Runtime::free_cell(Cell* cell) {
   {
     std::lock_guard<std::mutex> g(mu_);
     cells_.erase(cell->addr);
+    auto& m = memory_[cell->device];
+    m.bytes -= static_cast<int64_t>(cell->nbytes);
+    m.freed_bytes += static_cast<int64_t>(cell->nbytes);
+    --m.count;
+    ++m.frees;
   }
   if (in_bad_fork()) {  // destroying the parent's PJRT buffer here could wait on threads that are gone
     new std::shared_ptr<pjrt::Buffer>(std::move(cell->buffer));
@@ -154,6 +165,25 @@ void Runtime::free_cell(Cell* cell) {
     return;
   }
   if (!defer([cell] { delete cell; })) delete cell;  // queued launches may still read it
+}
+
+Runtime::MemoryCounters Runtime::memory(int device) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = memory_.find(device);
+  return it == memory_.end() ? MemoryCounters{} : it->second;
+}
+
+void Runtime::reset_peak_memory(int device) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto& m = memory_[device];
+  m.peak_bytes = m.bytes;
+  m.peak_count = m.count;
+}
+
+void Runtime::reset_accumulated_memory(int device) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto& m = memory_[device];
+  m.allocated_bytes = m.freed_bytes = m.allocations = m.frees = 0;
 }
 
 Cell* Runtime::cell_at(const void* addr) {

@@ -113,6 +113,18 @@ class Runtime {
   void free_cell(Cell* cell);
   Cell* cell_at(const void* addr);  // cell whose range holds addr, or nullptr
 
+  // The storages alive on a device, as PyTorch's device allocators count them (torch.tpu and
+  // torch.accelerator memory functions): a storage counts from its allocation to its free, whether
+  // or not its PJRT buffer exists yet, on every plugin. Bytes and counts: current, peak since the
+  // last reset_peak_memory, and accumulated allocations and frees since reset_accumulated_memory.
+  struct MemoryCounters {
+    int64_t bytes = 0, peak_bytes = 0, allocated_bytes = 0, freed_bytes = 0;
+    int64_t count = 0, peak_count = 0, allocations = 0, frees = 0;
+  };
+  MemoryCounters memory(int device);
+  void reset_peak_memory(int device);
+  void reset_accumulated_memory(int device);
+
   // Gives `cell` a typed layout if it has none yet (numel = nbytes / itemsize).
   void ensure_typed(Cell& cell, c10::ScalarType dtype);
   // The cell's buffer, creating a zero-filled one if it has never been written. Called where no
@@ -163,6 +175,7 @@ class Runtime {
   std::vector<std::pair<std::string, int64_t>> options_;
   std::shared_ptr<pjrt::Client> client_;
   std::map<uintptr_t, Cell*> cells_;
+  std::map<int, MemoryCounters> memory_;  // by device, under mu_
   uintptr_t next_addr_ = uintptr_t(1) << 44;
   void run_hook() {
     if (hook_) hook_();
