@@ -11,3 +11,4 @@ from . import upsample  # noqa: F401
 from . import special  # noqa: F401
 from . import complex, fft  # noqa: F401
 from . import bags  # noqa: F401
+from . import amp  # noqa: F401
