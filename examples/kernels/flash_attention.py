@@ -88,8 +88,9 @@ flash_attention.defvjp(_fwd, _bwd)
 attention = jax_op("examples::flash_attention", flash_attention)
 
 
-def train(model, steps, compiled=False):
-    """Losses of `steps` AdamW steps on a fixed batch of token ids."""
+def training_step(model, compiled=False):
+    """step() -> loss: one AdamW step of `model` on a fixed batch of token ids (compiled whole with
+    backend "tpu" if asked)."""
     torch.manual_seed(1)
     idx = torch.randint(0, 64, (8, 17), device="tpu")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -102,8 +103,13 @@ def train(model, steps, compiled=False):
         opt.step()
         return loss
 
-    run = torch.compile(step, backend="tpu") if compiled else step
-    return [run().item() for _ in range(steps)]
+    return torch.compile(step, backend="tpu") if compiled else step
+
+
+def train(model, steps, compiled=False):
+    """Losses of `steps` training steps."""
+    step = training_step(model, compiled)
+    return [step().item() for _ in range(steps)]
 
 
 def main(steps=10):
