@@ -120,15 +120,13 @@ class JaxOp:
         if max(self.donate.values()) >= len(types):
             raise ValueError(f"{self.name}: an input is donated to output {max(self.donate.values())}, and the "
                              f"function has {len(types)} outputs")
-        outs = []
         donated_at = {o: i for i, o in self.donate.items()}
-        for k, (shape, dtype) in enumerate(types):
-            src = by_pos.get(donated_at[k]) if k in donated_at else None
-            if src is not None and (tuple(src.shape) != shape or src.dtype != dtype):
-                raise ValueError(f"{self.name}: input {donated_at[k]} ({tuple(src.shape)}, {src.dtype}) is donated "
+        for k, i in donated_at.items():
+            src, (shape, dtype) = by_pos[i], types[k]
+            if tuple(src.shape) != shape or src.dtype != dtype:
+                raise ValueError(f"{self.name}: input {i} ({tuple(src.shape)}, {src.dtype}) is donated "
                                  f"to output {k} ({shape}, {dtype}): they must have the same shape and dtype")
-            outs.append(src if src is not None else torch.empty(shape, dtype=dtype, device=tensors[0].device))
-        if torch.compiler.is_compiling():
+        if _is_compiling():
             # A mutating custom op reaches a compiled graph wrapped in auto_functionalized; the
             # functional twin plus copy_ into the donated inputs is what functionalization makes of
             # an in-place update, and the graph lowering donates those inputs' buffers.
@@ -139,11 +137,11 @@ class JaxOp:
                 by_pos[i].copy_(flat[k])
             return self._unflatten(number, [by_pos[donated_at[k]] if k in donated_at else flat[k]
                                             for k in range(len(types))])
+        outs = [by_pos[donated_at[k]] if k in donated_at else torch.empty(shape, dtype=dtype, device=tensors[0].device)
+                for k, (shape, dtype) in enumerate(types)]
         rest = [by_pos[i] for i in positions if i not in self.donate]
         self.overload(rest, outs, number)
         return self._unflatten(number, outs)
-
-
 
     @torch._dynamo.assume_constant_result  # torch.compile: traced by JAX here, a constant to Dynamo
     def _out_types(self, in_specs, number) -> tuple:
