@@ -11,6 +11,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 # The tests' executable cache lives in a fresh directory, not in the user's cache.
 os.environ.setdefault("TORCH_TPU_CACHE_DIR", tempfile.mkdtemp(prefix="torch_tpu_test_cache_"))
 import torch_tpu  # noqa: E402,F401
+from models._torchvision import import_torchvision  # noqa: E402
+
+import_torchvision()  # before any test imports transformers or timm (see models/_torchvision.py)
 
 warnings.filterwarnings("ignore", message="No TPU here")
 

@@ -1,0 +1,1 @@
+"""The model zoo (zoo.py), its runner against CPU (runner.py) and table (report.py)."""
