@@ -10,6 +10,9 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 # The tests' executable cache lives in a fresh directory, not in the user's cache.
 os.environ.setdefault("TORCH_TPU_CACHE_DIR", tempfile.mkdtemp(prefix="torch_tpu_test_cache_"))
+# Nor in the user's per-host or shared tiers (tests that use them set them).
+os.environ.pop("TORCH_TPU_TIER2_COMPILATION_CACHE", None)
+os.environ.pop("TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT", None)
 import torch_tpu  # noqa: E402,F401
 from models._torchvision import import_torchvision  # noqa: E402
 

@@ -1,11 +1,14 @@
 """The persistent executable cache: reuse across processes, corrupt/foreign entries, concurrent
-writers, the size cap, and the switch that turns the disk tier off."""
+writers, the size cap, the switch that turns the disk tier off, and the per-host (tier 2) and
+shared (tier 3) tiers around the disk tier: search order, promotion, rejection, unusable directories."""
 import json
 import os
 import subprocess
 import sys
 
 import pytest
+
+import torch_tpu
 
 PROGRAM = r"""
 import json, sys, warnings
@@ -91,3 +94,123 @@ def test_size_cap_evicts(tmp_path):
 def test_disk_tier_off(tmp_path):
     stats, _ = run(tmp_path, {"TORCH_TPU_DISK_CACHE": "0"})
     assert stats["ok"] and stats["disk_writes"] == 0 and entries(tmp_path) == []
+
+
+# -- tier 2 (per host) and tier 3 (shared): TORCH_TPU_TIER2_COMPILATION_CACHE,
+#    TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT
+
+def test_tier3_serves_another_host_and_is_promoted_into_its_disk(tmp_path):
+    shared = tmp_path / "shared"
+    env = {"TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT": str(shared)}
+    first, _ = run(tmp_path / "host1", env)
+    n = first["misses"]
+    assert first["ok"] and n > 0 and first["tier3_writes"] == first["disk_writes"] == n
+    assert entries(shared) == entries(tmp_path / "host1") and len(entries(shared)) == n
+    # A second host: its own empty disk directory, the same shared root.
+    second, _ = run(tmp_path / "host2", env)
+    assert second["ok"] and second["misses"] == 0 and second["tier3_hits"] == n and second["disk_hits"] == 0
+    assert second["disk_writes"] == n and entries(tmp_path / "host2") == entries(shared)
+    assert second["tier3_writes"] == 0 and second["compile_seconds_saved"] > 0
+    third, _ = run(tmp_path / "host2", env)  # now served by the faster tier
+    assert third["ok"] and third["disk_hits"] == n and third["tier3_hits"] == 0 and third["misses"] == 0
+
+
+def test_tier2_path_is_searched_before_the_disk_directory(tmp_path):
+    tier2 = tmp_path / "shm" / "cache"
+    env = {"TORCH_TPU_TIER2_COMPILATION_CACHE": str(tier2)}
+    first, _ = run(tmp_path / "disk1", env)
+    n = first["misses"]
+    assert first["ok"] and n > 0 and first["tier2_writes"] == first["disk_writes"] == n
+    # Another process of the host with a fresh disk directory: tier 2 serves it, nothing to promote.
+    second, _ = run(tmp_path / "disk2", env)
+    assert second["ok"] and second["misses"] == 0 and second["tier2_hits"] == n
+    assert second["disk_writes"] == 0 and entries(tmp_path / "disk2") == []
+    # Tier 2 emptied (a reboot clears /dev/shm): the disk hit is copied back into it.
+    for f in entries(tier2):
+        os.remove(tier2 / f)
+    third, _ = run(tmp_path / "disk1", env)
+    assert third["ok"] and third["misses"] == 0 and third["disk_hits"] == n and third["tier2_writes"] == n
+    assert entries(tier2) == entries(tmp_path / "disk1")
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip"])
+def test_corrupt_tier3_entry_is_a_miss_and_rewritten(tmp_path, damage):
+    shared = tmp_path / "shared"
+    env = {"TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT": str(shared)}
+    first, _ = run(tmp_path / "host1", env)
+    victim = shared / entries(shared)[0]
+    data = victim.read_bytes()
+    if damage == "truncate":
+        data = data[: len(data) // 2]
+    else:
+        data = data[:-20] + bytes(b ^ 0xFF for b in data[-20:-8]) + data[-8:]
+    victim.write_bytes(data)
+    second, err = run(tmp_path / "host2", env)
+    assert second["ok"]  # the recompiled program computes the right values
+    assert second["tier3_rejected"] == 1 and second["misses"] == 1
+    assert second["tier3_hits"] == first["misses"] - 1
+    assert second["tier3_writes"] == 1 and "ignoring compilation cache entry" in err
+    third, _ = run(tmp_path / "host3", env)  # the shared entry was rewritten whole
+    assert third["ok"] and third["misses"] == 0 and third["tier3_rejected"] == 0
+    assert third["tier3_hits"] == first["misses"]
+
+
+def test_unusable_tier_directory_is_off_with_one_warning(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    env = {"TORCH_TPU_TIER2_COMPILATION_CACHE": str(blocker / "tier2"),
+           "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT": str(blocker / "tier3"),
+           "PYTHONWARNINGS": "always"}  # a warning repeated per lookup would show each time
+    stats, err = run(tmp_path / "disk", env)
+    assert stats["ok"] and stats["misses"] > 1 and stats["disk_writes"] == stats["misses"]
+    assert stats["tier2_writes"] == stats["tier3_writes"] == 0
+    assert err.count("the tier2 compilation cache at") == 1
+    assert err.count("the tier3 compilation cache at") == 1
+
+
+PRIVATE_TIER = r"""
+import json, os, sys, warnings
+warnings.filterwarnings("ignore", message="No TPU here")
+import torch, torch_tpu
+torch_tpu._C._cache_configure([("tier2", sys.argv[1], 1 << 30, True)])
+y = (torch.arange(4.0, device="tpu") * 3).cpu()
+print(json.dumps({"ok": torch.equal(y, torch.arange(4.0) * 3), **torch_tpu.runtime.cache_stats()}))
+"""
+
+
+def test_private_tier_writable_by_others_is_not_used(tmp_path):
+    # What guards /dev/shm/torch_tpu_cache-<user>: a directory others can write to may hold
+    # planted entries.
+    d = tmp_path / "shm_cache"
+    d.mkdir()
+    os.chmod(d, 0o777)
+    r = subprocess.run([sys.executable, "-c", PRIVATE_TIER, str(d)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    stats = json.loads(r.stdout.strip().splitlines()[-1])
+    assert stats["ok"] and stats["tier2_writes"] == 0 and entries(d) == []
+    assert "other users can write to it" in r.stderr
+    fresh = tmp_path / "fresh"  # created by the cache itself: 0700, and used
+    r = subprocess.run([sys.executable, "-c", PRIVATE_TIER, str(fresh)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    stats = json.loads(r.stdout.strip().splitlines()[-1])
+    assert stats["ok"] and stats["tier2_writes"] > 0 and os.stat(fresh).st_mode & 0o777 == 0o700
+
+
+def test_tier2_values():
+    import pwd
+    user = pwd.getpwuid(os.geteuid()).pw_name
+    assert torch_tpu.runtime._tier2_dir("1") == (f"/dev/shm/torch_tpu_cache-{user}", True)
+    assert torch_tpu.runtime._tier2_dir("default") == (f"/dev/shm/torch_tpu_cache-{user}", True)
+    assert torch_tpu.runtime._tier2_dir("job7") == (f"/dev/shm/torch_tpu_cache-{user}-job7", True)
+    for off in ("", "0", "disabled"):
+        assert torch_tpu.runtime._tier2_dir(off) == ("", False)
+    assert torch_tpu.runtime._tier2_dir("/mnt/fast/cache") == ("/mnt/fast/cache", False)
+
+
+def test_object_store_tier3_root_is_refused_with_a_warning():
+    try:
+        with pytest.warns(UserWarning, match="tier3 compilation cache is off"):
+            torch_tpu.runtime.configure_cache(tier3_root="gs://bucket/cache")
+    finally:
+        torch_tpu.runtime.configure_cache()

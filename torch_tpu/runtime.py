@@ -13,8 +13,10 @@ import glob
 import hashlib
 import importlib.util
 import os
+import pwd
 import re
 import sys
+import warnings
 
 from . import _C
 
@@ -185,16 +187,62 @@ def _default_cache_dir() -> str:
     return os.path.join(base, "torch_tpu", "xla")
 
 
-def configure_cache(cache_dir: str | None = None, disk: bool | None = None, max_bytes: int | None = None) -> None:
-    """Sets the on-disk executable cache: its directory (env TORCH_TPU_CACHE_DIR, default
-    ~/.cache/torch_tpu/xla), whether the disk tier is used (TORCH_TPU_DISK_CACHE=0 turns it off) and
-    its size cap in bytes (TORCH_TPU_CACHE_MAX_BYTES, default 2 GiB; least recently used go first)."""
+def _tier2_dir(value: str) -> tuple[str, bool]:
+    """The directory of the per-host tier for a TORCH_TPU_TIER2_COMPILATION_CACHE value, and whether
+    it must be private to this user: "" when the value turns it off ("", "0", or Google TorchTPU's
+    "disabled"). "1" or "default": /dev/shm/torch_tpu_cache-<user>; another name (Google's values are
+    names): /dev/shm/torch_tpu_cache-<user>-<name>; a value with a "/": that directory. Unset is
+    off, whatever the world size (Google's turns it on for WORLD_SIZE > 1): the disk tier already
+    serves the processes of a host."""
+    if value in ("", "0", "disabled"):
+        return "", False
+    if os.sep in value:
+        return os.path.expanduser(value), False
+    try:
+        user = pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:  # a container's uid with no passwd entry
+        user = str(os.geteuid())
+    suffix = "" if value in ("1", "default") else "-" + value
+    # Per user, and checked to be ours alone: /dev/shm is writable by everyone, and an entry planted
+    # there would be loaded and run by this process.
+    return f"/dev/shm/torch_tpu_cache-{user}{suffix}", True
+
+
+def configure_cache(cache_dir: str | None = None, disk: bool | None = None, max_bytes: int | None = None,
+                    tier2: str | None = None, tier3_root: str | None = None) -> None:
+    """Sets the executable cache's directory tiers. Each argument left None comes from its
+    environment variable. Searched in this order after process memory (fastest first):
+
+    - tier 2, per host (Google TorchTPU's TORCH_TPU_TIER2_COMPILATION_CACHE; off by default): "1"
+      or a name puts it in /dev/shm (see _tier2_dir), a path in that directory; capped at max_bytes.
+    - disk, the local directory (TORCH_TPU_CACHE_DIR, default ~/.cache/torch_tpu/xla; on unless
+      TORCH_TPU_DISK_CACHE=0); capped at max_bytes.
+    - tier 3, shared by hosts (Google's TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT: a directory, e.g. on
+      a network file system; off by default); entries are written into that directory itself and
+      never evicted by torch_tpu. Google's object-store roots (gs://...) are not supported: such a
+      value leaves the tier off, with a warning.
+
+    max_bytes (TORCH_TPU_CACHE_MAX_BYTES, default 2 GiB) caps each capped tier; the least recently
+    used entries go first. A hit is copied into the tiers before it; a compile is written to all.
+    A tier whose directory cannot be created or written is off, with one warning, from the first
+    lookup that needs it. Replaces the previous tiers and zeroes their counters."""
     cache_dir = cache_dir or os.environ.get("TORCH_TPU_CACHE_DIR") or _default_cache_dir()
     if disk is None:
         disk = os.environ.get("TORCH_TPU_DISK_CACHE", "1") != "0"
     if max_bytes is None:
         max_bytes = int(os.environ.get("TORCH_TPU_CACHE_MAX_BYTES", str(2 << 30)))
-    _C._cache_configure(cache_dir, bool(disk), int(max_bytes))
+    if tier2 is None:
+        tier2 = os.environ.get("TORCH_TPU_TIER2_COMPILATION_CACHE", "")
+    if tier3_root is None:
+        tier3_root = os.environ.get("TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT", "")
+    if "://" in tier3_root:
+        warnings.warn(f"torch_tpu: the tier3 compilation cache is off: {tier3_root!r} is not a directory "
+                      "(only file-system paths are supported, e.g. a network file system's mount)", stacklevel=2)
+        tier3_root = ""
+    tier2_dir, tier2_private = _tier2_dir(tier2)
+    _C._cache_configure([("tier2", tier2_dir, int(max_bytes), tier2_private),
+                         ("disk", cache_dir if disk else "", int(max_bytes), False),
+                         ("tier3", os.path.expanduser(tier3_root), 0, False)])
 
 
 _identity: str | None = None
@@ -230,8 +278,10 @@ _KERNEL_FUNCTION = re.compile(r"func\.func private @k[0-9a-f]{16}_")
 
 def cache_stats() -> dict:
     """Executable cache statistics of this process: op-signature entries and hits (the eager fast
-    path), and the program cache's memory hits, disk hits, misses (compiles), compile seconds spent
-    and compile seconds saved by disk hits."""
+    path); the program cache's memory_hits; per directory tier (tier2, disk, tier3: see
+    configure_cache) <tier>_hits, <tier>_writes (compiles and promotions written), <tier>_rejected
+    (corrupt or foreign entries removed) and <tier>_evictions; misses (compiles), evictions (all
+    tiers), compile_seconds spent and compile_seconds_saved by tier hits."""
     plans = _C._plan_cache_stats()
     d = {"op_entries": plans["entries"], "op_hits": plans["hits"], "op_misses": plans["misses"]}
     d.update(_C._cache_stats())

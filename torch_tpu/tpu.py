@@ -244,8 +244,9 @@ def precision(level: Precision):
 
 
 def _get_cache_stats() -> dict:
-    """The executable cache's counters (Google TorchTPU's name): memory and disk hits, misses,
-    compile seconds spent and saved, entries (torch_tpu.runtime.cache_stats)."""
+    """The executable cache's counters (Google TorchTPU's name): hits per tier (memory, tier2, disk,
+    tier3), writes, rejected entries, misses, compile seconds spent and saved, entries
+    (torch_tpu.runtime.cache_stats)."""
     return runtime.cache_stats()
 
 

@@ -131,20 +131,30 @@ PYBIND11_MODULE(_C, m) {
       exe = torch_tpu::runtime::compile_cache().get_or_compile(Runtime::get().client(), key, mlir);
     }
     return exe;
-  }, "The executable of `mlir` from the compilation cache (memory, then disk), compiling on a miss. "
+  }, "The executable of `mlir` from the compilation cache (memory, then its directory tiers), compiling "
+     "on a miss. "
      "`key` must be a hex digest covering everything the executable depends on.");
-  m.def("_cache_configure", [](const std::string& dir, bool disk, int64_t max_bytes) {
-    torch_tpu::runtime::compile_cache().configure(dir, disk, max_bytes);
-  });
+  m.def("_cache_configure", [](const std::vector<std::tuple<std::string, std::string, int64_t, bool>>& tiers) {
+    std::vector<torch_tpu::runtime::CacheTierConfig> configs;
+    for (const auto& [name, dir, max_bytes, private_dir] : tiers) configs.push_back({name, dir, max_bytes, private_dir});
+    torch_tpu::runtime::compile_cache().configure(configs);
+  }, "Sets the compilation cache's directory tiers, in search order: (name, dir, max_bytes, private) each; "
+     "an empty dir is a tier that is off, max_bytes <= 0 one that is never evicted "
+     "(csrc/runtime/compile_cache.h).");
   m.def("_cache_stats", [] {
     auto s = torch_tpu::runtime::compile_cache().stats();
     py::dict d;
     d["memory_hits"] = s.memory_hits;
-    d["disk_hits"] = s.disk_hits;
+    int64_t evictions = 0;
+    for (const auto& t : s.tiers) {
+      d[py::str(t.name + "_hits")] = t.hits;
+      d[py::str(t.name + "_writes")] = t.writes;
+      d[py::str(t.name + "_rejected")] = t.rejected;
+      d[py::str(t.name + "_evictions")] = t.evictions;
+      evictions += t.evictions;
+    }
     d["misses"] = s.misses;
-    d["disk_writes"] = s.disk_writes;
-    d["disk_rejected"] = s.disk_rejected;
-    d["evictions"] = s.evictions;
+    d["evictions"] = evictions;
     d["compile_seconds"] = s.compile_seconds;
     d["compile_seconds_saved"] = s.saved_seconds;
     return d;

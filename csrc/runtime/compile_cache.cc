@@ -3,10 +3,13 @@
 #include "runtime/runtime.h"
 
 #include <c10/util/Exception.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <climits>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -40,6 +43,67 @@ bool get(const std::string& in, size_t& at, T* v) {
   return true;
 }
 
+std::string encode(const std::string& key, double seconds, const std::string& payload) {
+  std::string data(kMagic, sizeof(kMagic));
+  put<uint32_t>(data, static_cast<uint32_t>(key.size()));
+  data += key;
+  put<double>(data, seconds);
+  put<uint64_t>(data, payload.size());
+  data += payload;
+  put<uint64_t>(data, fnv1a(payload));
+  return data;
+}
+
+// The payload of a file's bytes, or "" with *why set when they are not a sound entry for `key`.
+std::string decode(const std::string& data, const std::string& key, double* seconds, std::string* why) {
+  size_t at = sizeof(kMagic);
+  uint32_t klen = 0;
+  uint64_t plen = 0, sum = 0;
+  if (data.size() < sizeof(kMagic) || std::memcmp(data.data(), kMagic, sizeof(kMagic)) != 0) {
+    *why = "not a torch_tpu cache entry";
+  } else if (!get(data, at, &klen) || at + klen > data.size() || data.compare(at, klen, key) != 0) {
+    *why = "its key does not match its name";
+  } else if (at += klen; !get(data, at, seconds) || !get(data, at, &plen) || plen > data.size() - at ||
+                         data.size() - at - plen != sizeof(sum)) {
+    *why = "its size does not match its header (truncated?)";
+  } else {
+    std::string payload = data.substr(at, plen);
+    at += plen;
+    get(data, at, &sum);
+    if (sum == fnv1a(payload)) return payload;
+    *why = "checksum mismatch";
+  }
+  return std::string();
+}
+
+// Why a tier's directory cannot be used ("" when it can), creating it if needed.
+std::string unusable(const CacheTierConfig& c) {
+  std::error_code ec;
+  if (c.private_dir) {
+    // mkdir, not create_directories: its parent (/dev/shm) must already exist; 0700 whatever the umask.
+    if (::mkdir(c.dir.c_str(), 0700) != 0 && errno != EEXIST) return std::strerror(errno);
+    struct stat st;
+    if (::lstat(c.dir.c_str(), &st) != 0) return std::strerror(errno);
+    if (!S_ISDIR(st.st_mode)) return "it is not a directory (a link or a file is not used)";
+    if (st.st_uid != ::geteuid()) return "it belongs to another user";
+    if (st.st_mode & (S_IWGRP | S_IWOTH)) return "other users can write to it";
+  } else {
+    fs::create_directories(c.dir, ec);
+    if (ec) return ec.message();
+    if (!fs::is_directory(c.dir, ec)) return "it is not a directory";
+  }
+  if (::access(c.dir.c_str(), W_OK | X_OK) != 0) return "it is not writable";
+  return std::string();
+}
+
+// Unique among processes on every host that shares a directory (tier 3): host, pid and a random word.
+std::string temp_suffix() {
+  char host[HOST_NAME_MAX + 1] = {0};
+  if (::gethostname(host, sizeof(host) - 1) != 0) host[0] = 0;
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  return ".tmp." + std::string(host) + "." + std::to_string(::getpid()) + "." + std::to_string(rng());
+}
+
 }  // namespace
 
 CompileCache& compile_cache() {
@@ -47,31 +111,33 @@ CompileCache& compile_cache() {
   return *c;
 }
 
-void CompileCache::configure(const std::string& dir, bool disk, int64_t max_bytes) {
+void CompileCache::configure(const std::vector<CacheTierConfig>& tiers) {
   std::lock_guard<std::mutex> g(mu_);
-  dir_ = dir;
-  disk_ = disk && !dir.empty();
-  max_bytes_ = max_bytes;
-}
-
-std::string CompileCache::dir() {
-  std::lock_guard<std::mutex> g(mu_);
-  return dir_;
-}
-
-bool CompileCache::disk_enabled() {
-  std::lock_guard<std::mutex> g(mu_);
-  return disk_;
+  tiers_.clear();
+  for (const auto& c : tiers) {
+    auto t = std::make_shared<Tier>();
+    t->config = c;
+    t->stats.name = c.name;
+    tiers_.push_back(std::move(t));
+  }
 }
 
 CacheStats CompileCache::stats() {
   std::lock_guard<std::mutex> g(mu_);
-  return stats_;
+  CacheStats s;
+  s.memory_hits = memory_hits_;
+  s.misses = misses_;
+  s.compile_seconds = compile_seconds_;
+  s.saved_seconds = saved_seconds_;
+  for (const auto& t : tiers_) s.tiers.push_back(t->stats);
+  return s;
 }
 
 void CompileCache::reset_stats() {
   std::lock_guard<std::mutex> g(mu_);
-  stats_ = CacheStats();
+  memory_hits_ = misses_ = 0;
+  compile_seconds_ = saved_seconds_ = 0;
+  for (auto& t : tiers_) t->stats = CacheTierStats{t->config.name};
 }
 
 void CompileCache::clear_memory() {
@@ -82,9 +148,32 @@ void CompileCache::clear_memory() {
 void CompileCache::remember_locked(const std::string& key, std::shared_ptr<pjrt::Executable> exe) {
   // Each loaded executable holds a few JIT code mappings; a process with tens of thousands of them
   // hits the kernel's map limit (LLVM: "Unable to allocate section memory"). Past the cap the memory
-  // tier starts over: entries stay on disk, and live front-end entries keep their own references.
+  // tier starts over: entries stay in the directory tiers, and live front-end entries keep their own
+  // references.
   if (memory_.size() >= kMaxMemoryEntries) memory_.clear();
   memory_[key] = std::move(exe);
+}
+
+std::vector<std::shared_ptr<CompileCache::Tier>> CompileCache::usable_tiers() {
+  std::vector<std::shared_ptr<Tier>> all;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    all = tiers_;
+  }
+  std::vector<std::shared_ptr<Tier>> out;
+  for (auto& t : all) {
+    if (t->config.dir.empty()) continue;
+    // Outside mu_: a slow (network) file system delays only the lookups that need this tier.
+    std::call_once(t->checked, [&] {
+      std::string why = unusable(t->config);
+      t->usable = why.empty();
+      if (!t->usable)
+        TORCH_WARN("torch_tpu: the ", t->config.name, " compilation cache at ", t->config.dir,
+                   " is off in this process: ", why, ".");
+    });
+    if (t->usable) out.push_back(t);
+  }
+  return out;
 }
 
 std::shared_ptr<pjrt::Executable> CompileCache::get_or_compile(pjrt::Client& client, const std::string& key,
@@ -93,19 +182,24 @@ std::shared_ptr<pjrt::Executable> CompileCache::get_or_compile(pjrt::Client& cli
     std::lock_guard<std::mutex> g(mu_);
     auto it = memory_.find(key);
     if (it != memory_.end()) {
-      stats_.memory_hits++;
+      memory_hits_++;
       return it->second;
     }
   }
+  auto tiers = usable_tiers();
+  std::string entry;
   double seconds = 0;
-  if (disk_enabled()) {
-    if (auto exe = load(client, key, &seconds)) {
+  for (size_t i = 0; i < tiers.size(); ++i) {
+    auto exe = load(client, *tiers[i], key, &entry, &seconds);
+    if (!exe) continue;
+    {
       std::lock_guard<std::mutex> g(mu_);
-      stats_.disk_hits++;
-      stats_.saved_seconds += seconds;
+      tiers[i]->stats.hits++;
+      saved_seconds_ += seconds;
       remember_locked(key, exe);
-      return exe;
     }
+    for (size_t j = 0; j < i; ++j) write(*tiers[j], key, entry);  // promote into the faster tiers
+    return exe;
   }
   auto t0 = std::chrono::steady_clock::now();
   auto exe = client.compile(mlir);
@@ -113,119 +207,100 @@ std::shared_ptr<pjrt::Executable> CompileCache::get_or_compile(pjrt::Client& cli
   seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   {
     std::lock_guard<std::mutex> g(mu_);
-    stats_.misses++;
-    stats_.compile_seconds += seconds;
+    misses_++;
+    compile_seconds_ += seconds;
     remember_locked(key, exe);
   }
-  if (disk_enabled()) store(client, key, *exe, seconds);
+  if (tiers.empty()) return exe;
+  std::string payload;
+  try {
+    payload = client.serialize(*exe);
+  } catch (const std::exception&) {
+    return exe;  // a plugin that cannot serialize just has no directory tiers
+  }
+  entry = encode(key, seconds, payload);
+  for (auto& t : tiers) write(*t, key, entry);
   return exe;
 }
 
-std::shared_ptr<pjrt::Executable> CompileCache::load(pjrt::Client& client, const std::string& key,
-                                                     double* seconds) {
-  fs::path path = fs::path(dir()) / (key + ".xla");
-  std::error_code ec;
-  if (!fs::exists(path, ec)) return nullptr;
-  std::string data;
+std::shared_ptr<pjrt::Executable> CompileCache::load(pjrt::Client& client, Tier& tier, const std::string& key,
+                                                     std::string* entry, double* seconds) {
+  fs::path path = fs::path(tier.config.dir) / (key + ".xla");
   {
     std::ifstream f(path, std::ios::binary);
-    if (!f) return nullptr;
-    data.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+    if (!f) return nullptr;  // not there (or unreadable): a plain miss
+    entry->assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
   }
+  std::error_code ec;
   std::string why;
-  size_t at = 0;
-  uint32_t klen = 0;
-  uint64_t plen = 0, sum = 0;
-  if (data.size() < sizeof(kMagic) || std::memcmp(data.data(), kMagic, sizeof(kMagic)) != 0) {
-    why = "not a torch_tpu cache entry";
-  } else if (at = sizeof(kMagic); !get(data, at, &klen) || at + klen > data.size() ||
-                                  data.compare(at, klen, key) != 0) {
-    why = "its key does not match its name";
-  } else if (at += klen; !get(data, at, seconds) || !get(data, at, &plen) || at + plen + 8 > data.size()) {
-    why = "truncated";
-  } else {
-    std::string payload = data.substr(at, plen);
-    at += plen;
-    get(data, at, &sum);
-    if (sum != fnv1a(payload)) {
-      why = "checksum mismatch";
-    } else {
-      try {
-        auto exe = client.deserialize(payload);
-        fs::last_write_time(path, fs::file_time_type::clock::now(), ec);  // LRU: mark as used
-        return exe;
-      } catch (const std::exception& e) {
-        why = std::string("the plugin cannot load it (") + e.what() + ")";
-      }
+  std::string payload = decode(*entry, key, seconds, &why);
+  if (why.empty()) {
+    try {
+      auto exe = client.deserialize(payload);
+      // LRU: mark as used. Only where it is evicted: on a shared tier each hit would be a metadata write.
+      if (tier.config.max_bytes > 0) fs::last_write_time(path, fs::file_time_type::clock::now(), ec);
+      return exe;
+    } catch (const std::exception& e) {
+      why = std::string("the plugin cannot load it (") + e.what() + ")";
     }
   }
   TORCH_WARN_ONCE("torch_tpu: ignoring compilation cache entry ", path.string(), ": ", why,
                   ". It is removed and the program recompiled.");
   fs::remove(path, ec);
   std::lock_guard<std::mutex> g(mu_);
-  stats_.disk_rejected++;
+  tier.stats.rejected++;
   return nullptr;
 }
 
-void CompileCache::store(pjrt::Client& client, const std::string& key, const pjrt::Executable& exe,
-                         double seconds) {
-  std::string payload;
-  try {
-    payload = client.serialize(exe);
-  } catch (const std::exception&) {
-    return;  // a plugin that cannot serialize just has no disk tier
-  }
-  std::string data(kMagic, sizeof(kMagic));
-  put<uint32_t>(data, static_cast<uint32_t>(key.size()));
-  data += key;
-  put<double>(data, seconds);
-  put<uint64_t>(data, payload.size());
-  data += payload;
-  put<uint64_t>(data, fnv1a(payload));
+void CompileCache::write(Tier& tier, const std::string& key, const std::string& entry) {
+  fs::path dir(tier.config.dir);
+  fs::path tmp = dir / (key + temp_suffix());
   std::error_code ec;
-  fs::path d(dir());
-  fs::create_directories(d, ec);
-  std::random_device rd;
-  fs::path tmp = d / (key + ".tmp." + std::to_string(getpid()) + "." + std::to_string(rd()));
   {
     std::ofstream f(tmp, std::ios::binary);
     if (!f) return;
-    f.write(data.data(), static_cast<std::streamsize>(data.size()));
+    f.write(entry.data(), static_cast<std::streamsize>(entry.size()));
+    f.close();  // on NFS, close flushes to the server: the rename below then publishes whole bytes
     if (!f) {
       fs::remove(tmp, ec);
       return;
     }
   }
-  fs::rename(tmp, d / (key + ".xla"), ec);  // atomic: readers see the old file or the whole new one
+  fs::rename(tmp, dir / (key + ".xla"), ec);  // atomic: readers see the old file or the whole new one
   if (ec) {
     fs::remove(tmp, ec);
     return;
   }
-  std::lock_guard<std::mutex> g(mu_);
-  stats_.disk_writes++;
-  evict_locked();
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    tier.stats.writes++;
+  }
+  if (tier.config.max_bytes > 0) evict(tier);
 }
 
-void CompileCache::evict_locked() {
+void CompileCache::evict(Tier& tier) {
   std::error_code ec;
   std::vector<std::pair<fs::file_time_type, fs::path>> entries;
   int64_t total = 0;
-  for (const auto& e : fs::directory_iterator(dir_, ec)) {
+  for (const auto& e : fs::directory_iterator(tier.config.dir, ec)) {
     if (e.path().extension() != ".xla") continue;
-    auto size = static_cast<int64_t>(e.file_size(ec));
-    total += size;
+    total += static_cast<int64_t>(e.file_size(ec));
     entries.emplace_back(e.last_write_time(ec), e.path());
   }
-  if (total <= max_bytes_) return;
+  if (total <= tier.config.max_bytes) return;
   std::sort(entries.begin(), entries.end());
+  int64_t evicted = 0;
   for (const auto& [when, path] : entries) {
-    if (total <= max_bytes_) break;
+    if (total <= tier.config.max_bytes) break;
     auto size = static_cast<int64_t>(fs::file_size(path, ec));
+    if (ec) continue;  // another process evicted it first
     if (fs::remove(path, ec)) {
       total -= size;
-      stats_.evictions++;
+      evicted++;
     }
   }
+  std::lock_guard<std::mutex> g(mu_);
+  tier.stats.evictions += evicted;
 }
 
 }  // namespace torch_tpu::runtime

@@ -1,12 +1,19 @@
 // The executable cache shared by every front-end (eager, fused eager, torch.compile): in memory,
-// and on disk across processes and restarts.
+// then in a list of directory tiers searched in order (torch_tpu.runtime.configure_cache sets them:
+// Google TorchTPU's per-host tier 2 under /dev/shm, our local disk directory, Google's shared
+// tier 3), across processes, restarts and hosts.
 //
 // The caller gives a key that already covers everything the executable depends on (the program
 // text, the plugin's platform and version, the compile options, the torch_tpu version); it is a hex
-// digest, used as the file name. Disk entries are written to a temporary file and renamed into
-// place (atomic, so concurrent writers of one key are safe); an entry that is truncated, corrupt,
-// or not ours is ignored with one warning, removed and rebuilt. The directory is capped in bytes,
-// evicting the least recently used entries (a hit refreshes an entry's modification time).
+// digest, used as the file name <key>.xla in every tier. A hit in a tier is copied into the tiers
+// searched before it (and memory); a compile is written to every tier. Entries are written to a
+// temporary file in the tier's directory and renamed into place (atomic on POSIX file systems, NFS
+// included: concurrent writers of one key, on one host or many, are safe and a reader never sees a
+// partial entry); an entry that is truncated, corrupt, or not ours is ignored with one warning,
+// removed, and rebuilt. A tier with a byte cap evicts its least recently used entries (a hit
+// refreshes an entry's modification time); a tier without one is never evicted by torch_tpu.
+// A tier whose directory cannot be created or written is disabled with one warning, when it is
+// first needed (so configuring the cache touches no file system).
 #pragma once
 
 #include <cstdint>
@@ -14,42 +21,75 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "pjrt/pjrt.h"
 
 namespace torch_tpu::runtime {
 
+// One directory tier, as configured.
+struct CacheTierConfig {
+  std::string name;       // names its counters ("disk", "tier2", "tier3")
+  std::string dir;        // empty: the tier is off (its counters stay, at zero)
+  int64_t max_bytes = 0;  // cap on its entries' bytes; <= 0: never evicted (a shared directory's owner manages it)
+  // The directory must be this user's alone: created with mode 0700, and used only if it is a real
+  // directory (not a link) owned by the effective user and not writable by group or others. For a
+  // per-user directory in a world-writable place (/dev/shm), where another user could plant entries
+  // that this process would then load and run.
+  bool private_dir = false;
+};
+
+struct CacheTierStats {
+  std::string name;
+  int64_t hits = 0;      // loads from this tier
+  int64_t writes = 0;    // entries written (compiles and promotions from slower tiers)
+  int64_t rejected = 0;  // entries found corrupt, truncated or foreign: removed, counted as not found
+  int64_t evictions = 0;
+};
+
 struct CacheStats {
-  int64_t memory_hits = 0, disk_hits = 0, misses = 0, disk_writes = 0, disk_rejected = 0, evictions = 0;
+  int64_t memory_hits = 0, misses = 0;
   double compile_seconds = 0;  // spent compiling misses
-  double saved_seconds = 0;    // compile time that disk hits did not spend (as recorded when written)
+  double saved_seconds = 0;    // compile time that tier hits did not spend (as recorded when written)
+  std::vector<CacheTierStats> tiers;  // in search order, one per configured tier (off ones included)
 };
 
 class CompileCache {
  public:
-  // dir: cache directory (created on first write); empty or !disk: memory only.
-  void configure(const std::string& dir, bool disk, int64_t max_bytes);
+  // The directory tiers, in search order; replaces the previous list and zeroes its counters.
+  // Touches no file system (each tier is checked when first needed). An empty list: memory only.
+  void configure(const std::vector<CacheTierConfig>& tiers);
+  // The executable for `key`: from memory, else the first tier that holds a sound entry (copied
+  // into the tiers before it), else compiled from `mlir` and written to every usable tier.
+  // Throws what the plugin's compile throws; cache file errors are never thrown (a miss instead).
   std::shared_ptr<pjrt::Executable> get_or_compile(pjrt::Client& client, const std::string& key,
                                                    const std::string& mlir);
   CacheStats stats();
   void reset_stats();
-  void clear_memory();  // drops the in-memory tier (tests, and to measure the disk tier)
-  std::string dir();
-  bool disk_enabled();
+  void clear_memory();  // drops the in-memory tier (tests, and to measure the directory tiers)
 
  private:
-  std::shared_ptr<pjrt::Executable> load(pjrt::Client& client, const std::string& key, double* seconds);
-  void store(pjrt::Client& client, const std::string& key, const pjrt::Executable& exe, double seconds);
-  void evict_locked();
+  struct Tier {
+    CacheTierConfig config;
+    std::once_flag checked;  // the directory is checked once, by the first lookup that needs it
+    bool usable = false;     // written inside `checked`, read after it
+    CacheTierStats stats;    // guarded by mu_
+  };
+
+  std::vector<std::shared_ptr<Tier>> usable_tiers();
+  std::shared_ptr<pjrt::Executable> load(pjrt::Client& client, Tier& tier, const std::string& key,
+                                         std::string* entry, double* seconds);
+  void write(Tier& tier, const std::string& key, const std::string& entry);
+  void evict(Tier& tier);
   void remember_locked(const std::string& key, std::shared_ptr<pjrt::Executable> exe);
   static constexpr size_t kMaxMemoryEntries = 4096;
 
   std::mutex mu_;
   std::unordered_map<std::string, std::shared_ptr<pjrt::Executable>> memory_;
-  std::string dir_;
-  bool disk_ = false;
-  int64_t max_bytes_ = int64_t(2) << 30;
-  CacheStats stats_;
+  // Shared so that a lookup in flight keeps the tiers it started with across a configure().
+  std::vector<std::shared_ptr<Tier>> tiers_;
+  int64_t memory_hits_ = 0, misses_ = 0;
+  double compile_seconds_ = 0, saved_seconds_ = 0;
 };
 
 CompileCache& compile_cache();

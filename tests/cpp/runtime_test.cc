@@ -122,8 +122,10 @@ TEST(CompileCache, SameProgramFromManyThreads) {
   for (auto& th : threads) th.join();
   for (auto& e : got) ASSERT_TRUE(e != nullptr);
   auto s = cache.stats();
-  EXPECT_EQ(s.memory_hits + s.disk_hits + s.misses, kThreads);
-  EXPECT_GE(s.misses + s.disk_hits, 1);
+  int64_t tier_hits = 0;
+  for (const auto& t : s.tiers) tier_hits += t.hits;
+  EXPECT_EQ(s.memory_hits + tier_hits + s.misses, kThreads);
+  EXPECT_GE(s.misses + tier_hits, 1);
   EXPECT_TRUE(compiled("runtime_test_add_scalar", kAddScalar) != nullptr);
   EXPECT_GE(cache.stats().memory_hits, 1);
 }
@@ -132,13 +134,35 @@ TEST(CompileCache, DiskTierServesAfterMemoryIsDropped) {
   const char* dir = std::getenv("TORCH_TPU_TEST_DIR");
   ASSERT_TRUE(dir) << "TORCH_TPU_TEST_DIR is not set";
   auto& cache = torch_tpu::runtime::compile_cache();
-  cache.configure(dir, true, int64_t(1) << 30);
+  cache.configure({{"disk", dir, int64_t(1) << 30, false}});
   compiled("runtime_test_disk", kAddOne);
   cache.clear_memory();
   cache.reset_stats();
   ASSERT_TRUE(compiled("runtime_test_disk", kAddOne) != nullptr);
-  EXPECT_EQ(cache.stats().disk_hits, 1);
-  cache.configure("", false, int64_t(1) << 30);
+  EXPECT_EQ(cache.stats().tiers.at(0).hits, 1);
+  cache.configure({});
+}
+
+TEST(CompileCache, HitInASlowerTierIsPromotedIntoTheFasterOnes) {
+  const char* dir = std::getenv("TORCH_TPU_TEST_DIR");
+  ASSERT_TRUE(dir) << "TORCH_TPU_TEST_DIR is not set";
+  const std::string fast = std::string(dir) + "/fast", slow = std::string(dir) + "/slow";
+  auto& cache = torch_tpu::runtime::compile_cache();
+  cache.configure({{"fast", "", 0, false}, {"slow", slow, 0, false}});  // "fast" off: only "slow" gets it
+  compiled("runtime_test_promote", kAddOne);
+  cache.configure({{"fast", fast, 0, false}, {"slow", slow, 0, false}});
+  cache.clear_memory();
+  cache.reset_stats();
+  ASSERT_TRUE(compiled("runtime_test_promote", kAddOne) != nullptr);
+  auto s = cache.stats();
+  EXPECT_EQ(s.misses, 0);
+  EXPECT_EQ(s.tiers.at(0).hits, 0);
+  EXPECT_EQ(s.tiers.at(1).hits, 1);
+  EXPECT_EQ(s.tiers.at(0).writes, 1);
+  cache.clear_memory();
+  ASSERT_TRUE(compiled("runtime_test_promote", kAddOne) != nullptr);
+  EXPECT_EQ(cache.stats().tiers.at(0).hits, 1);  // now served by the faster tier
+  cache.configure({});
 }
 
 TEST(ScalarOperands, OneBufferPerValueFromManyThreads) {
