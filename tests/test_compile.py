@@ -496,3 +496,21 @@ def test_complex_views_and_fft_compile_whole():
     got = torch.compile(f, backend="tpu", fullgraph=True)(x.to(TPU))
     for g, w in zip(got, f(x)):
         torch.testing.assert_close(g.cpu(), w, atol=1e-4, rtol=1e-4)
+
+
+def test_graph_with_a_tensor_created_in_it_trains():
+    """torch.tensor(data, device="tpu") inside a compiled function becomes a get_attr constant of
+    the graph (lift_fresh_copy of it). AOTAutograd calls the compiler inside its FakeTensorMode, and
+    the constant must still be copied for real: Hugging Face's GPT-2 forward graph, whose cache makes
+    `torch.tensor([])`, failed to lower and ran eagerly without it."""
+    def f(x):
+        return torch.cat([torch.tensor([], device=x.device), x * 2]).square().sum()
+
+    x = torch.randn(5, requires_grad=True)
+    xt = x.detach().to("tpu").requires_grad_()
+    got = torch.compile(f, backend="tpu", fullgraph=True)(xt)
+    got.backward()
+    want = f(x)
+    want.backward()
+    torch.testing.assert_close(got.cpu(), want)
+    torch.testing.assert_close(xt.grad.cpu(), x.grad)

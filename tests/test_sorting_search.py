@@ -122,11 +122,28 @@ def test_histc(dtype):
 
 def test_histc_errors():
     with pytest.raises(NotImplementedError):
-        torch.histc(torch.tensor([1, 2]).to(TPU), 3)
+        torch.histc(torch.tensor([True, False]).to(TPU), 3)
     with pytest.raises(RuntimeError, match="not finite"):
         torch.histc(torch.tensor([1.0, math.inf]).to(TPU), 3)
     with pytest.raises(RuntimeError, match="max must be larger than min"):
         torch.histc(torch.tensor([1.0]).to(TPU), 3, 2, 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.uint8])
+def test_histc_of_integers_counts_as_cuda(dtype):
+    """CPU raises for integer histc; CUDA (and transformers' MoE routing on accelerators) counts:
+    edges truncated to the dtype, bin = (e - min) * bins // (max - min) in int64, the max edge
+    into the last bin, values outside dropped, the result in the input dtype."""
+    x = torch.tensor([0, 1, 2, 3, 3, 1, 7, 9, 5], dtype=dtype)
+    got = torch.histc(x.to(TPU), bins=4, min=0.7, max=3.9)  # edges 0 and 3
+    assert got.dtype == dtype
+    assert got.cpu().tolist() == [1, 2, 1, 2]
+    # min == max: the data's extrema, 0 and 9: bins (e * 3) // 9
+    assert torch.histc(x.to(TPU), bins=3).cpu().tolist() == [4, 3, 2]
+    # integer data with integer edges: the same counts as the float histogram
+    y = torch.randint(0, 8, (200,), dtype=dtype)
+    want = torch.histc(y.float(), bins=8, min=0, max=7).to(dtype)
+    assert torch.equal(torch.histc(y.to(TPU), bins=8, min=0, max=7).cpu(), want)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

@@ -11,7 +11,8 @@ Modes: "strict" and "fused" eager (torch_tpu.eager_mode), and "compiled": the mo
 
 A result's status is one of:
 - "pass": every compared value is within tolerance and no op ran through the CPU fallback;
-- "fallback": values match, but some ops ran on the CPU (they are listed);
+- "fallback": values match, but some ops ran on the CPU (they are listed), or a compiled graph
+  failed to lower and ran eagerly instead;
 - "mismatch": a value is out of tolerance (the worst one is named). Values are compared with a
   float64 CPU run of the same model: a tpu value may be CPU_ERROR_FACTOR times as far from it as the
   CPU float32 value is (see there);
@@ -103,7 +104,7 @@ def _train(spec: ModelSpec, base: torch.nn.Module, cpu_inputs: dict, device: str
         opt.step()
         opt.zero_grad(set_to_none=True)
     state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}  # not views of the live state
-    for _ in range(WARMUP_STEPS):
+    for _ in range(WARMUP_STEPS if timed_steps else 0):
         step()
     _sync(device)
     start = time.perf_counter()
@@ -201,45 +202,54 @@ def run(spec: ModelSpec, mode: str, reference, timed_steps: int = 3) -> Result:
     notes = []
     if mode == "compiled":
         breaks = sum(torch._dynamo.utils.counters["graph_break"].values())
-        graphs = metrics.counters()["compiled_graphs"]
-        notes.append(f"{graphs} graphs, {breaks} graph breaks")
+        counts = metrics.counters()
+        notes.append(f"{counts['compiled_graphs']} graphs, {breaks} graph breaks")
+        if counts["graph_eager_fallbacks"]:
+            fallbacks["graphs run eagerly (lowering failed)"] = counts["graph_eager_fallbacks"]
     if mismatch:
         status, notes = "mismatch", [mismatch] + notes
     elif fallbacks:
         status = "fallback"
-        notes = ["CPU: " + ", ".join(sorted(fallbacks))] + notes
+        notes = ["fell back: " + ", ".join(sorted(fallbacks))] + notes
     else:
         status = "pass"
     return Result(spec.name, mode, status, "; ".join(notes), tpu.ms, cpu.ms)
 
 
+def _generate_ms(model, ids, kwargs, new_tokens):
+    """(tokens, ms per token) of a greedy generate() after one untimed warm-up call."""
+    model.generate(ids, **kwargs)
+    start = time.perf_counter()
+    out = model.generate(ids, **kwargs).cpu()
+    return out, (time.perf_counter() - start) * 1e3 / new_tokens
+
+
 def generate(spec: ModelSpec, base: torch.nn.Module, inputs: dict, compiled: bool,
              new_tokens: int = 8) -> Result:
     """Greedy Hugging Face `generate()` on tpu against the CPU's tokens: eager with the default
-    dynamic KV cache, or (compiled) with a static cache and the forward under
-    torch.compile(backend="tpu") as transformers compiles it for static caches."""
-    mode = "generate compiled static cache" if compiled else "generate eager"
+    dynamic KV cache, or (compiled) with a static cache, whose forward transformers compiles with
+    torch.compile (here with backend "tpu", through its CompileConfig)."""
+    mode = "generate, static cache, compiled" if compiled else "generate, KV cache, eager"
     ids = inputs["input_ids"][:1, :8]
     kwargs = dict(max_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
-    want = copy.deepcopy(base).eval().generate(ids, **kwargs)
+    want, cpu_ms = _generate_ms(copy.deepcopy(base).eval(), ids, kwargs, new_tokens)
     metrics.reset()
     torch._dynamo.reset()
     try:
         model = copy.deepcopy(base).to("tpu").eval()
         if compiled:
             from transformers import CompileConfig
-            kwargs.update(cache_implementation="static",
-                          compile_config=CompileConfig(backend="tpu", fullgraph=False))
-            model.generate(ids.to("tpu"), **kwargs)  # warm-up: traces and compiles
-        start = time.perf_counter()
-        got = model.generate(ids.to("tpu"), **kwargs).cpu()
-        ms = (time.perf_counter() - start) * 1e3 / new_tokens
-    except Exception as e:
-        return Result(spec.name, mode, "error", f"{type(e).__name__}: {str(e).splitlines()[0][:160]}")
+            kwargs.update(cache_implementation="static", compile_config=CompileConfig(backend="tpu"))
+        got, ms = _generate_ms(model, ids.to("tpu"), kwargs, new_tokens)
+    except Exception as e:  # the row records it; the table goes on
+        return Result(spec.name, mode, "error", f"{type(e).__name__}: {str(e).splitlines()[0][:160]}",
+                      cpu_ms=cpu_ms)
     notes = [f"{metrics.counters()['compiled_graphs']} graphs"] if compiled else []
-    if not torch.equal(got, want):
-        return Result(spec.name, mode, "mismatch", f"tokens {got.tolist()} against {want.tolist()}", ms)
     fallbacks = metrics.fallback_counts()
-    if fallbacks:
-        return Result(spec.name, mode, "fallback", "CPU: " + ", ".join(sorted(fallbacks)), ms)
-    return Result(spec.name, mode, "pass", "; ".join(notes), ms)
+    if not torch.equal(got, want):
+        status, notes = "mismatch", [f"tokens {got.tolist()} against {want.tolist()}"]
+    elif fallbacks:
+        status, notes = "fallback", ["fell back: " + ", ".join(sorted(fallbacks))] + notes
+    else:
+        status = "pass"
+    return Result(spec.name, mode, status, "; ".join(notes), ms, cpu_ms)

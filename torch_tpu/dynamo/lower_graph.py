@@ -30,6 +30,7 @@ import math
 import operator
 
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from .. import _C, _state, runtime
 from ..aten.kernel import _Signature
@@ -255,7 +256,10 @@ class GraphProgram:
                     a = b.arg(TensorType(tuple(t.shape), t.dtype))
                 else:
                     a = b.arg(TensorType((t.numel(),), t.dtype))
-                row_major = t.contiguous() if t.device.type == "cpu" else t.clone(memory_format=torch.contiguous_format)
+                # AOTAutograd may call the compiler inside its FakeTensorMode: the constant is a
+                # real tensor, copied for real.
+                with unset_fake_temporarily():
+                    row_major = t.contiguous() if t.device.type == "cpu" else t.clone(memory_format=torch.contiguous_format)
                 self.arg_plan.append(("const", row_major))
                 v = b.reshape(a, tuple(t.shape))
                 env[node] = Value(v.name, v.type, _meta(t))

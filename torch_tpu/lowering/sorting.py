@@ -449,7 +449,7 @@ def _histc_range(x, lo, hi):
 
 
 def _check_histc(x, bins=100, lo=0, hi=0):
-    if not x.dtype.is_floating_point:
+    if x.dtype == torch.bool or x.dtype.is_complex:
         raise NotImplementedError(f"\"histogram_cpu\" not implemented for '{str(x.dtype)[6:].capitalize()}'")
     if bins <= 0:
         raise RuntimeError(f"torch.histc(): bins must be > 0, but got {bins} for dimension 0")
@@ -460,20 +460,28 @@ def _check_histc(x, bins=100, lo=0, hi=0):
 def histc(ctx, x, bins=100, lo=0, hi=0):
     """Edges from min/max (or the data's extrema when equal); an element e in [left, right] goes to
     bin trunc((e - left) * bins / (right - left)) computed op by op in the input dtype (as CPU's
-    scalar_t arithmetic), the right edge into the last bin; NaN and outside values are dropped."""
+    scalar_t arithmetic), the right edge into the last bin; NaN and outside values are dropped.
+
+    Integer inputs are counted as CUDA counts them (CPU raises "not implemented" for them; MoE
+    routers such as transformers' count experts with histc on int32 on accelerators): the edges are
+    min/max truncated to the input dtype, and the bin is computed in int64 with integer division."""
     b = ctx.b
     out = ctx.out[0]
     dt = x.dtype
-    cd = compute_dtype(dt)
+    integral = not dt.is_floating_point
+    cd = torch.int64 if integral else compute_dtype(dt)
     n = x.type.numel
     if n == 0:
         return b.constant(0, dt, out.shape)
 
-    def rnd(v):  # one scalar_t operation's rounding
-        return b.convert(b.convert(v, dt), cd)
+    def rnd(v):  # one scalar_t operation's rounding (CUDA's integer bins are int64 arithmetic)
+        return v if integral else b.convert(b.convert(v, dt), cd)
+
+    def edge(v):  # the edges are scalar_t: an integer input's are truncated (Scalar::to<scalar_t>)
+        return b.convert(b.convert(v, dt), cd) if integral else b.convert(v, cd)
     flat = b.convert(b.reshape(x, [n]), cd)
-    lo_v = b.convert(lo, cd) if lo is not None else b.constant(0, cd)
-    hi_v = b.convert(hi, cd) if hi is not None else b.constant(0, cd)
+    lo_v = edge(lo) if lo is not None else b.constant(0, cd)
+    hi_v = edge(hi) if hi is not None else b.constant(0, cd)
     same = b.compare(lo_v, hi_v, "EQ")
     from .reduction import reduce_max
     mn, mx = reduce_max(b, flat, [0], False), reduce_max(b, flat, [0], True)
