@@ -1,6 +1,6 @@
 """aten::_grouped_mm (torch.nn.functional.grouped_mm, Mixture-of-Experts layers) on tpu against
 PyTorch's CPU kernel: every layout forward and backward, eager (strict, fused) and compiled,
-float32 and bfloat16, empty groups, rows past the last offset, and CPU's errors."""
+float32 and bfloat16 (float16 eager), empty groups, rows past the last offset, and CPU's errors."""
 import re
 
 import pytest
@@ -33,7 +33,7 @@ def grouped(a, b, offs):
 
 
 @pytest.mark.parametrize("mode", ["strict", "fused"])
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES + [torch.float16])
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_eager(layout, dtype, mode, no_fallback):
     with torch_tpu.eager_mode(mode):

@@ -257,7 +257,9 @@ def grouped_mm(ctx, a, w, offs=None, bias=None, out_dtype=None):
     """aten::_grouped_mm (shapes and errors: grouped_mm_meta). Each layout is one dot_general over
     the operand whose grouped dim is masked per group, the group and the reduction dims contracted
     together, so a group's products accumulate as one mm would (in float32 for half precision),
-    whatever the offsets; empty groups give zeros."""
+    whatever the offsets; empty groups give zeros. Not chlo.ragged_dot (JAX's lowering of
+    lax.ragged_dot for TPU): the CPU plugin parses it but cannot compile it (XLA:CPU has no
+    ragged-dot). The masked operand is G times the grouped one, and so is the work."""
     b, out = ctx.b, ctx.out[0].dtype
     if offs is None:                                          # [G, M, K] x [G, K, N]
         return b.convert(dot(b, a, w, ([0], [0]), ([2], [1]), out), out)
