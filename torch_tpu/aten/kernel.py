@@ -441,7 +441,8 @@ class Kernel:
             value_meta = [x for v in value_meta for x in (v if isinstance(v, list) else [v])]
             structure = "none"
         else:
-            value_meta = fsig.invoke(meta_vals(f_vals, f_kinds))
+            f_meta = meta_vals(f_vals, f_kinds)
+            value_meta = self.lowering.meta(*f_meta) if self.lowering.meta else fsig.invoke(f_meta)
             if isinstance(value_meta, torch.Tensor):
                 structure, value_meta = "T", [value_meta]
             elif isinstance(value_meta, list):

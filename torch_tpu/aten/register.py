@@ -17,7 +17,7 @@ from torch._decomp import core_aten_decompositions
 from .. import _C
 from ..lowering import registry
 from ..lowering.overloads import overload, overload_name, variants
-from .kernel import Kernel
+from .kernel import Kernel, _Signature
 
 _registered: dict[str, object] = {}
 _LIBRARY = torch.library.Library("aten", "IMPL")
@@ -59,6 +59,8 @@ def register_lowering(name: str, low) -> None:
     of its in-place and out= variants (aten ops; a custom kernel's op has none)."""
     f = overload(name)
     host = name == "copy"
+    if low.meta is not None:
+        _fake_rule(f, low.meta)
     _impl(f, Kernel(f, low, f, host_inputs=host))
     for k in variants(f) if f.namespace == "aten" else ():
         kern = Kernel(k, low, f, host_inputs=host)
@@ -71,6 +73,26 @@ def register_lowering(name: str, low) -> None:
             _registered[overload_name(k)] = kern
         else:
             _impl(k, kern)
+
+
+def _fake_rule(op, meta) -> None:
+    """Makes `meta` the FakeTensor rule of `op` for tpu tensors, as the eager kernel uses it for
+    meta tensors (Lowering.meta). torch.compile traces with fake tensors, whose results PyTorch's
+    meta kernel computes for every device: where that kernel refuses what CPU and tpu accept
+    (_grouped_mm's CUDA-only bfloat16 check), a FakeTensorMode rule is the one hook that sees the
+    device; a meta-kernel override could not tell tpu from CPU or CUDA. Calls with no tpu tensor
+    get NotImplemented, which hands them on to PyTorch's meta kernel unchanged."""
+    from torch._subclasses.fake_impls import register_op_impl
+    sig = _Signature(op)
+
+    def rule(mode, func, *args, **kwargs):
+        vals = sig.bind(args, kwargs)
+        if not any(isinstance(v, torch.Tensor) and v.device.type == "tpu" for v in vals):
+            return NotImplemented
+        with mode:
+            return meta(*vals)
+
+    register_op_impl(lambda func: func is op)(rule)
 
 
 _active = threading.local()

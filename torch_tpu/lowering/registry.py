@@ -48,6 +48,10 @@ class Lowering:
     # surfaces at the next synchronisation (debug mode: at the op). May raise for what shapes alone
     # make wrong. Compiled graphs check them on the device too (dynamo/lower_graph.py).
     bounds: Callable | None = None
+    # The overload's result on meta (eager) or fake (torch.compile) tensors of tpu arguments, with
+    # CPU's errors, where PyTorch's meta kernel is CUDA's and refuses what CPU accepts:
+    # (*arguments in schema order) -> result. Tensors of other devices keep PyTorch's meta kernel.
+    meta: Callable | None = None
     # Lowered only inside compiled graphs (views, view scatters, factories: functional.py); eager
     # runs these ops as metadata kernels or composites and registers no kernel for them.
     graph_only: bool = False
@@ -153,7 +157,7 @@ class NotLowered(NotImplementedError):
 
 def register(*names: str, check: Callable | None = None, rng: bool = False, prepare: Callable | None = None,
              layout: Callable | None = None, bounds: Callable | None = None, prepare_only_for_masks: bool = False,
-             graph_only: bool = False):
+             graph_only: bool = False, meta: Callable | None = None):
     """Decorator: registers `fn` as the lowering of each named overload ("aten::" omitted).
     Raises RuntimeError for an overload that already has one (one lowering per op)."""
     def deco(fn):
@@ -162,7 +166,7 @@ def register(*names: str, check: Callable | None = None, rng: bool = False, prep
                 raise RuntimeError(f"two lowerings registered for aten::{n}")
             REGISTRY[n] = Lowering(n, fn, check=check, rng=rng, prepare=prepare,
                                    prepare_only_for_masks=prepare_only_for_masks, layout=layout, bounds=bounds,
-                                   graph_only=graph_only)
+                                   graph_only=graph_only, meta=meta)
         return fn
     return deco
 
