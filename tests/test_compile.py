@@ -514,3 +514,16 @@ def test_graph_with_a_tensor_created_in_it_trains():
     want.backward()
     torch.testing.assert_close(got.cpu(), want)
     torch.testing.assert_close(xt.grad.cpu(), x.grad)
+
+
+def test_sort_compiles_without_a_graph_break():
+    """torch.sort in a graph is aten.sort.default (MoE routers sort their expert ids)."""
+    def f(x):
+        v, i = torch.sort(x, dim=-1, descending=True)
+        return v * 2, i
+
+    x = torch.tensor([[3.0, 1.0, 3.0, 2.0], [0.0, -1.0, 5.0, 0.0]])
+    got = torch.compile(f, backend="tpu", fullgraph=True)(x.to("tpu"))
+    want = f(x)
+    torch.testing.assert_close(got[0].cpu(), want[0])
+    assert torch.equal(got[1].cpu(), want[1])

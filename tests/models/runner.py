@@ -180,7 +180,12 @@ def cpu_reference(spec: ModelSpec, timed_steps: int):
     base = spec.build()
     inputs = spec.inputs(torch.Generator().manual_seed(0))
     cpu = _train(spec, base, inputs, "cpu", "eager", timed_steps)
-    truth = _train(spec, base, inputs, "cpu", "eager", 0, dtype=torch.float64)
+    try:
+        truth = _train(spec, base, inputs, "cpu", "eager", 0, dtype=torch.float64)
+    except RuntimeError:
+        # Some CPU kernels have no float64 (grouped_mm: float32, bfloat16, float16 only). The CPU
+        # float32 run is then the reference, and the floors alone are the tolerance.
+        truth = cpu
     return base, inputs, cpu, truth
 
 

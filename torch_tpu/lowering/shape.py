@@ -131,6 +131,13 @@ def sort(ctx, x, stable=None, dim=-1, descending=False):
     return _sort(ctx.b, x, dim, descending)
 
 
+@register("sort")
+def sort_default(ctx, x, dim=-1, descending=False):
+    """sort.default, which compiled graphs call (eager reaches it through sort.stable): stable, as
+    sort.stable(stable=False) is on tpu and on the CPU."""
+    return _sort(ctx.b, x, dim, descending)
+
+
 @register("topk")
 def topk(ctx, x, k, dim=-1, largest=True, sorted=True):
     """The first k of a stable sort (largest first when largest=True); NaN counts as largest."""
