@@ -257,7 +257,8 @@ class Kernel:
         self.fsig = _Signature(value_overload) if value_overload is not overload else self.sig
         self.lowering = lowering
         self.host_inputs = host_inputs
-        self.name = str(overload)
+        # The ATen overload name ("aten::add.Tensor"), as the C++ kernel, errors and profiler traces name it.
+        self.name = overload._schema.name + ("" if overload._overloadname == "default" else "." + overload._overloadname)
         # Where F's arguments are among K's (by name).
         self.f_index = [self.sig.names.index(n) for n in self.fsig.names]
         # An out= op lowered directly whose result size can depend on Scalar values (arange,
@@ -362,9 +363,7 @@ class Kernel:
                     by_id[id(r)] = v
             else:
                 by_id[id(real)] = low
-        ov = self.sig.overload
-        op = ov._schema.name + ("" if ov._overloadname == "default" else "." + ov._overloadname)
-        return bounds_status(b, self.lowering.bounds(*f_vals), lambda t: by_id.get(id(t)), op, status)
+        return bounds_status(b, self.lowering.bounds(*f_vals), lambda t: by_id.get(id(t)), self.name, status)
 
     def _cpu_strides(self, value_meta, f_vals):
         """Per functional result: the strides CPU gives it (the meta kernel's, or the lowering's
