@@ -248,11 +248,12 @@ def configure_cache(cache_dir: str | None = None, disk: bool | None = None, max_
 _identity: str | None = None
 
 
-def compile(program: str):
+def compile(program: str, name: str = "program"):
     """The executable of a StableHLO program (text with a public @main), through the cache shared
     by eager and torch.compile. Its key covers the program text, the plugin's identity (path,
     platform, version, API version), the compile options, XLA_FLAGS (the plugin reads its
-    DebugOptions from it) and the torch_tpu version."""
+    DebugOptions from it) and the torch_tpu version. `name` says what the program is in profiler
+    traces: a compile is the span "compile <name>", a disk-cache hit "load <name> from the disk cache"."""
     global _identity
     if _identity is None:
         start()
@@ -261,7 +262,7 @@ def compile(program: str):
                                os.environ.get("XLA_FLAGS", "")])
     key = hashlib.sha256((_identity + "\0" + program).encode()).hexdigest()
     try:
-        return _C._compile_cached(key, program)
+        return _C._compile_cached(key, program, name)
     except RuntimeError as e:
         if "Failed to parse" in str(e) and _KERNEL_FUNCTION.search(program):
             jax = sys.modules.get("jax")

@@ -204,7 +204,10 @@ void FusedRecorder::flush_locked(Run& run_ref) {
     if (seen.insert(r.plan->name).second) names += (names.empty() ? "" : ", ") + r.plan->name;
   }
   stats_.flushes++;
-  Runtime::get().execute(prog.exe, std::move(args), std::move(sinks), run.device, "fused program of [" + names + "]");
+  std::string trace_name;
+  if (runtime::trace::recording()) trace_name = "fused run (" + std::to_string(run.records.size()) + " ops)";
+  Runtime::get().execute(prog.exe, std::move(args), std::move(sinks), run.device, "fused program of [" + names + "]",
+                         std::move(trace_name));
 }
 
 void FusedRecorder::replay(Run& run) {

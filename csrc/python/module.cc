@@ -123,17 +123,20 @@ PYBIND11_MODULE(_C, m) {
      "error found on its device since the last synchronisation (csrc/eager/index_errors.h).");
 
   // Programs.
-  m.def("_compile_cached", [](const std::string& key, const std::string& mlir) {
+  m.def("_compile_cached", [](const std::string& key, const std::string& mlir, const std::string& name) {
     torch::PyWarningHandler warnings;  // e.g. "ignoring compilation cache entry": a Python warning
     std::shared_ptr<torch_tpu::pjrt::Executable> exe;
     {
       py::gil_scoped_release nogil;
-      exe = torch_tpu::runtime::compile_cache().get_or_compile(Runtime::get().client(), key, mlir);
+      exe = torch_tpu::runtime::compile_cache().get_or_compile(Runtime::get().client(), key, mlir, name);
     }
     return exe;
-  }, "The executable of `mlir` from the compilation cache (memory, then its directory tiers), compiling "
-     "on a miss. "
-     "`key` must be a hex digest covering everything the executable depends on.");
+  }, py::arg("key"), py::arg("mlir"), py::arg("name"),
+     "The executable of `mlir` from the compilation cache (memory, then its directory tiers), compiling "
+     "on a miss. `key` must be a hex digest covering everything the executable depends on; `name` names "
+     "the program in profiler traces (\"compile <name>\", \"load <name> from the <tier> cache\").");
+  m.def("_trace_recording", &torch_tpu::runtime::trace::recording,
+        "True while a profiler session records tpu executions (csrc/runtime/trace.h); launches check it.");
   m.def("_cache_configure", [](const std::vector<std::tuple<std::string, std::string, int64_t, bool>>& tiers) {
     std::vector<torch_tpu::runtime::CacheTierConfig> configs;
     for (const auto& [name, dir, max_bytes, private_dir] : tiers) configs.push_back({name, dir, max_bytes, private_dir});

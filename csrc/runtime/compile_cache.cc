@@ -1,6 +1,7 @@
 #include "runtime/compile_cache.h"
 
 #include "runtime/runtime.h"
+#include "runtime/trace.h"
 
 #include <c10/util/Exception.h>
 #include <sys/stat.h>
@@ -177,7 +178,7 @@ std::vector<std::shared_ptr<CompileCache::Tier>> CompileCache::usable_tiers() {
 }
 
 std::shared_ptr<pjrt::Executable> CompileCache::get_or_compile(pjrt::Client& client, const std::string& key,
-                                                               const std::string& mlir) {
+                                                               const std::string& mlir, const std::string& name) {
   {
     std::lock_guard<std::mutex> g(mu_);
     auto it = memory_.find(key);
@@ -190,7 +191,7 @@ std::shared_ptr<pjrt::Executable> CompileCache::get_or_compile(pjrt::Client& cli
   std::string entry;
   double seconds = 0;
   for (size_t i = 0; i < tiers.size(); ++i) {
-    auto exe = load(client, *tiers[i], key, &entry, &seconds);
+    auto exe = load(client, *tiers[i], key, name, &entry, &seconds);
     if (!exe) continue;
     {
       std::lock_guard<std::mutex> g(mu_);
@@ -202,7 +203,11 @@ std::shared_ptr<pjrt::Executable> CompileCache::get_or_compile(pjrt::Client& cli
     return exe;
   }
   auto t0 = std::chrono::steady_clock::now();
-  auto exe = client.compile(mlir);
+  std::shared_ptr<pjrt::Executable> exe;
+  {
+    trace::HostSpan span([&] { return "compile " + name; });
+    exe = client.compile(mlir);
+  }
   counters().compiles++;
   seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   {
@@ -224,13 +229,14 @@ std::shared_ptr<pjrt::Executable> CompileCache::get_or_compile(pjrt::Client& cli
 }
 
 std::shared_ptr<pjrt::Executable> CompileCache::load(pjrt::Client& client, Tier& tier, const std::string& key,
-                                                     std::string* entry, double* seconds) {
+                                                     const std::string& name, std::string* entry, double* seconds) {
   fs::path path = fs::path(tier.config.dir) / (key + ".xla");
-  {
-    std::ifstream f(path, std::ios::binary);
-    if (!f) return nullptr;  // not there (or unreadable): a plain miss
-    entry->assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-  }
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return nullptr;  // not there (or unreadable): a plain miss
+  // The rest is a load (or a rejected entry), in profiler traces.
+  trace::HostSpan span([&] { return "load " + name + " from the " + tier.config.name + " cache"; });
+  entry->assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  f.close();
   std::error_code ec;
   std::string why;
   std::string payload = decode(*entry, key, seconds, &why);

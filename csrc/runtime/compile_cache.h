@@ -62,8 +62,11 @@ class CompileCache {
   // The executable for `key`: from memory, else the first tier that holds a sound entry (copied
   // into the tiers before it), else compiled from `mlir` and written to every usable tier.
   // Throws what the plugin's compile throws; cache file errors are never thrown (a miss instead).
+  // `name` says what the program is (an op overload, "fused run (N ops)", a compiled graph) in
+  // profiler traces: a compile is the span "compile <name>", a tier hit "load <name> from the <tier>
+  // cache" (trace::HostSpan); a memory hit shows nothing.
   std::shared_ptr<pjrt::Executable> get_or_compile(pjrt::Client& client, const std::string& key,
-                                                   const std::string& mlir);
+                                                   const std::string& mlir, const std::string& name = "program");
   CacheStats stats();
   void reset_stats();
   void clear_memory();  // drops the in-memory tier (tests, and to measure the directory tiers)
@@ -78,7 +81,7 @@ class CompileCache {
 
   std::vector<std::shared_ptr<Tier>> usable_tiers();
   std::shared_ptr<pjrt::Executable> load(pjrt::Client& client, Tier& tier, const std::string& key,
-                                         std::string* entry, double* seconds);
+                                         const std::string& name, std::string* entry, double* seconds);
   void write(Tier& tier, const std::string& key, const std::string& entry);
   void evict(Tier& tier);
   void remember_locked(const std::string& key, std::shared_ptr<pjrt::Executable> exe);

@@ -1,5 +1,6 @@
 #include "runtime/runtime.h"
 
+#include <c10/util/ApproximateClock.h>
 #include <c10/util/Exception.h>
 
 #include <pthread.h>
@@ -314,7 +315,7 @@ bool async_launch() {
 }
 
 void Runtime::execute(std::shared_ptr<const pjrt::Executable> exe, std::vector<LaunchArg> args,
-                      std::vector<Cell*> sinks, int device, std::string producer) {
+                      std::vector<Cell*> sinks, int device, std::string producer, std::string trace_name) {
   TORCH_CHECK(sinks.size() == exe->num_outputs(), "program has ", exe->num_outputs(),
               " outputs but ", sinks.size(), " destinations were given");
   for (size_t i = 0; i < sinks.size(); ++i) {  // known now: later ops read them before the launch runs
@@ -325,8 +326,12 @@ void Runtime::execute(std::shared_ptr<const pjrt::Executable> exe, std::vector<L
   }
   check_not_forked();
   counters().executions++;
+  std::shared_ptr<trace::Execution> rec;
+  if (trace::recording()) {  // here, not at issue: the op that launches it runs on this thread
+    rec = trace_name.empty() ? trace::begin(producer, "", device) : trace::begin(std::move(trace_name), producer, device);
+  }
   if (!async_launch()) {
-    issue(*exe, args, sinks, device, producer);
+    issue(*exe, args, sinks, device, producer, rec);
     return;
   }
   std::lock_guard<std::mutex> g(qmu_);
@@ -335,7 +340,9 @@ void Runtime::execute(std::shared_ptr<const pjrt::Executable> exe, std::vector<L
     launcher_started_ = true;
   }
   queue_.push_back([this, exe = std::move(exe), args = std::move(args), sinks = std::move(sinks), device,
-                    producer = std::move(producer)] { issue(*exe, args, sinks, device, producer); });
+                    producer = std::move(producer), rec = std::move(rec)] {
+    issue(*exe, args, sinks, device, producer, rec);
+  });
   qwork_.notify_one();
 }
 
@@ -413,7 +420,8 @@ void Runtime::raise_launch_error() {
 }
 
 void Runtime::issue(const pjrt::Executable& exe, const std::vector<LaunchArg>& largs,
-                    const std::vector<Cell*>& sinks, int device, const std::string& producer) {
+                    const std::vector<Cell*>& sinks, int device, const std::string& producer,
+                    const std::shared_ptr<trace::Execution>& rec) {
   std::vector<pjrt::Buffer*> bufs;
   std::vector<PJRT_Buffer*> args;
   bufs.reserve(largs.size());
@@ -430,7 +438,9 @@ void Runtime::issue(const pjrt::Executable& exe, const std::vector<LaunchArg>& l
       args.push_back(bufs.back()->get());
     }
     try {
-      outs = client().execute(exe, args, device, busy_inputs(bufs, sinks), &done);
+      auto non_donatable = busy_inputs(bufs, sinks);
+      if (rec) rec->issued_ns.store(c10::getTime(), std::memory_order_relaxed);
+      outs = client().execute(exe, args, device, non_donatable, &done);
     } catch (const pjrt::PjrtError& e) {
       throw pjrt::PjrtError(std::string(e.what()) + "\n(raised launching the tpu op " + producer + ")", e.code());
     }
@@ -450,6 +460,14 @@ void Runtime::issue(const pjrt::Executable& exe, const std::vector<LaunchArg>& l
     throw;
   }
 
+  if (rec) {
+    rec->returned_ns.store(c10::getTime(), std::memory_order_release);
+    if (done) {
+      done->on_ready([rec](const std::string&) { rec->done_ns.store(c10::getTime(), std::memory_order_release); });
+    } else {
+      rec->done_ns.store(rec->returned_ns.load(std::memory_order_relaxed), std::memory_order_release);
+    }
+  }
   std::lock_guard<std::mutex> g(mu_);
   if (done) {
     for (pjrt::Buffer* b : bufs) b->last_use = done;

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "pjrt/pjrt.h"
+#include "runtime/trace.h"
 
 namespace torch_tpu::runtime {
 
@@ -149,8 +150,10 @@ class Runtime {
   // and device work); the sinks' element type and count are set at once. Every host access to a
   // cell's buffer (upload, download, byte copies, synchronize) waits for the queue first.
   // TORCH_TPU_ASYNC_LAUNCH=0 issues on the caller instead.
+  // While a profiler records tpu executions (trace.h), the execution is recorded under `trace_name`
+  // with `producer` as its detail, or under `producer` when `trace_name` is empty.
   void execute(std::shared_ptr<const pjrt::Executable> exe, std::vector<LaunchArg> args,
-               std::vector<Cell*> sinks, int device, std::string producer);
+               std::vector<Cell*> sinks, int device, std::string producer, std::string trace_name = {});
   // Waits until every queued launch has been issued; raises the first error one of them met.
   void drain();
   // Raises (once) the first error a launch met when it was issued, without waiting for the queue.
@@ -194,7 +197,7 @@ class Runtime {
   std::vector<int64_t> busy_inputs(const std::vector<pjrt::Buffer*>& args, const std::vector<Cell*>& sinks);
   // The launch queue (see execute) and its thread; `deferred` queues work behind pending launches.
   void issue(const pjrt::Executable& exe, const std::vector<LaunchArg>& args, const std::vector<Cell*>& sinks,
-             int device, const std::string& producer);
+             int device, const std::string& producer, const std::shared_ptr<trace::Execution>& rec);
   bool defer(std::function<void()> job);
   void upload_now(Cell& cell, const void* data, c10::ScalarType dtype, int64_t numel);
   void set_uploaded(Cell& cell, std::shared_ptr<pjrt::Buffer> buf, c10::ScalarType dtype, int64_t numel);

@@ -68,4 +68,4 @@ def _text(records, outputs):
 def _build(records, outputs):
     """C++ calls this on a run signature's first flush: (executable, @main argument sources)."""
     text, ext = _text(records, list(outputs))
-    return runtime.compile(text), ext
+    return runtime.compile(text, f"fused run ({len(records)} ops)"), ext

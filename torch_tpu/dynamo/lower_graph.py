@@ -30,6 +30,7 @@ import math
 import operator
 
 import torch
+from torch._guards import CompileContext
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from .. import _C, _state, runtime
@@ -141,13 +142,17 @@ class GraphProgram:
         self.precision = matmul_precision()  # float32 dots/convolutions carry it: lowered again on a change
         self._lower(gm)
         last_text = self.text
+        # Dynamo's compile id ("0/0": frame 0, its first compile; the "Torch-Compiled Region: 0/0" of
+        # profiler traces) tells one function's graphs from another's in profiles and errors.
+        compile_id = CompileContext.current_compile_id()
+        label = f"{name} graph" + (f" [{compile_id}]" if compile_id is not None else "")
         try:
-            self.exe = runtime.compile(self.text)
+            self.exe = runtime.compile(self.text, label)
         except RuntimeError as e:
             raise RuntimeError(f"torch.compile(backend='tpu'): compiling the {name} graph failed: {e}\n"
                                f"--- program ---\n{self.text}") from None
         self.runner = _C.GraphRunner(self.exe, self.run_plan, sorted(self.donated), self.sink_plan, self.prog_specs,
-                                     f"compiled {name} graph", self.rng_draws)
+                                     f"compiled {label}", self.rng_draws)
         _state.count("compiled_graphs")
         log.info("compiled %s graph: %d nodes, %d program inputs, %d outputs", name, self.num_nodes,
                  len(self.arg_plan), len(self.prog_specs))
