@@ -8,6 +8,7 @@ import glob
 import importlib.util
 import os
 
+import torch
 from setuptools import find_packages, setup
 from torch.utils.cpp_extension import BuildExtension, CppExtension
 
@@ -23,7 +24,15 @@ def pjrt_include_dir():
     return inc
 
 
+def kineto():
+    """(include dirs, macros) for csrc/aten/profiler.cc: PyTorch's Kineto headers, and USE_KINETO when this
+    PyTorch was built with Kineto (its PrivateUse1 profiler registry exists only then)."""
+    inc = os.path.join(os.path.dirname(torch.__file__), "include", "kineto")
+    return ([inc], [("USE_KINETO", None)]) if torch.autograd.kineto_available() and os.path.isdir(inc) else ([], [])
+
+
 here = os.path.dirname(os.path.abspath(__file__))
+kineto_include, kineto_macros = kineto()
 sources = sorted(os.path.relpath(p, here) for p in glob.glob(os.path.join(here, "csrc", "**", "*.cc"), recursive=True))
 
 setup(
@@ -34,7 +43,8 @@ setup(
         CppExtension(
             "torch_tpu._C",
             sources,
-            include_dirs=[os.path.join(here, "csrc"), pjrt_include_dir()],
+            include_dirs=[os.path.join(here, "csrc"), pjrt_include_dir(), *kineto_include],
+            define_macros=kineto_macros,
             extra_compile_args=["-O2", "-std=c++17", "-fvisibility=hidden", "-Wno-unused-parameter"],
             libraries=["dl"],
         )
