@@ -56,7 +56,8 @@ def test_pjrt_layer_googletest(tmp_path):
 
 @needs_gtest
 def test_runtime_googletest_under_thread_sanitizer(tmp_path):
-    """The runtime's shared state (cells, launch queue, caches, scalar buffers) used from 4 threads."""
+    """The runtime's shared state (cells, launch queue, caches, profiler records, scalar buffers) used from
+    4 threads."""
     torch_dir = os.path.dirname(torch.__file__)
     flags = ["-std=c++17", "-O1", "-g", "-fsanitize=thread", "-fPIC",
              f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
@@ -78,6 +79,6 @@ def test_runtime_googletest_under_thread_sanitizer(tmp_path):
                     f"-L{_gtest()}", "-lgtest", "-lgtest_main", "-lpthread", "-ldl", "-o", str(exe)],
                    check=True, timeout=300)
     suppressions = os.path.join(HERE, "cpp", "tsan.supp")
-    r = _run(exe, 10, env={"TORCH_TPU_TEST_DIR": str(tmp_path / "cache"),
+    r = _run(exe, 11, env={"TORCH_TPU_TEST_DIR": str(tmp_path / "cache"),
                           "TSAN_OPTIONS": f"halt_on_error=1 second_deadlock_stack=1 suppressions={suppressions}"})
     assert "WARNING: ThreadSanitizer" not in r.stderr, r.stderr[-6000:]

@@ -1,7 +1,8 @@
 // GoogleTest of the runtime above PJRT, built with ThreadSanitizer by tests/test_pjrt_cpp.py: the
 // storage cells and their launch queue (csrc/runtime/runtime.*), the executable cache
-// (csrc/runtime/compile_cache.*), the eager plan cache and scalar operands (csrc/eager/plan.*) and
-// the per-thread eager mode (csrc/eager/mode.*), each driven from several threads at once. The
+// (csrc/runtime/compile_cache.*), the profiler's execution records (csrc/runtime/trace.*), the eager
+// plan cache and scalar operands (csrc/eager/plan.*) and the per-thread eager mode
+// (csrc/eager/mode.*), each driven from several threads at once. The
 // plugin is the one named by env TORCH_TPU_TEST_PLUGIN; the cache directory by TORCH_TPU_TEST_DIR.
 #include <gtest/gtest.h>
 
@@ -15,6 +16,7 @@
 #include "eager/plan.h"
 #include "runtime/compile_cache.h"
 #include "runtime/runtime.h"
+#include "runtime/trace.h"
 
 using torch_tpu::runtime::Cell;
 using torch_tpu::runtime::Runtime;
@@ -163,6 +165,48 @@ TEST(CompileCache, HitInASlowerTierIsPromotedIntoTheFasterOnes) {
   ASSERT_TRUE(compiled("runtime_test_promote", kAddOne) != nullptr);
   EXPECT_EQ(cache.stats().tiers.at(0).hits, 1);  // now served by the faster tier
   cache.configure({});
+}
+
+TEST(Trace, ExecutionsRecordedFromManyThreads) {
+  // While recording, every launch gets one record, with its thread's correlation id, stamped by the
+  // issuing thread and by the plugin's completion callback; nothing is recorded after stop().
+  namespace trace = torch_tpu::runtime::trace;
+  auto exe = compiled("runtime_test_add_one", kAddOne);
+  std::vector<Cell*> cells;
+  for (int t = 0; t < kThreads; ++t) cells.push_back(cell_of_floats({0, 0, 0, 0}, t % 2));
+  constexpr int kLaunches = 25;
+  trace::start();
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      trace::push_correlation(100 + t);
+      for (int i = 0; i < kLaunches; ++i) runtime().execute(exe, {{cells[t], nullptr}}, {cells[t]}, t % 2, "add_one");
+      trace::pop_correlation();
+      runtime().synchronize(t % 2);
+    });
+  }
+  for (auto& th : threads) th.join();
+  trace::stop();
+  EXPECT_FALSE(trace::recording());
+  runtime().execute(exe, {{cells[0], nullptr}}, {cells[0]}, 0, "after stop");
+  runtime().synchronize(-1);
+  auto records = trace::take();
+  ASSERT_EQ(records.size(), size_t(kThreads * kLaunches));
+  std::vector<int> per_thread(kThreads, 0);
+  for (const auto& r : records) {
+    EXPECT_EQ(r->name, "add_one");
+    ASSERT_TRUE(r->correlation >= 100 && r->correlation < 100 + kThreads);
+    int t = static_cast<int>(r->correlation - 100);
+    per_thread[t]++;
+    EXPECT_EQ(r->device, t % 2);
+    int64_t issued = r->issued_ns.load(), returned = r->returned_ns.load(), done = r->done_ns.load();
+    EXPECT_GT(issued, 0);
+    EXPECT_GE(returned, issued);
+    EXPECT_TRUE(done == 0 || done >= returned);
+  }
+  for (int n : per_thread) EXPECT_EQ(n, kLaunches);
+  EXPECT_TRUE(trace::take().empty());
+  for (Cell* c : cells) runtime().free_cell(c);
 }
 
 TEST(ScalarOperands, OneBufferPerValueFromManyThreads) {
