@@ -81,6 +81,25 @@ def test_strict_eager_ops_are_device_events(tmp_path):
     assert (0, "tpu:0") in names
 
 
+def test_backward_executions_are_linked_to_backward_ops():
+    # The autograd engine runs tpu backward ops on its own device thread: their executions are
+    # linked there too.
+    w = torch.randn(8, 4, device="tpu", requires_grad=True)
+    x = torch.randn(3, 8, device="tpu")
+
+    def step():
+        (x @ w).tanh().sum().backward()
+        w.grad.sum().item()
+
+    with torch_tpu.eager_mode("strict"):
+        step()
+    p = run_profiled(step)
+    assert "aten::tanh_backward" in averages(p, DeviceType.PrivateUse1)
+    cpu = averages(p, DeviceType.CPU)
+    assert cpu["TanhBackward0"].device_time_total > 0
+    assert cpu["aten::tanh_backward"].device_time_total > 0
+
+
 def test_compile_shows_the_first_time_only(cold_cache):
     x = torch.randn(3, 7, 11, device="tpu")  # a shape no other test compiles
 
