@@ -14,6 +14,10 @@ os.environ.setdefault("TORCH_TPU_CACHE_DIR", tempfile.mkdtemp(prefix="torch_tpu_
 os.environ.pop("TORCH_TPU_TIER2_COMPILATION_CACHE", None)
 os.environ.pop("TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT", None)
 import torch_tpu  # noqa: E402,F401
+
+# `import torch` above already loaded torch_tpu (PyTorch's device-backend autoloading) and set its
+# cache from the environment as it was then: set it again from the variables above.
+torch_tpu.runtime.configure_cache()
 from models._torchvision import import_torchvision  # noqa: E402
 
 import_torchvision()  # before any test imports transformers or timm (see models/_torchvision.py)
