@@ -27,6 +27,10 @@ runtime.configure()
 runtime.configure_cache()
 # Launches are issued by a runtime thread: let them finish before the interpreter tears down.
 atexit.register(_C._synchronize, -1)
+# Registered after it, so it runs before it: the autograd engine's tpu device threads may still be
+# releasing the last backward's graph task, which takes the GIL; one that waits for it when
+# finalization starts is ended with std::terminate.
+atexit.register(_C._drain_autograd_threads)
 torch.utils.rename_privateuse1_backend("tpu")
 
 from . import tpu as _tpu_module  # noqa: E402

@@ -6,6 +6,8 @@
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/Generator.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <cstring>
@@ -28,6 +30,42 @@ using torch_tpu::runtime::Runtime;
 
 using torch_tpu::python::cell_by_key;
 using torch_tpu::python::cell_of;
+
+namespace {
+
+// A backward node that does nothing. The autograd engine runs it on the device thread of its input's
+// device, after whatever that thread took before.
+struct AutogradThreadBarrier : torch::autograd::Node {
+  torch::autograd::variable_list apply(torch::autograd::variable_list&&) override { return {}; }
+  std::string name() const override { return "torch_tpu::AutogradThreadBarrier"; }
+};
+
+// Waits until each tpu autograd device thread has finished its last backward, the release of that
+// backward's graph task included. The thread that runs a graph task's last node often drops its
+// reference after the caller of backward() has already returned, and the graph task holds Python
+// objects (the contextvars context that backward() stashes in the thread-local state): destroying it
+// takes the GIL. A program that exits right after backward() could thus reach interpreter
+// finalization first, and a thread that waits for the GIL then is ended by pthread_exit, whose forced
+// unwind through the (noexcept) destructor calls std::terminate ("terminate called without an active
+// exception"). A barrier graph per device, run from C++ (no Python objects in its thread-local state)
+// with the GIL released, lets those threads finish first; what they release afterwards needs no GIL.
+void drain_autograd_threads() {
+  auto& rt = Runtime::get();
+  // Without a started runtime no tpu backward ran (nothing to wait for, and starting the engine's
+  // threads now would only cost); after a fork the device cannot be used.
+  if (!rt.started() || Runtime::in_bad_fork()) return;
+  auto& engine = torch::autograd::Engine::get_default_engine();
+  for (int d = 0; d < rt.device_count_noexcept(); ++d) {
+    // An empty tensor: allocating it launches nothing; its device picks the engine's thread.
+    at::Tensor grad = at::empty({0}, at::TensorOptions().device(c10::Device(c10::kPrivateUse1, d)));
+    c10::intrusive_ptr<torch::autograd::Node> node = c10::make_intrusive<AutogradThreadBarrier>();
+    node->add_input_metadata(grad);
+    engine.execute({torch::autograd::Edge(node, 0)}, {grad}, /*keep_graph=*/false, /*create_graph=*/false,
+                   /*accumulate_grad=*/true);
+  }
+}
+
+}  // namespace
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "TorchTPU core: PJRT runtime and PrivateUse1 device integration";
@@ -267,6 +305,11 @@ PYBIND11_MODULE(_C, m) {
     return true;
   }, "Writes src[i] into the 0-dim CPU tensor dsts[i] (None: skipped) as copy_ would; False (nothing "
      "written) when some pair needs more than a byte copy (another dtype or device, requires_grad).");
+  m.def("_drain_autograd_threads", [] {
+    py::gil_scoped_release nogil;  // the threads may need the GIL to finish
+    drain_autograd_threads();
+  }, "At exit: waits for the tpu autograd device threads to finish their last backward (see "
+     "drain_autograd_threads).");
   m.def("_synchronize", [](int device, bool index_errors) {
     py::gil_scoped_release nogil;
     Runtime::get().synchronize(device);
