@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstring>
+#include <mutex>
 
 namespace torch_tpu::pjrt {
 namespace {
@@ -28,7 +29,65 @@ T make_args(size_t size) {
 // plugin (CHECK on replica_count > 0), so these are always sent.
 const char kCompileOptions[] = {0x1A, 0x04, 0x20, 0x01, 0x28, 0x01, 0x20, 0x01};
 
+// Integer, list and string named values into `ints` / `strings` (bools as 0/1; floats dropped: none
+// that matter here).
+void read_named_values(const PJRT_NamedValue* values, size_t n, std::map<std::string, std::vector<int64_t>>* ints,
+                       std::map<std::string, std::string>* strings) {
+  for (size_t i = 0; i < n; ++i) {
+    const PJRT_NamedValue& v = values[i];
+    std::string name(v.name, v.name_size);
+    switch (v.type) {
+      case PJRT_NamedValue_kString: (*strings)[name].assign(v.string_value, v.value_size); break;
+      case PJRT_NamedValue_kInt64: (*ints)[name] = {v.int64_value}; break;
+      case PJRT_NamedValue_kInt64List: (*ints)[name].assign(v.int64_array_value, v.int64_array_value + v.value_size); break;
+      case PJRT_NamedValue_kBool: (*ints)[name] = {v.bool_value ? 1 : 0}; break;
+      default: break;
+    }
+  }
+}
+
+std::vector<PJRT_NamedValue> int_named_values(const std::vector<std::pair<std::string, int64_t>>& options) {
+  std::vector<PJRT_NamedValue> opts(options.size());
+  for (size_t i = 0; i < options.size(); ++i) {
+    std::memset(&opts[i], 0, sizeof(PJRT_NamedValue));
+    opts[i].struct_size = PJRT_NamedValue_STRUCT_SIZE;
+    opts[i].name = options[i].first.c_str();
+    opts[i].name_size = options[i].first.size();
+    opts[i].type = PJRT_NamedValue_kInt64;
+    opts[i].int64_value = options[i].second;
+    opts[i].value_size = 1;
+  }
+  return opts;
+}
+
+DeviceDescription read_description(const Plugin& plugin, PJRT_DeviceDescription* desc) {
+  const PJRT_Api* api = plugin.api();
+  DeviceDescription out;
+  auto k = PJRT_ARGS(PJRT_DeviceDescription_Kind_Args);
+  k.device_description = desc;
+  plugin.check(api->PJRT_DeviceDescription_Kind(&k), "PJRT_DeviceDescription_Kind");
+  out.kind.assign(k.device_kind, k.device_kind_size);
+  auto i = PJRT_ARGS(PJRT_DeviceDescription_Id_Args);
+  i.device_description = desc;
+  plugin.check(api->PJRT_DeviceDescription_Id(&i), "PJRT_DeviceDescription_Id");
+  out.id = i.id;
+  auto pi = PJRT_ARGS(PJRT_DeviceDescription_ProcessIndex_Args);
+  pi.device_description = desc;
+  plugin.check(api->PJRT_DeviceDescription_ProcessIndex(&pi), "PJRT_DeviceDescription_ProcessIndex");
+  out.process_index = pi.process_index;
+  auto at = PJRT_ARGS(PJRT_DeviceDescription_Attributes_Args);
+  at.device_description = desc;
+  plugin.check(api->PJRT_DeviceDescription_Attributes(&at), "PJRT_DeviceDescription_Attributes");
+  read_named_values(at.attributes, at.num_attributes, &out.ints, &out.strings);
+  return out;
+}
+
 }  // namespace
+
+const std::string& default_compile_options() {
+  static const std::string options(kCompileOptions, sizeof(kCompileOptions));
+  return options;
+}
 
 Plugin::Plugin(const std::string& path, const std::string& env_var) : path_(path) {
   struct stat st;
@@ -67,6 +126,22 @@ Plugin::Plugin(const std::string& path, const std::string& env_var) : path_(path
   auto init = PJRT_ARGS(PJRT_Plugin_Initialize_Args);
   check(api_->PJRT_Plugin_Initialize(&init), "PJRT_Plugin_Initialize");
   // The handle stays open for the life of the process: buffers and executables point into it.
+}
+
+std::shared_ptr<Plugin> Plugin::load(const std::string& path, const std::string& env_var) {
+  static std::mutex mu;
+  static std::map<std::string, std::shared_ptr<Plugin>> loaded;  // dlopen'ed plugins stay for the process
+  std::lock_guard<std::mutex> g(mu);
+  auto& p = loaded[path];
+  if (!p) p = std::make_shared<Plugin>(path, env_var);
+  return p;
+}
+
+void Plugin::attributes(std::map<std::string, std::vector<int64_t>>* ints,
+                        std::map<std::string, std::string>* strings) const {
+  auto a = PJRT_ARGS(PJRT_Plugin_Attributes_Args);
+  check(api_->PJRT_Plugin_Attributes(&a), "PJRT_Plugin_Attributes");
+  read_named_values(a.attributes, a.num_attributes, ints, strings);
 }
 
 void Plugin::drop(PJRT_Error* err) const {
@@ -229,16 +304,7 @@ std::shared_ptr<Client> Client::create(std::shared_ptr<Plugin> plugin,
                                        const std::vector<std::pair<std::string, int64_t>>& int_options) {
   std::shared_ptr<Client> c(new Client(std::move(plugin)));
   const PJRT_Api* api = c->plugin_->api();
-  std::vector<PJRT_NamedValue> opts(int_options.size());
-  for (size_t i = 0; i < int_options.size(); ++i) {
-    std::memset(&opts[i], 0, sizeof(PJRT_NamedValue));
-    opts[i].struct_size = PJRT_NamedValue_STRUCT_SIZE;
-    opts[i].name = int_options[i].first.c_str();
-    opts[i].name_size = int_options[i].first.size();
-    opts[i].type = PJRT_NamedValue_kInt64;
-    opts[i].int64_value = int_options[i].second;
-    opts[i].value_size = 1;
-  }
+  std::vector<PJRT_NamedValue> opts = int_named_values(int_options);
   auto a = PJRT_ARGS(PJRT_Client_Create_Args);
   a.create_options = opts.data();
   a.num_options = opts.size();
@@ -296,40 +362,10 @@ MemoryStats Client::memory_stats(int64_t index) const {
 }
 
 DeviceDescription Client::describe(int64_t index) const {
-  const PJRT_Api* api = plugin_->api();
   auto g = PJRT_ARGS(PJRT_Device_GetDescription_Args);
   g.device = device(index);
-  plugin_->check(api->PJRT_Device_GetDescription(&g), "PJRT_Device_GetDescription");
-  DeviceDescription out;
-  auto k = PJRT_ARGS(PJRT_DeviceDescription_Kind_Args);
-  k.device_description = g.device_description;
-  plugin_->check(api->PJRT_DeviceDescription_Kind(&k), "PJRT_DeviceDescription_Kind");
-  out.kind.assign(k.device_kind, k.device_kind_size);
-  auto i = PJRT_ARGS(PJRT_DeviceDescription_Id_Args);
-  i.device_description = g.device_description;
-  plugin_->check(api->PJRT_DeviceDescription_Id(&i), "PJRT_DeviceDescription_Id");
-  out.id = i.id;
-  auto pi = PJRT_ARGS(PJRT_DeviceDescription_ProcessIndex_Args);
-  pi.device_description = g.device_description;
-  plugin_->check(api->PJRT_DeviceDescription_ProcessIndex(&pi), "PJRT_DeviceDescription_ProcessIndex");
-  out.process_index = pi.process_index;
-  auto at = PJRT_ARGS(PJRT_DeviceDescription_Attributes_Args);
-  at.device_description = g.device_description;
-  plugin_->check(api->PJRT_DeviceDescription_Attributes(&at), "PJRT_DeviceDescription_Attributes");
-  for (size_t n = 0; n < at.num_attributes; ++n) {
-    const PJRT_NamedValue& v = at.attributes[n];
-    std::string name(v.name, v.name_size);
-    switch (v.type) {
-      case PJRT_NamedValue_kString: out.strings[name].assign(v.string_value, v.value_size); break;
-      case PJRT_NamedValue_kInt64: out.ints[name] = {v.int64_value}; break;
-      case PJRT_NamedValue_kInt64List:
-        out.ints[name].assign(v.int64_array_value, v.int64_array_value + v.value_size);
-        break;
-      case PJRT_NamedValue_kBool: out.ints[name] = {v.bool_value ? 1 : 0}; break;
-      default: break;  // float attributes: none known that matter here
-    }
-  }
-  return out;
+  plugin_->check(plugin_->api()->PJRT_Device_GetDescription(&g), "PJRT_Device_GetDescription");
+  return read_description(*plugin_, g.device_description);
 }
 
 std::shared_ptr<Executable> Client::compile(const std::string& mlir) const {
@@ -343,8 +379,8 @@ std::shared_ptr<Executable> Client::compile(const std::string& mlir) const {
   auto a = PJRT_ARGS(PJRT_Client_Compile_Args);
   a.client = client_;
   a.program = &prog;
-  a.compile_options = kCompileOptions;
-  a.compile_options_size = sizeof(kCompileOptions);
+  a.compile_options = default_compile_options().data();
+  a.compile_options_size = default_compile_options().size();
   plugin_->check(api->PJRT_Client_Compile(&a), "PJRT_Client_Compile");
   return wrap_loaded(a.executable);
 }
@@ -489,6 +525,115 @@ std::vector<std::shared_ptr<Buffer>> Client::execute(const Executable& exe,
   result.reserve(outs.size());
   for (PJRT_Buffer* b : outs) result.push_back(std::make_shared<Buffer>(shared_from_this(), b));
   return result;
+}
+
+// ---------------------------------------------------------------------------------------------
+std::shared_ptr<Topology> Topology::create(std::shared_ptr<Plugin> plugin, const std::string& name,
+                                           const std::vector<std::pair<std::string, int64_t>>& int_options) {
+  std::shared_ptr<Topology> t(new Topology(std::move(plugin)));
+  const Plugin& p = *t->plugin_;
+  const PJRT_Api* api = p.api();
+  if (!PJRT_HAS_SLOT(api, PJRT_Compile)) {
+    throw PjrtError("PJRT plugin '" + p.path() + "' has no compile-only path (PJRT_Compile)", 12);
+  }
+  std::vector<PJRT_NamedValue> opts = int_named_values(int_options);
+  auto a = PJRT_ARGS(PJRT_TopologyDescription_Create_Args);
+  a.topology_name = name.data();
+  a.topology_name_size = name.size();
+  a.create_options = opts.data();
+  a.num_options = opts.size();
+  p.check(api->PJRT_TopologyDescription_Create(&a), ("PJRT_TopologyDescription_Create('" + name + "')").c_str());
+  t->topology_ = a.topology;
+  t->name_ = name;
+  auto pn = PJRT_ARGS(PJRT_TopologyDescription_PlatformName_Args);
+  pn.topology = t->topology_;
+  p.check(api->PJRT_TopologyDescription_PlatformName(&pn), "PJRT_TopologyDescription_PlatformName");
+  t->platform_name_.assign(pn.platform_name, pn.platform_name_size);
+  auto pv = PJRT_ARGS(PJRT_TopologyDescription_PlatformVersion_Args);
+  pv.topology = t->topology_;
+  p.check(api->PJRT_TopologyDescription_PlatformVersion(&pv), "PJRT_TopologyDescription_PlatformVersion");
+  t->platform_version_.assign(pv.platform_version, pv.platform_version_size);
+  return t;
+}
+
+Topology::~Topology() {
+  if (!topology_) return;
+  auto a = PJRT_ARGS(PJRT_TopologyDescription_Destroy_Args);
+  a.topology = topology_;
+  plugin_->drop(plugin_->api()->PJRT_TopologyDescription_Destroy(&a));  // never throw from a destructor
+}
+
+std::vector<DeviceDescription> Topology::devices() const {
+  auto a = PJRT_ARGS(PJRT_TopologyDescription_GetDeviceDescriptions_Args);
+  a.topology = topology_;
+  plugin_->check(plugin_->api()->PJRT_TopologyDescription_GetDeviceDescriptions(&a),
+                 "PJRT_TopologyDescription_GetDeviceDescriptions");
+  std::vector<DeviceDescription> out;
+  out.reserve(a.num_descriptions);
+  for (size_t i = 0; i < a.num_descriptions; ++i) out.push_back(read_description(*plugin_, a.descriptions[i]));
+  return out;
+}
+
+CompiledProgram Topology::compile(const std::string& mlir, const std::string& options) const {
+  const Plugin& p = *plugin_;
+  const PJRT_Api* api = p.api();
+  const std::string& opts = options.empty() ? default_compile_options() : options;
+  auto prog = PJRT_ARGS(PJRT_Program);
+  prog.code = const_cast<char*>(mlir.data());
+  prog.code_size = mlir.size();
+  static const char kFormat[] = "mlir";
+  prog.format = kFormat;
+  prog.format_size = 4;
+  auto a = PJRT_ARGS(PJRT_Compile_Args);
+  a.topology = topology_;
+  a.program = &prog;
+  a.compile_options = opts.data();
+  a.compile_options_size = opts.size();
+  a.client = nullptr;  // compile-only: no chip
+  p.check(api->PJRT_Compile(&a), "PJRT_Compile");
+  // Owned from here on: destroyed on every path out.
+  std::unique_ptr<PJRT_Executable, std::function<void(PJRT_Executable*)>> exe(a.executable, [&p](PJRT_Executable* e) {
+    auto d = PJRT_ARGS(PJRT_Executable_Destroy_Args);
+    d.executable = e;
+    p.drop(p.api()->PJRT_Executable_Destroy(&d));
+  });
+  CompiledProgram out;
+  auto no = PJRT_ARGS(PJRT_Executable_NumOutputs_Args);
+  no.executable = exe.get();
+  p.check(api->PJRT_Executable_NumOutputs(&no), "PJRT_Executable_NumOutputs");
+  out.num_outputs = no.num_outputs;
+  auto ca = PJRT_ARGS(PJRT_Executable_GetCostAnalysis_Args);
+  ca.executable = exe.get();
+  if (PJRT_Error* err = api->PJRT_Executable_GetCostAnalysis(&ca)) {
+    p.drop(err);  // a plugin without a cost model: no figures
+  } else {
+    for (size_t i = 0; i < ca.num_properties; ++i) {
+      const PJRT_NamedValue& v = ca.properties[i];
+      std::string name(v.name, v.name_size);
+      if (v.type == PJRT_NamedValue_kFloat) out.cost[name] = v.float_value;
+      else if (v.type == PJRT_NamedValue_kInt64) out.cost[name] = static_cast<double>(v.int64_value);
+    }
+  }
+  if (PJRT_HAS_SLOT(api, PJRT_Executable_GetCompiledMemoryStats)) {
+    auto ms = PJRT_ARGS(PJRT_Executable_GetCompiledMemoryStats_Args);
+    ms.executable = exe.get();
+    if (PJRT_Error* err = api->PJRT_Executable_GetCompiledMemoryStats(&ms)) {
+      p.drop(err);
+    } else {
+      out.code_bytes = ms.generated_code_size_in_bytes;
+      out.argument_bytes = ms.argument_size_in_bytes;
+      out.output_bytes = ms.output_size_in_bytes;
+      out.alias_bytes = ms.alias_size_in_bytes;
+      out.temp_bytes = ms.temp_size_in_bytes;
+      out.peak_bytes = ms.peak_memory_in_bytes > 0 ? ms.peak_memory_in_bytes : -1;
+    }
+  }
+  auto se = PJRT_ARGS(PJRT_Executable_Serialize_Args);
+  se.executable = exe.get();
+  p.check(api->PJRT_Executable_Serialize(&se), "PJRT_Executable_Serialize");
+  out.serialized.assign(se.serialized_bytes, se.serialized_bytes_size);
+  if (se.serialized_executable_deleter) se.serialized_executable_deleter(se.serialized_executable);
+  return out;
 }
 
 }  // namespace torch_tpu::pjrt

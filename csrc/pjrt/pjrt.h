@@ -41,6 +41,10 @@ constexpr int kMinApiMinor = 57;
 class Plugin {
  public:
   Plugin(const std::string& path, const std::string& env_var);
+  // The process's one Plugin for `path`, loaded and initialized on the first call: the executing
+  // client and compile-only topologies of the same plugin (libtpu on a TPU VM) share it, as
+  // PJRT_Plugin_Initialize is meant to run once per plugin. Throws as the constructor does.
+  static std::shared_ptr<Plugin> load(const std::string& path, const std::string& env_var);
   const PJRT_Api* api() const { return api_; }
   int api_major() const { return major_; }
   int api_minor() const { return minor_; }
@@ -49,6 +53,10 @@ class Plugin {
   void check(PJRT_Error* err, const char* what) const;
   // Destroys `err` (if non-null) without raising: for destructors, which must not throw.
   void drop(PJRT_Error* err) const;
+  // PJRT_Plugin_Attributes ("xla_version", "stablehlo_current_version", ...): integer and list values
+  // in `ints`, strings in `strings`, as DeviceDescription has them.
+  void attributes(std::map<std::string, std::vector<int64_t>>* ints,
+                  std::map<std::string, std::string>* strings) const;
 
  private:
   std::string path_;
@@ -58,6 +66,11 @@ class Plugin {
 
 class Client;
 class Event;
+
+// The serialized xla.CompileOptionsProto that Client::compile sends (1 replica, 1 partition, a
+// portable executable). Compile-only targets take the same bytes by default, so that an executable
+// built ahead of time is the one the runtime would build on the target.
+const std::string& default_compile_options();
 
 // One PJRT_Buffer (a dense array on one device). Destroyed (PJRT_Buffer_Destroy) when the last
 // shared_ptr goes; donated buffers are destroyed too, as PJRT requires.
@@ -204,6 +217,48 @@ class Client : public std::enable_shared_from_this<Client> {
   PJRT_Client* client_ = nullptr;
   std::vector<PJRT_Device*> devices_;
   std::string platform_name_, platform_version_;
+};
+
+// What a compiler says of one program it compiled for a topology (read when it is compiled; the
+// PJRT_Executable itself is not kept).
+struct CompiledProgram {
+  std::string serialized;  // PJRT_Executable_Serialize: loads on a client of the same plugin build
+  size_t num_outputs = 0;
+  // PJRT_Executable_GetCostAnalysis: "flops", "bytes accessed", "transcendentals",
+  // "optimal_seconds" (libtpu: negative where its cost model cannot time the program), ...
+  std::map<std::string, double> cost;
+  // PJRT_Executable_GetCompiledMemoryStats, in bytes of device memory (-1: not reported).
+  int64_t code_bytes = -1, argument_bytes = -1, output_bytes = -1, alias_bytes = -1, temp_bytes = -1,
+          peak_bytes = -1;
+};
+
+// A compile-only target: a plugin's description of a device topology (libtpu's "v5e:2x2"), for which
+// PJRT_Compile builds executables without a client or a chip. Destroyed with this object.
+class Topology {
+ public:
+  // PJRT_TopologyDescription_Create with `name` and int64 create options (libtpu: "num_slices").
+  // Throws PjrtError with the plugin's message for a name or option it does not know.
+  static std::shared_ptr<Topology> create(std::shared_ptr<Plugin> plugin, const std::string& name,
+                                          const std::vector<std::pair<std::string, int64_t>>& int_options);
+  ~Topology();
+  Topology(const Topology&) = delete;
+  Topology& operator=(const Topology&) = delete;
+  const Plugin& plugin() const { return *plugin_; }
+  const std::string& name() const { return name_; }
+  const std::string& platform_name() const { return platform_name_; }
+  const std::string& platform_version() const { return platform_version_; }
+  // Every device of the topology, in the plugin's order (stable within a process).
+  std::vector<DeviceDescription> devices() const;
+  // PJRT_Compile of StableHLO (format "mlir") for this topology with a serialized
+  // xla.CompileOptionsProto (empty: default_compile_options()). Throws PjrtError with the
+  // compiler's message. Thread-safe: compiles may run on several threads at once.
+  CompiledProgram compile(const std::string& mlir, const std::string& options) const;
+
+ private:
+  Topology(std::shared_ptr<Plugin> plugin) : plugin_(std::move(plugin)) {}
+  std::shared_ptr<Plugin> plugin_;
+  PJRT_TopologyDescription* topology_ = nullptr;
+  std::string name_, platform_name_, platform_version_;
 };
 
 }  // namespace torch_tpu::pjrt

@@ -21,6 +21,7 @@
 #include "python/custom_autograd.h"
 #include "python/op_kernel.h"
 #include "python/launch_args.h"
+#include "python/targets.h"
 #include "runtime/compile_cache.h"
 #include "runtime/runtime.h"
 
@@ -73,6 +74,7 @@ PYBIND11_MODULE(_C, m) {
   torch_tpu::python::init_distributed(m);
   torch_tpu::python::bind_op_kernels(m);
   torch_tpu::python::bind_custom_autograd(m);
+  torch_tpu::python::bind_compile_targets(m);
 
   py::class_<torch_tpu::pjrt::Executable, std::shared_ptr<torch_tpu::pjrt::Executable>>(m, "Executable")
       .def_property_readonly("num_outputs", &torch_tpu::pjrt::Executable::num_outputs);

@@ -228,6 +228,14 @@ std::shared_ptr<pjrt::Executable> CompileCache::get_or_compile(pjrt::Client& cli
   return exe;
 }
 
+std::vector<std::string> CompileCache::store(const std::string& key, const std::string& payload, double seconds) {
+  std::string entry = encode(key, seconds, payload);
+  std::vector<std::string> written;
+  for (auto& t : usable_tiers())
+    if (write(*t, key, entry)) written.push_back(t->config.name);
+  return written;
+}
+
 std::shared_ptr<pjrt::Executable> CompileCache::load(pjrt::Client& client, Tier& tier, const std::string& key,
                                                      const std::string& name, std::string* entry, double* seconds) {
   fs::path path = fs::path(tier.config.dir) / (key + ".xla");
@@ -258,30 +266,31 @@ std::shared_ptr<pjrt::Executable> CompileCache::load(pjrt::Client& client, Tier&
   return nullptr;
 }
 
-void CompileCache::write(Tier& tier, const std::string& key, const std::string& entry) {
+bool CompileCache::write(Tier& tier, const std::string& key, const std::string& entry) {
   fs::path dir(tier.config.dir);
   fs::path tmp = dir / (key + temp_suffix());
   std::error_code ec;
   {
     std::ofstream f(tmp, std::ios::binary);
-    if (!f) return;
+    if (!f) return false;
     f.write(entry.data(), static_cast<std::streamsize>(entry.size()));
     f.close();  // on NFS, close flushes to the server: the rename below then publishes whole bytes
     if (!f) {
       fs::remove(tmp, ec);
-      return;
+      return false;
     }
   }
   fs::rename(tmp, dir / (key + ".xla"), ec);  // atomic: readers see the old file or the whole new one
   if (ec) {
     fs::remove(tmp, ec);
-    return;
+    return false;
   }
   {
     std::lock_guard<std::mutex> g(mu_);
     tier.stats.writes++;
   }
   if (tier.config.max_bytes > 0) evict(tier);
+  return true;
 }
 
 void CompileCache::evict(Tier& tier) {

@@ -67,6 +67,11 @@ class CompileCache {
   // cache" (trace::HostSpan); a memory hit shows nothing.
   std::shared_ptr<pjrt::Executable> get_or_compile(pjrt::Client& client, const std::string& key,
                                                    const std::string& mlir, const std::string& name = "program");
+  // Writes an executable compiled elsewhere (a compile-only target's serialized executable, from
+  // torch_tpu.aot) under `key` into every usable directory tier, as a compile would; not into
+  // memory (it is not loaded here). `seconds` is its compile time. Returns the names of the tiers
+  // written ("disk", "tier3", ...); file errors skip a tier, never throw.
+  std::vector<std::string> store(const std::string& key, const std::string& payload, double seconds);
   CacheStats stats();
   void reset_stats();
   void clear_memory();  // drops the in-memory tier (tests, and to measure the directory tiers)
@@ -82,7 +87,7 @@ class CompileCache {
   std::vector<std::shared_ptr<Tier>> usable_tiers();
   std::shared_ptr<pjrt::Executable> load(pjrt::Client& client, Tier& tier, const std::string& key,
                                          const std::string& name, std::string* entry, double* seconds);
-  void write(Tier& tier, const std::string& key, const std::string& entry);
+  bool write(Tier& tier, const std::string& key, const std::string& entry);  // false: not written
   void evict(Tier& tier);
   void remember_locked(const std::string& key, std::shared_ptr<pjrt::Executable> exe);
   static constexpr size_t kMaxMemoryEntries = 4096;

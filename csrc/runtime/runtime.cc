@@ -88,7 +88,7 @@ pjrt::Client& Runtime::client() {
   std::lock_guard<std::mutex> g(mu_);
   if (client_) return *client_;
   TORCH_CHECK(!plugin_path_.empty(), config_error_);
-  auto plugin = std::make_shared<pjrt::Plugin>(plugin_path_, "TORCH_TPU_PJRT_PLUGIN");
+  auto plugin = pjrt::Plugin::load(plugin_path_, "TORCH_TPU_PJRT_PLUGIN");
   client_ = pjrt::Client::create(plugin, options_);
   // Around fork(), hold the runtime's locks so that the child's copies are not left locked by a
   // thread (the launcher) that does not exist there; the child may still free and allocate cells.

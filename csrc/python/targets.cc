@@ -1,0 +1,100 @@
+// torch_tpu._C bindings of compile-only targets (pjrt::Topology): a plugin's topology description
+// and PJRT_Compile for it, with no client and no chip. torch_tpu/aot/ is their Python front.
+#include "python/targets.h"
+
+#include "pjrt/pjrt.h"
+#include "runtime/compile_cache.h"
+
+namespace py = pybind11;
+using torch_tpu::pjrt::CompiledProgram;
+using torch_tpu::pjrt::DeviceDescription;
+using torch_tpu::pjrt::Plugin;
+using torch_tpu::pjrt::Topology;
+
+namespace torch_tpu::python {
+namespace {
+
+py::dict named(const std::map<std::string, std::vector<int64_t>>& ints, const std::map<std::string, std::string>& strings) {
+  py::dict attrs;
+  for (auto& [k, v] : ints) attrs[py::str(k)] = v.size() == 1 ? py::cast(v[0]) : py::cast(v);
+  for (auto& [k, v] : strings) attrs[py::str(k)] = v;
+  return attrs;
+}
+
+py::dict description(const DeviceDescription& d) {
+  py::dict out;
+  out["kind"] = d.kind;
+  out["id"] = d.id;
+  out["process_index"] = d.process_index;
+  out["attributes"] = named(d.ints, d.strings);
+  return out;
+}
+
+}  // namespace
+
+void bind_compile_targets(py::module& m) {
+  m.def("_plugin_attributes", [](const std::string& path, const std::string& env_var) {
+    std::map<std::string, std::vector<int64_t>> ints;
+    std::map<std::string, std::string> strings;
+    Plugin::load(path, env_var)->attributes(&ints, &strings);
+    return named(ints, strings);
+  }, py::arg("path"), py::arg("env_var"),
+     "PJRT_Plugin_Attributes of the plugin at `path` (loaded and initialized once per process; `env_var` "
+     "names what chose it, for errors): {name: int, [int] or str}.");
+  m.def("_default_compile_options", [] { return py::bytes(torch_tpu::pjrt::default_compile_options()); },
+        "The serialized xla.CompileOptionsProto every program is compiled with (1 replica, 1 partition, portable).");
+  m.def("_cache_store", [](const std::string& key, const py::bytes& payload, double seconds) {
+    std::string bytes = payload;
+    py::gil_scoped_release nogil;
+    return torch_tpu::runtime::compile_cache().store(key, bytes, seconds);
+  }, py::arg("key"), py::arg("payload"), py::arg("seconds"),
+     "Writes a serialized executable compiled elsewhere into every usable directory tier of the executable "
+     "cache under `key` (csrc/runtime/compile_cache.h); returns the names of the tiers written.");
+
+  py::class_<Topology, std::shared_ptr<Topology>>(m, "Topology",
+      "A compile-only target: a PJRT plugin's topology description (libtpu's \"v5e:2x2\"). "
+      "csrc/pjrt/pjrt.h, class Topology.")
+      .def(py::init([](const std::string& path, const std::string& env_var, const std::string& name,
+                       const std::vector<std::pair<std::string, int64_t>>& options) {
+             return Topology::create(Plugin::load(path, env_var), name, options);
+           }),
+           py::arg("plugin_path"), py::arg("env_var"), py::arg("name"), py::arg("options"),
+           "PJRT_TopologyDescription_Create(name, int64 options) with the plugin at plugin_path; raises "
+           "torch_tpu._C.PjrtError with the plugin's message for an unknown name or option.")
+      .def_property_readonly("name", &Topology::name)
+      .def_property_readonly("platform_name", &Topology::platform_name)
+      .def_property_readonly("platform_version", &Topology::platform_version)
+      .def("devices", [](const Topology& t) {
+        py::list out;
+        for (const auto& d : t.devices()) out.append(description(d));
+        return out;
+      }, "Every device: {kind, id, process_index, attributes} (libtpu: coords, core_on_chip, num_cores, "
+         "device_memory_bytes_limit, slice_index).")
+      .def("compile", [](const Topology& t, const std::string& mlir, const py::bytes& options) {
+        std::string opts = options;
+        CompiledProgram c;
+        {
+          py::gil_scoped_release nogil;  // seconds of compiling: other threads (shadow mode) go on
+          c = t.compile(mlir, opts);
+        }
+        py::dict out;
+        out["serialized"] = py::bytes(c.serialized);
+        out["num_outputs"] = c.num_outputs;
+        py::dict cost;
+        for (auto& [k, v] : c.cost) cost[py::str(k)] = v;
+        out["cost"] = cost;
+        out["code_bytes"] = c.code_bytes;
+        out["argument_bytes"] = c.argument_bytes;
+        out["output_bytes"] = c.output_bytes;
+        out["alias_bytes"] = c.alias_bytes;
+        out["temp_bytes"] = c.temp_bytes;
+        out["peak_bytes"] = c.peak_bytes;
+        return out;
+      }, py::arg("mlir"), py::arg("options") = py::bytes(),
+         "PJRT_Compile of StableHLO text for this topology (options: a serialized xla.CompileOptionsProto; "
+         "empty: _default_compile_options()). Returns {serialized (bytes), num_outputs, cost {name: float}, "
+         "code_bytes, argument_bytes, output_bytes, alias_bytes, temp_bytes, peak_bytes (-1: not reported)}; "
+         "raises PjrtError with the compiler's message.");
+}
+
+}  // namespace torch_tpu::python
