@@ -17,6 +17,7 @@ def _autoload():
 
 
 import atexit  # noqa: E402
+import os as _os  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -52,6 +53,10 @@ from . import dynamo  # noqa: E402,F401  (registers torch.compile(backend="tpu")
 from . import distributed  # noqa: E402
 
 distributed.register()  # init_process_group("tpu_dist")
+
+if _os.environ.get("TORCH_TPU_SHADOW_TOPOLOGY"):  # every program also compiled for a TPU (torch_tpu.aot)
+    from .aot import shadow as _shadow
+    _shadow.from_environment()
 
 __version__ = "0.1.0"
 __all__ = ["runtime", "metrics", "distributed", "set_eager_mode", "get_eager_mode", "eager_mode"]

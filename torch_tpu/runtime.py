@@ -9,6 +9,7 @@ cores, clamped to [2, 4]; see cpu_device_count).
 """
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import importlib.util
@@ -177,6 +178,32 @@ def plugin_path() -> str:
     return _C._plugin_path()
 
 
+# -- the platform programs are lowered for ------------------------------------------------------
+_lowering_platform: str | None = None
+
+
+def lowering_platform() -> str:
+    """The platform programs are lowered for: "cpu", "cuda" or "tpu". It is the running plugin's
+    (starting it), except while torch_tpu.aot lowers for a compile-only target (lowering_for).
+    Lowerings that differ by platform ask it: Pallas kernels (Mosaic on TPU, interpret mode elsewhere)."""
+    if _lowering_platform is not None:
+        return _lowering_platform
+    name = platform().lower()
+    return "cuda" if name in ("cuda", "gpu") else name
+
+
+@contextlib.contextmanager
+def lowering_for(platform_name: str):
+    """Lowers for `platform_name` ("tpu") inside the block, whatever plugin runs here. Process-wide,
+    not per thread: autograd lowers a backward graph on its own device threads."""
+    global _lowering_platform
+    prev, _lowering_platform = _lowering_platform, platform_name
+    try:
+        yield
+    finally:
+        _lowering_platform = prev
+
+
 # -- the compilation cache ----------------------------------------------------------------------
 # Bump when what torch_tpu puts into programs or compile options changes meaning.
 _CACHE_FORMAT = "torch_tpu-0.1.0/compile-options-v1"
@@ -248,21 +275,48 @@ def configure_cache(cache_dir: str | None = None, disk: bool | None = None, max_
 _identity: str | None = None
 
 
+def target_identity(platform_name: str, platform_version: str, api_version: tuple[int, int], plugin_path: str) -> str:
+    """What an executable depends on besides its program: the compiler that builds it and the options
+    and flags it is built with (XLA_FLAGS, LIBTPU_INIT_ARGS: the plugins read their debug options and
+    TPU flags from them). A TPU executable is named by what libtpu says of itself (its platform version
+    names the device kind and libtpu's build, e.g. "TFRT TPU v5 lite\nBuilt on ... cl/..."), not by
+    where libtpu is installed: the TPU VM's runtime then finds what torch_tpu.aot compiled on another
+    host for the same libtpu. Other plugins are named by their file too (a serialized CPU or CUDA
+    executable loads only on the build that wrote it, and their versions do not name the build)."""
+    where = "" if platform_name == "tpu" else plugin_path
+    return "\0".join([where, platform_name, platform_version, "%d.%d" % tuple(api_version), _CACHE_FORMAT,
+                       os.environ.get("XLA_FLAGS", ""), os.environ.get("LIBTPU_INIT_ARGS", "")])
+
+
+def program_key(identity: str, program: str) -> str:
+    """The executable cache's key (a hex digest) of `program` compiled by the target `identity`."""
+    return hashlib.sha256((identity + "\0" + program).encode()).hexdigest()
+
+
 def compile(program: str, name: str = "program"):
     """The executable of a StableHLO program (text with a public @main), through the cache shared
-    by eager and torch.compile. Its key covers the program text, the plugin's identity (path,
-    platform, version, API version), the compile options, XLA_FLAGS (the plugin reads its
-    DebugOptions from it) and the torch_tpu version. `name` says what the program is in profiler
-    traces: a compile is the span "compile <name>", a disk-cache hit "load <name> from the disk cache"."""
-    global _identity
+    by eager and torch.compile. Its key (program_key) covers the program text, the plugin's identity
+    (target_identity: platform, version, API version, and its path except for libtpu), the compile
+    options, XLA_FLAGS / LIBTPU_INIT_ARGS and the torch_tpu version. `name` says what the program is
+    (an op overload, a fused run, a compiled graph) in profiler traces and errors: a compile is the span
+    "compile <name>", a disk-cache hit "load <name> from the disk cache". On a TPU, a program that
+    TPU's compiler cannot build (lowering/target.py) raises a TypeError naming the op and dtype;
+    under shadow mode (TORCH_TPU_SHADOW_TOPOLOGY) the program is also compiled for that topology."""
+    global _identity, _on_tpu
     if _identity is None:
         start()
-        _identity = "\0".join([_C._plugin_path(), _C._platform_name(), _C._platform_version(),
-                               "%d.%d" % tuple(_C._api_version()), _CACHE_FORMAT,
-                               os.environ.get("XLA_FLAGS", "")])
-    key = hashlib.sha256((_identity + "\0" + program).encode()).hexdigest()
+        _on_tpu = _C._platform_name() == "tpu"
+        _identity = target_identity(_C._platform_name(), _C._platform_version(), tuple(_C._api_version()),
+                                    _C._plugin_path())
+    if _on_tpu:
+        from .lowering import target
+        why = target.refusal(program)
+        if why:
+            raise TypeError(f"tpu: {name}: {why}")
+    if _SHADOW is not None:
+        _SHADOW(program, name)
     try:
-        return _C._compile_cached(key, program, name)
+        return _C._compile_cached(program_key(_identity, program), program, name)
     except RuntimeError as e:
         if "Failed to parse" in str(e) and _KERNEL_FUNCTION.search(program):
             jax = sys.modules.get("jax")
@@ -271,6 +325,11 @@ def compile(program: str, name: str = "program"):
                                "version. Install the JAX that torch_tpu's kernels extra pins "
                                "(pip install 'torch_tpu[kernels]').") from None
         raise
+
+
+_on_tpu = False  # the running plugin is libtpu (set with _identity)
+# Shadow mode's hook (torch_tpu/aot/shadow.py sets it): called with each program compiled here.
+_SHADOW = None
 
 
 # The functions of custom kernels (torch_tpu/pallas/program.py names them k<16 hex digits>_<name>).

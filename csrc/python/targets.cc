@@ -5,6 +5,8 @@
 #include "pjrt/pjrt.h"
 #include "runtime/compile_cache.h"
 
+#include <torch/csrc/Exceptions.h>
+
 namespace py = pybind11;
 using torch_tpu::pjrt::CompiledProgram;
 using torch_tpu::pjrt::DeviceDescription;
@@ -43,13 +45,20 @@ void bind_compile_targets(py::module& m) {
      "names what chose it, for errors): {name: int, [int] or str}.");
   m.def("_default_compile_options", [] { return py::bytes(torch_tpu::pjrt::default_compile_options()); },
         "The serialized xla.CompileOptionsProto every program is compiled with (1 replica, 1 partition, portable).");
-  m.def("_cache_store", [](const std::string& key, const py::bytes& payload, double seconds) {
+  m.def("_cache_store", [](const std::string& key, const py::bytes& payload, double seconds,
+                           const std::vector<std::string>& dirs) {
+    torch::PyWarningHandler warnings;  // "cannot write executables into ...": a Python warning
     std::string bytes = payload;
-    py::gil_scoped_release nogil;
-    return torch_tpu::runtime::compile_cache().store(key, bytes, seconds);
-  }, py::arg("key"), py::arg("payload"), py::arg("seconds"),
-     "Writes a serialized executable compiled elsewhere into every usable directory tier of the executable "
-     "cache under `key` (csrc/runtime/compile_cache.h); returns the names of the tiers written.");
+    std::vector<std::string> written;
+    {
+      py::gil_scoped_release nogil;
+      written = torch_tpu::runtime::compile_cache().store(key, bytes, seconds, dirs);
+    }
+    return written;
+  }, py::arg("key"), py::arg("payload"), py::arg("seconds"), py::arg("dirs"),
+     "Writes a serialized executable compiled elsewhere under `key` into every usable directory tier of the "
+     "executable cache, or into `dirs` when not empty (csrc/runtime/compile_cache.h); returns the tiers or "
+     "directories written.");
 
   py::class_<Topology, std::shared_ptr<Topology>>(m, "Topology",
       "A compile-only target: a PJRT plugin's topology description (libtpu's \"v5e:2x2\"). "
@@ -64,6 +73,9 @@ void bind_compile_targets(py::module& m) {
       .def_property_readonly("name", &Topology::name)
       .def_property_readonly("platform_name", &Topology::platform_name)
       .def_property_readonly("platform_version", &Topology::platform_version)
+      .def_property_readonly("api_version", [](const Topology& t) {
+        return std::make_pair(t.plugin().api_major(), t.plugin().api_minor());
+      })
       .def("devices", [](const Topology& t) {
         py::list out;
         for (const auto& d : t.devices()) out.append(description(d));

@@ -228,11 +228,26 @@ std::shared_ptr<pjrt::Executable> CompileCache::get_or_compile(pjrt::Client& cli
   return exe;
 }
 
-std::vector<std::string> CompileCache::store(const std::string& key, const std::string& payload, double seconds) {
+std::vector<std::string> CompileCache::store(const std::string& key, const std::string& payload, double seconds,
+                                             const std::vector<std::string>& dirs) {
   std::string entry = encode(key, seconds, payload);
   std::vector<std::string> written;
-  for (auto& t : usable_tiers())
-    if (write(*t, key, entry)) written.push_back(t->config.name);
+  if (dirs.empty()) {
+    for (auto& t : usable_tiers())
+      if (write(*t, key, entry)) written.push_back(t->config.name);
+    return written;
+  }
+  for (const auto& dir : dirs) {
+    Tier t;  // an uncapped tier of its own, as tier 3 is: never evicted here
+    t.config.name = t.stats.name = dir;
+    t.config.dir = dir;
+    std::string why = unusable(t.config);
+    if (!why.empty()) {
+      TORCH_WARN("torch_tpu: cannot write executables into ", dir, ": ", why, ".");
+      continue;
+    }
+    if (write(t, key, entry)) written.push_back(dir);
+  }
   return written;
 }
 

@@ -68,10 +68,12 @@ class CompileCache {
   std::shared_ptr<pjrt::Executable> get_or_compile(pjrt::Client& client, const std::string& key,
                                                    const std::string& mlir, const std::string& name = "program");
   // Writes an executable compiled elsewhere (a compile-only target's serialized executable, from
-  // torch_tpu.aot) under `key` into every usable directory tier, as a compile would; not into
-  // memory (it is not loaded here). `seconds` is its compile time. Returns the names of the tiers
-  // written ("disk", "tier3", ...); file errors skip a tier, never throw.
-  std::vector<std::string> store(const std::string& key, const std::string& payload, double seconds);
+  // torch_tpu.aot) under `key` into every usable directory tier, as a compile would, or, when `dirs`
+  // is not empty, into those directories instead (created if needed; e.g. the tier-3 directory a TPU
+  // job will read); not into memory (it is not loaded here). `seconds` is its compile time. Returns
+  // the tiers (names) or directories written; file errors skip one, never throw.
+  std::vector<std::string> store(const std::string& key, const std::string& payload, double seconds,
+                                 const std::vector<std::string>& dirs = {});
   CacheStats stats();
   void reset_stats();
   void clear_memory();  // drops the in-memory tier (tests, and to measure the directory tiers)

@@ -136,6 +136,27 @@ class GraphProgram:
     _boxed_call = True
 
     def __init__(self, gm: torch.fx.GraphModule, name: str = "graph"):
+        self._prepare(gm, name)
+        try:
+            self.exe = runtime.compile(self.text, self.label)
+        except RuntimeError as e:
+            raise RuntimeError(f"torch.compile(backend='tpu'): compiling the {name} graph failed: {e}\n"
+                               f"--- program ---\n{self.text}") from None
+        self.runner = _C.GraphRunner(self.exe, self.run_plan, sorted(self.donated), self.sink_plan, self.prog_specs,
+                                     f"compiled {self.label}", self.rng_draws)
+        _state.count("compiled_graphs")
+        log.info("compiled %s graph: %d nodes, %d program inputs, %d outputs", name, self.num_nodes,
+                 len(self.arg_plan), len(self.prog_specs))
+
+    @classmethod
+    def lowered(cls, gm: torch.fx.GraphModule, name: str = "graph") -> "GraphProgram":
+        """The graph lowered to StableHLO (`.text`, `.label`, the plans), not compiled and not
+        callable: torch_tpu.aot compiles the text for a TPU topology instead."""
+        self = cls.__new__(cls)
+        self._prepare(gm, name)
+        return self
+
+    def _prepare(self, gm, name):
         global last_text
         self.name = name
         self.gm = gm
@@ -145,17 +166,7 @@ class GraphProgram:
         # Dynamo's compile id ("0/0": frame 0, its first compile; the "Torch-Compiled Region: 0/0" of
         # profiler traces) tells one function's graphs from another's in profiles and errors.
         compile_id = CompileContext.current_compile_id()
-        label = f"{name} graph" + (f" [{compile_id}]" if compile_id is not None else "")
-        try:
-            self.exe = runtime.compile(self.text, label)
-        except RuntimeError as e:
-            raise RuntimeError(f"torch.compile(backend='tpu'): compiling the {name} graph failed: {e}\n"
-                               f"--- program ---\n{self.text}") from None
-        self.runner = _C.GraphRunner(self.exe, self.run_plan, sorted(self.donated), self.sink_plan, self.prog_specs,
-                                     f"compiled {label}", self.rng_draws)
-        _state.count("compiled_graphs")
-        log.info("compiled %s graph: %d nodes, %d program inputs, %d outputs", name, self.num_nodes,
-                 len(self.arg_plan), len(self.prog_specs))
+        self.label = f"{name} graph" + (f" [{compile_id}]" if compile_id is not None else "")
 
     # -- lowering ----------------------------------------------------------------------------------
     def _lower(self, gm):

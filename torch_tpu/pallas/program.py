@@ -27,9 +27,9 @@ _WARNED_INTERPRET = [False]
 
 
 def jax_platform() -> str:
-    """The JAX lowering platform of the PJRT plugin torch_tpu runs on: "cpu", "cuda" or "tpu"."""
-    name = runtime.platform().lower()
-    return "cuda" if name in ("cuda", "gpu") else name
+    """The JAX lowering platform of the programs built now: "cpu", "cuda" or "tpu" (the running
+    plugin's, or a compile-only target's under torch_tpu.aot: runtime.lowering_platform)."""
+    return runtime.lowering_platform()
 
 
 class JaxProgram:
@@ -145,7 +145,7 @@ def _tensor_type(t) -> TensorType:
 def program(name: str, fn, in_types: list[TensorType], statics: tuple = (), jit_kwargs: dict | None = None,
             key=None) -> JaxProgram:
     """The cached JaxProgram of `fn` for this signature (`key` names fn in the cache: the op)."""
-    k = (key if key is not None else fn, tuple(in_types), statics)
+    k = (key if key is not None else fn, tuple(in_types), statics, jax_platform())
     p = _CACHE.get(k)
     if p is None:
         with _LOCK:

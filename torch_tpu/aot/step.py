@@ -1,0 +1,103 @@
+"""aot.compile: a step's programs compiled for a TPU topology, and the report on them."""
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import os
+import time
+
+import torch
+
+from .. import _C
+from . import tracing
+from .report import ProgramReport, Report
+from .target import Topology, topology as get_topology
+
+
+def compile(fn, *args, topology: str | Topology = "v5e:1x1", cache=None, **kwargs) -> Report:
+    """Compiles the step `fn(*args, **kwargs)` for one device of a TPU `topology` and reports on it;
+    runs nothing on any device.
+
+    `fn` is traced as torch.compile(fn, backend="tpu") would trace it: every graph it gives (forward,
+    backward, optimizer step; a graph break splits it as it would there) is lowered once, as on a TPU
+    (Pallas kernels for Mosaic), and compiled by libtpu for the topology. Arguments (and the tensors
+    `fn` uses) may be on the meta device: a model too big for this machine can be checked, as nothing
+    is allocated at full size; or on tpu, where graph outputs are never computed (tpu memory is only
+    taken when written). Either way the step writes no input: parameters and optimizer state keep
+    their values (eager code between graphs, such as autograd accumulating gradients, still runs).
+
+    topology: a name ("v5e:1x1", "v5e:2x2", "v4:2x2x1", "v5p:2x2x1", "v6e:4x4", ...) or a Topology.
+    cache: None (write nothing); True (write the TPU executables into this process's executable
+        cache tiers: disk, tier 2, tier 3 as configured); or a directory, or a list of them (e.g. the
+        TPU job's TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT or TORCH_TPU_CACHE_DIR). Each is written under
+        the key the runtime on a TPU with the same libtpu computes (runtime.program_key), so the job's
+        first step compiles nothing.
+
+    Returns a Report (print it for a table). Raises what `fn` raises while tracing, ValueError for an
+    unknown topology, RuntimeError when libtpu is not installed. A graph that cannot be lowered or
+    compiled is not raised: its ProgramReport carries the error (Report.ok is False)."""
+    t0 = time.perf_counter()
+    topo = topology if isinstance(topology, Topology) else get_topology(topology)
+    dirs = _cache_dirs(cache)
+    session = tracing.Session()
+    compiled = torch.compile(fn, backend=tracing.backend, dynamic=False)
+    with session.active():
+        compiled(*args, **kwargs)
+    report = Report(topology=topo.name, device_kind=topo.kind, device_memory_bytes=topo.device_memory_bytes,
+                    programs=[r for r, _ in session.reached])
+    first: dict[str, ProgramReport] = {}  # a graph the step ran twice is compiled once
+    for r in report.programs:
+        if r.error is None:
+            first.setdefault(r.text, r)
+    todo = list(first.values())
+    # libtpu compiles independent programs in parallel; each compile is mostly one thread.
+    workers = max(1, min(len(todo), os.cpu_count() or 1, 4))
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        list(pool.map(lambda r: _compile_one(topo, r), todo))
+    for i, r in enumerate(report.programs):
+        done = first.get(r.text) if r.error is None else None
+        if done is not None and done is not r:
+            report.programs[i] = dataclasses.replace(done, name=r.name, live_bytes=r.live_bytes)
+    if cache is not None and cache is not False:
+        written = set()
+        for r in report.programs:
+            if r.ok and r.serialized:
+                written.update(_C._cache_store(r.key, r.serialized, r.compile_seconds, dirs))
+        report.cached = sorted(written)
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _cache_dirs(cache) -> list[str]:
+    if cache is None or cache is False or cache is True:
+        return []
+    items = [cache] if isinstance(cache, (str, os.PathLike)) else list(cache)
+    if not items or not all(isinstance(d, (str, os.PathLike)) for d in items):
+        raise TypeError(f"cache must be None, True, a directory or a list of directories, got {cache!r}")
+    return [os.path.expanduser(os.fspath(d)) for d in items]
+
+
+def _compile_one(topo: Topology, r: ProgramReport) -> None:
+    r.key = topo.key(r.text)
+    t0 = time.perf_counter()
+    try:
+        c = topo.compile(r.text)
+    except (TypeError, RuntimeError) as e:
+        r.error = str(e)
+        return
+    finally:
+        r.compile_seconds = time.perf_counter() - t0
+    cost = c["cost"]
+    r.flops = cost.get("flops", 0.0)
+    r.bytes_accessed = cost.get("bytes accessed", 0.0)
+    r.transcendentals = cost.get("transcendentals", 0.0)
+    seconds = cost.get("optimal_seconds", -1.0)
+    r.estimated_seconds = seconds if seconds >= 0 else None  # negative: the cost model cannot time it
+    r.argument_bytes = max(c["argument_bytes"], 0)
+    r.output_bytes = max(c["output_bytes"], 0)
+    r.alias_bytes = max(c["alias_bytes"], 0)
+    r.temp_bytes = max(c["temp_bytes"], 0)
+    r.code_bytes = max(c["code_bytes"], 0)
+    own = r.argument_bytes + r.output_bytes - r.alias_bytes + r.temp_bytes
+    r.peak_bytes = max(c["peak_bytes"], own)
+    r.serialized = c["serialized"]

@@ -1,0 +1,42 @@
+"""What TPU's compiler cannot build, found in a program's StableHLO text before libtpu sees it.
+
+One check at the compile boundary, for every front-end (eager ops, fused runs, compiled graphs,
+kernels): on a TPU (runtime.compile), for a compile-only TPU target (torch_tpu.aot) and in shadow
+mode. Two kinds of program are refused:
+- ops TPU's compiler rejects, with a message naming the op and dtype and what to do instead (libtpu's
+  own message is terse: "Unexpected operand type for FFT: c128");
+- collectives whose replica groups name devices the program does not have: libtpu may abort the
+  whole process on them (a failed CHECK, "id < CoreCount") instead of returning an error. Every
+  program is compiled for one replica and one partition (pjrt::default_compile_options), so any
+  device id above 0 is out of range.
+"""
+from __future__ import annotations
+
+import re
+
+# stablehlo.fft with a 64-bit operand or result: XLA's TPU backend has FFTs of complex64 only
+# (libtpu 0.0.51/0.0.52: "Unexpected operand type for FFT: c128"; float64 RFFT produces complex128).
+_FFT = re.compile(r'"stablehlo\.fft"\(.*?\{.*?fft_type = #stablehlo<fft_type (\w+)>.*?\} : \((.*)$', re.M)
+_COLLECTIVE = re.compile(r'"stablehlo\.(all_reduce|all_gather|reduce_scatter|all_to_all|collective_permute|'
+                         r'collective_broadcast)"(.*)$', re.M)
+_GROUPS = re.compile(r"(?:replica_groups|source_target_pairs) = dense<([^>]*)>")
+
+
+def refusal(text: str, num_devices: int = 1) -> str | None:
+    """Why TPU's compiler must not be given `text` (StableHLO, generic syntax as the builder prints
+    it, one op per line), or None. `num_devices` is the replicas x partitions it is compiled for."""
+    for m in _FFT.finditer(text):
+        kind, types = m.group(1), m.group(2)
+        if "complex<f64>" in types or "xf64>" in types or "tensor<f64>" in types:
+            dtype = "complex128" if kind != "RFFT" else "float64 (its result is complex128)"
+            return (f"stablehlo.fft ({kind}) on {dtype} cannot run on TPU: TPU's FFT computes complex64 only. "
+                    "Transform in complex64/float32 (x.to(torch.complex64)), or run this FFT on the CPU (x.cpu()).")
+    for m in _COLLECTIVE.finditer(text):
+        for groups in _GROUPS.findall(m.group(2)):
+            ids = [int(v) for v in re.findall(r"-?\d+", groups)]
+            bad = [i for i in ids if i >= num_devices]
+            if bad:
+                return (f"stablehlo.{m.group(1)} names device {bad[0]} in its replica groups, but the program is "
+                        f"compiled for {num_devices} device(s): TPU's compiler would abort the process. Run "
+                        "collectives through torch.distributed (tpu_dist) instead of inside a kernel.")
+    return None
