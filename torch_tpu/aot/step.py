@@ -71,8 +71,8 @@ def compile(fn, *args, topology: str | Topology = "v5e:1x1", cache=None, **kwarg
 def _cache_dirs(cache) -> list[str]:
     if cache is None or cache is False or cache is True:
         return []
-    items = [cache] if isinstance(cache, (str, os.PathLike)) else list(cache)
-    if not items or not all(isinstance(d, (str, os.PathLike)) for d in items):
+    items = [cache] if isinstance(cache, (str, os.PathLike)) else cache
+    if not isinstance(items, (list, tuple)) or not items or not all(isinstance(d, (str, os.PathLike)) for d in items):
         raise TypeError(f"cache must be None, True, a directory or a list of directories, got {cache!r}")
     return [os.path.expanduser(os.fspath(d)) for d in items]
 

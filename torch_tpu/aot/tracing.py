@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import re
 import threading
 
 import torch
@@ -131,7 +132,8 @@ class _StandIn:
 
     def __init__(self, prog: GraphProgram):
         self.prog = prog
-        self.mosaic = prog.text.count('"tpu_custom_call"')
+        # Mosaic kernels: custom calls to tpu_custom_call (JAX's printed form, or generic syntax).
+        self.mosaic = len(re.findall(r'@tpu_custom_call\b|call_target_name = "tpu_custom_call"', prog.text))
 
     def __call__(self, args):
         prog = self.prog

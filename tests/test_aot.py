@@ -1,0 +1,279 @@
+"""torch_tpu.aot: TPU topologies, steps compiled for them by libtpu without a TPU, their reports, the
+executable cache key a TPU runtime finds, refusals, Mosaic kernels and the topology-aware mesh on
+libtpu's own device descriptions."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import torch_tpu
+from torch_tpu import aot, runtime
+from torch_tpu.distributed import mesh as tm
+from torch_tpu.lowering import target
+
+pytestmark = pytest.mark.skipif(not runtime._tpu_plugin(), reason="libtpu is not installed (pip install 'torch_tpu[tpu]')")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _mlp(device):
+    torch.manual_seed(0)
+    with torch.device(device):
+        return nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 10))
+
+
+def _train_step(model, opt):
+    def step(x, y):
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+    return step
+
+
+# -- topologies -----------------------------------------------------------------------------------
+def test_v5e_topology_devices_and_memory():
+    t = aot.topology("v5e:2x2")
+    assert [d.id for d in t.devices] == [0, 1, 2, 3]
+    assert sorted(d.coords for d in t.devices) == [(0, 0, 0), (0, 1, 0), (1, 0, 0), (1, 1, 0)]
+    assert {d.kind for d in t.devices} == {"TPU v5 lite"}
+    assert all(d.core_on_chip == 0 and d.slice_index is None for d in t.devices)
+    assert 16e9 < t.device_memory_bytes < 17e9
+    assert aot.topology("v5e:2x2") is t  # one description per name
+
+
+def test_v4_has_two_cores_per_chip_and_slices_have_their_own_ids():
+    v4 = aot.topology("v4:2x2x1")
+    assert len(v4.devices) == 8 and sorted({d.core_on_chip for d in v4.devices}) == [0, 1]
+    two = aot.topology("v5e:2x2", num_slices=2)
+    assert sorted(d.slice_index for d in two.devices) == [0] * 4 + [1] * 4
+    assert len({d.id for d in two.devices}) == 8
+
+
+def test_unknown_topology_is_a_value_error_naming_it():
+    with pytest.raises(ValueError, match="v9:1x1"):
+        aot.topology("v9:1x1")
+    with pytest.raises(ValueError, match="generation"):
+        aot.topology("v5e")
+    with pytest.raises(ValueError, match="num_slices"):
+        aot.topology("v5e:1x1", num_slices=0)
+
+
+# -- compiling a step -------------------------------------------------------------------------------
+def test_meta_training_step_compiles_every_graph_and_runs_nothing():
+    model = _mlp("meta")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(64, 256, device="meta"), torch.randint(0, 10, (64,), device="meta")
+    report = aot.compile(_train_step(model, opt), x, y, topology="v5e:1x1")
+    names = [p.name.split(" [")[0] for p in report.programs]
+    assert names == ["forward graph", "backward graph", "inference graph"], report
+    assert report.ok, str(report)
+    fw, bw, sgd = report.programs
+    # 64x256x512 + 64x512x10 multiply-adds forward, about twice that backward.
+    assert fw.flops >= 2 * 64 * (256 * 512 + 512 * 10)
+    assert bw.flops >= fw.flops
+    params = sum(p.numel() * 4 for p in model.parameters())
+    assert sgd.argument_bytes >= 2 * params  # parameters and their gradients
+    assert sgd.alias_bytes >= params          # the update is written in place (donated)
+    assert report.fits and report.peak_bytes >= 2 * params
+    assert all(p.device.type == "meta" for p in model.parameters())
+    assert all(p.grad is None for p in model.parameters())  # zero_grad ran: the step finished
+    table = str(report)
+    assert "forward graph" in table and "backward graph" in table and "fits" in table
+
+
+def test_tpu_training_step_writes_nothing():
+    model = _mlp("tpu")
+    before = [p.detach().cpu().clone() for p in model.parameters()]
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    x, y = torch.randn(64, 256, device="tpu"), torch.randint(0, 10, (64,), device="tpu")
+    report = aot.compile(_train_step(model, opt), x, y, topology="v5e:1x1")
+    assert report.ok, str(report)
+    assert any(p.name.startswith("backward") for p in report.programs)
+    for b, p in zip(before, model.parameters()):
+        assert torch.equal(b, p.detach().cpu())
+
+
+def test_a_model_that_does_not_fit_says_so():
+    # 1.6e9 float32 parameters (6.4 GB) and their gradients and AdamW's two moments: 25.6 GB > 16.9 GB.
+    with torch.device("meta"):
+        model = nn.Linear(40000, 40000, bias=False)
+    opt = torch.optim.AdamW(model.parameters())
+    x = torch.randn(8, 40000, device="meta")
+
+    def step(x):
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    report = aot.compile(step, x, topology="v5e:1x1")
+    assert not report.fits and report.peak_bytes > report.device_memory_bytes
+    assert report.headroom_bytes < 0
+    assert "DOES NOT FIT" in str(report)
+    # libtpu itself refuses the optimizer's program: its temporaries exceed the chip's memory.
+    failed = [p for p in report.programs if p.error]
+    assert [p.name.split(" [")[0] for p in failed] == ["inference graph"], str(report)
+    assert "HBM" in failed[0].error
+    bigger = aot.compile(step, x, topology="v6e:1x1")  # 33.5 GB per chip
+    assert bigger.ok and bigger.fits, str(bigger)
+
+
+def test_unlowerable_graph_is_a_failed_program_not_an_exception():
+    def f(x):
+        return torch.linalg.eig(x)[0].real.sum() + x.sum()  # eig has no tpu lowering
+    report = aot.compile(f, torch.randn(4, 4, device="meta"), topology="v5e:1x1")
+    assert not report.ok
+    failed = [p for p in report.programs if p.error]
+    assert failed and "eig" in failed[0].error
+
+
+def test_complex128_fft_is_refused_with_op_and_dtype():
+    report = aot.compile(lambda x: torch.fft.fft(x) * 2, torch.randn(8, dtype=torch.complex128, device="meta"),
+                         topology="v5e:1x1")
+    assert not report.ok
+    assert "stablehlo.fft" in report.programs[0].error and "complex128" in report.programs[0].error
+    ok = aot.compile(lambda x: torch.fft.fft(x) * 2, torch.randn(8, dtype=torch.complex64, device="meta"))
+    assert ok.ok, str(ok)
+
+
+def test_refusal_rules():
+    fft = ('%v1 = "stablehlo.fft"(%arg0) {fft_type = #stablehlo<fft_type RFFT>, fft_length = array<i64: 8>} : '
+           '(tensor<8xf64>) -> tensor<5xcomplex<f64>>')
+    assert "float64" in target.refusal(fft)
+    assert target.refusal(fft.replace("f64", "f32")) is None
+    ar = ('%v2 = "stablehlo.all_reduce"(%v1) ({...}) {replica_groups = dense<[[0, 1]]> : tensor<1x2xi64>} : '
+          '(tensor<4xf32>) -> tensor<4xf32>')
+    assert "device 1" in target.refusal(ar)
+    assert target.refusal(ar, num_devices=2) is None
+
+
+# -- a TPU job that starts warm ----------------------------------------------------------------------
+def test_runtime_key_for_a_tpu_is_the_key_aot_writes(tmp_path):
+    topo = aot.topology("v5e:1x1")
+    # A TPU VM's runtime: platform "tpu", libtpu's version string for its client, its own install path.
+    on_tpu = runtime.target_identity("tpu", topo.platform_version, tuple(topo._t.api_version),
+                                     "/opt/venv/lib/python3.11/site-packages/libtpu/libtpu.so")
+    assert on_tpu == topo.identity()
+    # The CPU plugin's executables are keyed by their file as well.
+    assert runtime.target_identity("cpu", "v", (0, 81), "/a.so") != runtime.target_identity("cpu", "v", (0, 81), "/b.so")
+
+    model = _mlp("tpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    step = _train_step(model, opt)
+    x, y = torch.randn(64, 256, device="tpu"), torch.randint(0, 10, (64,), device="tpu")
+    report = aot.compile(step, x, y, topology=topo, cache=tmp_path)
+    assert report.cached == [str(tmp_path)]
+    written = {p.name for p in tmp_path.iterdir()}
+    assert {p.key + ".xla" for p in report.programs} <= written
+    # The programs torch.compile(backend="tpu") builds for the same step, keyed for this target, are
+    # exactly the entries written: a TPU job with this directory as its tier 3 compiles none of them.
+    built = []
+    runtime._SHADOW, previous = (lambda program, name: built.append(program)), runtime._SHADOW
+    try:
+        torch._dynamo.reset()
+        torch.compile(step, backend="tpu")(x, y)
+    finally:
+        runtime._SHADOW = previous
+    graphs = [t for t in built if t in {p.text for p in report.programs}]
+    assert len(graphs) == len({p.text for p in report.programs})
+    assert {topo.key(t) + ".xla" for t in graphs} <= written
+
+
+def test_cache_argument_is_checked():
+    with pytest.raises(TypeError, match="cache"):
+        aot.compile(lambda x: x + 1, torch.randn(2, device="meta"), cache=3)
+
+
+# -- Mosaic kernels ----------------------------------------------------------------------------------
+def test_pallas_kernel_compiles_for_mosaic_on_tpu_targets():
+    pytest.importorskip("jax")
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+
+    from torch_tpu.pallas import jax_op
+
+    def kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[...] * 2.0 + 1.0
+
+    op = jax_op("aot_test::double_plus_one",
+                lambda x: pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x))
+    import jax  # noqa: F401  (the lambda's jax.ShapeDtypeStruct)
+    report = aot.compile(lambda x: op(x).sum(), torch.randn(8, 128, device="meta"), topology="v5e:1x1")
+    assert report.ok, str(report)
+    assert report.programs[0].mosaic_kernels == 1
+    assert "tpu_custom_call" in report.programs[0].text
+    # Locally (the CPU plugin) the same op still runs in interpret mode.
+    x = torch.randn(8, 128, device="tpu")
+    torch.testing.assert_close(op(x).cpu(), x.cpu() * 2 + 1)
+
+
+# -- the topology-aware mesh on libtpu's descriptions ------------------------------------------------
+def _neighbours(a, b) -> bool:
+    pa, pb = a.coords + (a.core_on_chip,), b.coords + (b.core_on_chip,)
+    if a.slice_index != b.slice_index:
+        return False
+    return sorted(abs(x - y) for x, y in zip(pa, pb))[-2:] == [0, 1]
+
+
+@pytest.mark.parametrize("name, num_slices, shape, dcn", [
+    ("v5e:2x2", 1, (2, 2), None),
+    ("v5e:4x4", 1, (4, 4), None),
+    ("v6e:4x4", 1, (4, 4), None),
+    ("v4:2x2x2", 1, (2, 2, 2, 2), None),   # the last axis: the two cores of a chip
+    ("v5p:2x2x2", 1, (2, 2, 2), None),     # megacore: one device per chip
+    ("v5e:2x2", 2, (2, 2), (2, 1)),
+])
+def test_topology_aware_mesh_on_libtpu_topologies(name, num_slices, shape, dcn):
+    devices = aot.topology(name, num_slices=num_slices).devices
+    kwargs = {"topology": "multi_slice", "dcn_mesh_shape": dcn} if dcn else {}
+    layout = tm.rank_layout([d.description for d in devices], shape, **kwargs)
+    assert sorted(layout.flatten().tolist()) == list(range(len(devices)))
+    # Slice s is the block of axis 0 at s * shape[0] (its DCN position, outside the mesh axis).
+    blocks = [layout] if dcn is None else list(layout.reshape(dcn[0], *shape))
+    for block in blocks:
+        assert len({devices[r].slice_index for r in block.flatten().tolist()}) == 1
+        for axis in range(block.dim()):  # along every mesh axis, consecutive ranks are ICI neighbours
+            for line in block.movedim(axis, -1).reshape(-1, block.shape[axis]).tolist():
+                for r, s in zip(line, line[1:]):
+                    assert _neighbours(devices[r], devices[s]), (name, axis, devices[r], devices[s])
+
+
+# -- shadow mode ----------------------------------------------------------------------------------------
+def test_shadow_mode_compiles_every_program_for_tpu(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import torch, torch_tpu\n"
+        "from torch_tpu import aot\n"
+        "x = torch.randn(16, 16, device='tpu')\n"
+        "(x @ x + 1).relu().sum().item()\n"
+        "torch.compile(lambda a: (a * 2).sin(), backend='tpu')(x).cpu()\n"
+        "torch.fft.fft(torch.randn(8, dtype=torch.complex128, device='tpu')).cpu()\n"
+        "r = aot.shadow_report()\n"
+        "print('COMPILED', r.compiled)\n"
+        "print('REFUSED', [f.program for f in r.refused])\n"
+        "print('FAILED', [f.program for f in r.failures if not f.refused])\n")
+    log = tmp_path / "shadow.jsonl"
+    env = dict(os.environ, TORCH_TPU_SHADOW_TOPOLOGY="v5e:1x1", TORCH_TPU_SHADOW_REPORT=str(log),
+               TORCH_TPU_DISK_CACHE="0")
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in out.stdout.splitlines() if line.split(" ")[0] in
+                 ("COMPILED", "REFUSED", "FAILED"))
+    assert int(lines["COMPILED"]) >= 5, out.stdout
+    assert "fft" in lines["REFUSED"], out.stdout
+    assert lines["FAILED"] == "[]", out.stdout
+    total = aot.shadow.summarize(str(log))
+    assert total.compiled == int(lines["COMPILED"]) and len(total.refused) == 1
+
+
+def test_shadow_report_when_off_says_how_to_turn_it_on():
+    if aot.shadow._active is not None:
+        pytest.skip("shadow mode is on in this process")
+    with pytest.raises(RuntimeError, match="TORCH_TPU_SHADOW_TOPOLOGY"):
+        aot.shadow_report()
