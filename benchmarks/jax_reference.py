@@ -25,14 +25,13 @@ def _cross_entropy(logits, tgt):
     return -jnp.mean(jax.nn.log_softmax(logits)[jnp.arange(tgt.shape[0]), tgt])
 
 
-def _adamw_runner(loss_fn, params, state, lr=1e-3):
-    """run(steps) -> seconds per jitted step (value_and_grad + AdamW) over `steps` steps, after 3
-    warm-up steps. `loss_fn(P, state) -> (loss, new_state)` (state: non-trained buffers such as
-    BatchNorm's)."""
+def _adamw_step(loss_fn, params, lr=1e-3, donate=False):
+    """(jitted step, initial carry): one step is value_and_grad of `loss_fn(P, state) -> (loss,
+    new_state)` and PyTorch's AdamW update; carry = [P, m, v, t, state] (state: non-trained buffers
+    such as BatchNorm's). donate: the step writes P, m, v in place (jax.jit's donate_argnums)."""
     import jax
     import jax.numpy as jnp
 
-    @jax.jit
     def step(P, m, v, t, state):
         (loss, state), g = jax.value_and_grad(loss_fn, has_aux=True)(P, state)
         b1, b2, eps, wd = 0.9, 0.999, 1e-8, 1e-2
@@ -48,7 +47,23 @@ def _adamw_runner(loss_fn, params, state, lr=1e-3):
         return newP, newm, newv, t, state, loss
 
     carry = [params, {k: jnp.zeros_like(p) for k, p in params.items()},
-             {k: jnp.zeros_like(p) for k, p in params.items()}, jnp.zeros((), jnp.float32), state]
+             {k: jnp.zeros_like(p) for k, p in params.items()}, jnp.zeros((), jnp.float32)]
+    return jax.jit(step, donate_argnums=(0, 1, 2) if donate else ()), carry
+
+
+def tpu_program(loss_fn, params, state, lr=1e-3):
+    """The StableHLO text of the whole AdamW training step lowered for TPU (parameters and moments
+    donated, as torch_tpu's optimizer step writes them in place)."""
+    step, carry = _adamw_step(loss_fn, params, lr, donate=True)
+    return step.trace(*carry, state).lower(lowering_platforms=("tpu",)).as_text()
+
+
+def _adamw_runner(loss_fn, params, state, lr=1e-3):
+    """run(steps) -> seconds per jitted step (value_and_grad + AdamW) over `steps` steps, after 3
+    warm-up steps. `loss_fn(P, state) -> (loss, new_state)` (state: non-trained buffers such as
+    BatchNorm's)."""
+    step, carry = _adamw_step(loss_fn, params, lr)
+    carry.append(state)
 
     def run(steps):
         P, m, v, t, st = carry
@@ -63,13 +78,10 @@ def _adamw_runner(loss_fn, params, state, lr=1e-3):
     return run
 
 
-def gpt_runner(torch_model, idx, tgt, lr=1e-3, heads=4):
-    """examples/tiny_models.py's TinyGPT: idx (B, T) int64 tokens, tgt (B*T,) int64."""
+def gpt_forward(heads=4):
+    """TinyGPT's forward in JAX: forward(P, idx) -> logits (B, T, vocab), P its parameters by name."""
     import jax
     import jax.numpy as jnp
-
-    idx = jnp.asarray(idx.cpu().numpy())
-    tgt = jnp.asarray(tgt.cpu().numpy())
 
     def ln(x, p):
         m = x.mean(-1, keepdims=True)
@@ -90,14 +102,29 @@ def gpt_runner(torch_model, idx, tgt, lr=1e-3, heads=4):
         x = x + m @ P["fc2.weight"].T + P["fc2.bias"]
         return ln(x, _sub(P, "lnf")) @ P["emb.weight"].T
 
+    return forward
+
+
+def gpt_runner(torch_model, idx, tgt, lr=1e-3, heads=4, program=False):
+    """examples/tiny_models.py's TinyGPT: idx (B, T) int64 tokens, tgt (B*T,) int64. program: the
+    step's StableHLO for TPU (tpu_program) instead of a runner."""
+    import jax.numpy as jnp
+
+    idx = jnp.asarray(idx.cpu().numpy())
+    tgt = jnp.asarray(tgt.cpu().numpy())
+
+    forward = gpt_forward(heads)
+
     def loss_fn(P, state):
         logits = forward(P, idx).reshape(-1, P["emb.weight"].shape[0])
         return _cross_entropy(logits, tgt), state
 
+    if program:
+        return tpu_program(loss_fn, _params(torch_model), (), lr)
     return _adamw_runner(loss_fn, _params(torch_model), (), lr)
 
 
-def digits_runner(torch_model, x, y, lr=1e-3):
+def digits_runner(torch_model, x, y, lr=1e-3, program=False):
     """examples/train_digits.py's DigitsCNN in training mode (BatchNorm on batch statistics, running
     statistics updated with momentum 0.1 and the unbiased variance, as PyTorch does): x (N, 1, 8, 8)
     float32, y (N,) int64."""
@@ -133,4 +160,28 @@ def digits_runner(torch_model, x, y, lr=1e-3):
                      + 0.1 * lax.stop_gradient(var) * n / (n - 1)}
         return _cross_entropy(logits, y), new_state
 
+    if program:
+        return tpu_program(loss_fn, _params(torch_model), buffers, lr)
     return _adamw_runner(loss_fn, _params(torch_model), buffers, lr)
+
+
+def mlp_runner(torch_model, x, y, lr=1e-3, program=False):
+    """A stack of Linear layers with ReLU between them (torch_model: nn.Sequential of Linear/ReLU):
+    x (N, d_in) float32, y (N,) int64."""
+    import jax
+
+    x = jax.numpy.asarray(x.cpu().numpy())
+    y = jax.numpy.asarray(y.cpu().numpy())
+    linears = [str(i) for i, m in enumerate(torch_model) if hasattr(m, "weight")]
+
+    def loss_fn(P, state):
+        h = x
+        for n, name in enumerate(linears):
+            h = h @ P[name + ".weight"].T + P[name + ".bias"]
+            if n + 1 < len(linears):
+                h = jax.nn.relu(h)
+        return _cross_entropy(h, y), state
+
+    if program:
+        return tpu_program(loss_fn, _params(torch_model), (), lr)
+    return _adamw_runner(loss_fn, _params(torch_model), (), lr)
