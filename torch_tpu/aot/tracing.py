@@ -30,6 +30,7 @@ from .. import runtime
 from ..dynamo import backend as tpu_backend
 from ..dynamo import collectives
 from ..dynamo.lower_graph import GraphProgram
+from ..lowering.strided import _contiguous_strides
 from .report import ProgramReport
 
 _active: "Session | None" = None  # process-wide: autograd runs backwards on its device threads
@@ -151,7 +152,7 @@ class _StandIn:
             if kind == "prog":
                 spec = prog.prog_specs[entry[1]]
                 shape, dtype = spec[0], spec[1]
-                stride = spec[2] if len(spec) > 2 else _contiguous(shape)
+                stride = spec[2] if len(spec) > 2 else _contiguous_strides(shape)
                 where = "cpu" if prog.prog_to_cpu[entry[1]] else device
                 outs.append(torch.empty_strided(shape, stride, dtype=dtype, device=where))
             elif kind == "in":
@@ -180,14 +181,6 @@ class _Unlowered:
         session = _current()
         session.reached.append((ProgramReport(self.report.name, error=self.report.error), None))
         return self.run(args)
-
-
-def _contiguous(shape):
-    stride, acc = [], 1
-    for s in reversed(shape):
-        stride.append(acc)
-        acc *= max(s, 1)
-    return tuple(reversed(stride))
 
 
 def _default_device(tensors):
