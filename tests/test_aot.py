@@ -153,6 +153,36 @@ def test_refusal_rules():
     assert target.refusal(ar, num_devices=2) is None
 
 
+def test_a_libtpu_crash_costs_one_program_not_the_process():
+    # libtpu 0.0.52 (the version the `tpu` extra pins) dies of SIGSEGV in its fusion pass compiling
+    # this decoder block's forward (TpuPriorityFusionQueue): a real crash, in a compile worker.
+    sys.path.insert(0, os.path.join(HERE, "..", "examples"))
+    from tiny_models import TinyGPT
+
+    torch.manual_seed(0)
+    model = TinyGPT(vocab=256, dim=64, ctx=32).to("meta")
+
+    @torch.no_grad()
+    def forward(i):
+        return model(i)
+
+    report = aot.compile(forward, torch.zeros(16, 32, dtype=torch.long, device="meta"), topology="v5e:1x1")
+    crashed = [p for p in report.programs if p.error and p.error.startswith("libtpu crashed")]
+    assert crashed, f"libtpu 0.0.52 crashes on this program; a libtpu that compiles it needs another crash here:\n{report}"
+    assert "SIGSEGV" in crashed[0].error and not report.ok
+    path = crashed[0].error.split("kept in ")[1].split(" for a bug report")[0]
+    with open(path) as f:
+        assert f.read() == crashed[0].text
+    os.unlink(path)
+    # This process never saw the crash, and the next program gets a fresh worker.
+    ok = aot.compile(lambda x: x * 2 + 1, torch.randn(8, device="meta"), topology="v5e:1x1")
+    assert ok.ok, str(ok)
+    # A compile error that is libtpu's answer, not a crash, stays a RuntimeError with its message.
+    with pytest.raises(RuntimeError, match="PJRT_Compile failed") as err:
+        aot.topology("v5e:1x1").compile("module { this is not stablehlo }")
+    assert not isinstance(err.value, aot.CompilerCrash)
+
+
 # -- a TPU job that starts warm ----------------------------------------------------------------------
 def test_runtime_key_for_a_tpu_is_the_key_aot_writes(tmp_path):
     topo = aot.topology("v5e:1x1")

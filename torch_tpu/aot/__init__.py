@@ -9,6 +9,8 @@ topologies on any x86-64 Linux host, with no chip (target.py). With it:
   it fits); `cache` writes the TPU executables where the TPU job's runtime will look for them;
 - shadow mode (TORCH_TPU_SHADOW_TOPOLOGY=v5e:1x1): every program compiled here is also compiled for
   that topology, off the hot path; shadow_report() says what would not compile on TPU.
+libtpu compiles in worker processes (worker.py): where it crashes, one program fails with
+CompilerCrash, and the job goes on.
 """
 from __future__ import annotations
 
@@ -16,5 +18,7 @@ from .step import compile
 from .report import ProgramReport, Report
 from .shadow import ShadowReport, shadow_report
 from .target import Device, Topology, topology
+from .worker import CompilerCrash
 
-__all__ = ["compile", "topology", "shadow_report", "Report", "ProgramReport", "ShadowReport", "Topology", "Device"]
+__all__ = ["compile", "topology", "shadow_report", "Report", "ProgramReport", "ShadowReport", "Topology", "Device",
+           "CompilerCrash"]

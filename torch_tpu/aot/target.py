@@ -22,6 +22,7 @@ import re
 
 from .. import _C, runtime
 from ..lowering import target as tpu_rules
+from .worker import Pool
 
 PLUGIN_ENV = "TPU_LIBRARY_PATH"
 
@@ -103,6 +104,8 @@ class Topology:
         self.platform_version = self._t.platform_version
         self.devices = [_device(d) for d in self._t.devices()]
         self.kind = self.devices[0].kind if self.devices else ""
+        # Compiles run in worker processes (worker.py): a libtpu crash costs one program, not the job.
+        self._workers = Pool(path, PLUGIN_ENV, name, num_slices, size=min(os.cpu_count() or 1, 4))
 
     @property
     def device_memory_bytes(self) -> int:
@@ -122,13 +125,14 @@ class Topology:
 
     def compile(self, program: str) -> dict:
         """Compiles StableHLO text for one device of this topology (1 replica, 1 partition: what the
-        runtime compiles on each TPU process). Returns the _C.Topology.compile dict. Raises TypeError
-        for what TPU cannot run (lowering/target.py, checked before libtpu sees the program) and
-        RuntimeError (_C.PjrtError) with the compiler's message."""
+        runtime compiles on each TPU process), in a worker process. Returns the _C.Topology.compile
+        dict. Raises TypeError for what TPU cannot run (lowering/target.py, checked before libtpu sees
+        the program), RuntimeError with the compiler's message, and worker.CompilerCrash (a
+        RuntimeError) when libtpu crashed compiling it."""
         why = tpu_rules.refusal(program)
         if why:
             raise TypeError(why)
-        return self._t.compile(program)
+        return self._workers.compile(program)
 
     def __repr__(self):
         return (f"Topology({self.name!r}, num_slices={self.num_slices}: {len(self.devices)} x {self.kind}, "
