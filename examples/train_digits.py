@@ -117,7 +117,7 @@ def main(argv=None):
         print(f"epoch {epoch + 1:2d}  loss {epoch_loss:.4f}  time {times[-1]:.2f}s")
 
     acc = accuracy(model, xte, yte)
-    print(f"test accuracy: {acc:.4f}")
+    print(f"final loss: {losses[-1]:.6f}  test accuracy: {acc:.4f}")
     print(f"time per epoch: {sum(times[1:]) / max(len(times) - 1, 1):.3f}s (first epoch, with compiles: {times[0]:.2f}s)")
     return {"losses": losses, "accuracy": acc, "epoch_times": times}
 

@@ -82,6 +82,17 @@ DeviceDescription read_description(const Plugin& plugin, PJRT_DeviceDescription*
   return out;
 }
 
+// A PJRT_Program of StableHLO text (format "mlir"); `mlir` must outlive it.
+PJRT_Program mlir_program(const std::string& mlir) {
+  auto prog = PJRT_ARGS(PJRT_Program);
+  prog.code = const_cast<char*>(mlir.data());
+  prog.code_size = mlir.size();
+  static const char kFormat[] = "mlir";
+  prog.format = kFormat;
+  prog.format_size = sizeof(kFormat) - 1;
+  return prog;
+}
+
 }  // namespace
 
 const std::string& default_compile_options() {
@@ -370,12 +381,7 @@ DeviceDescription Client::describe(int64_t index) const {
 
 std::shared_ptr<Executable> Client::compile(const std::string& mlir) const {
   const PJRT_Api* api = plugin_->api();
-  auto prog = PJRT_ARGS(PJRT_Program);
-  prog.code = const_cast<char*>(mlir.data());
-  prog.code_size = mlir.size();
-  static const char kFormat[] = "mlir";
-  prog.format = kFormat;
-  prog.format_size = 4;
+  PJRT_Program prog = mlir_program(mlir);
   auto a = PJRT_ARGS(PJRT_Client_Compile_Args);
   a.client = client_;
   a.program = &prog;
@@ -578,12 +584,7 @@ CompiledProgram Topology::compile(const std::string& mlir, const std::string& op
   const Plugin& p = *plugin_;
   const PJRT_Api* api = p.api();
   const std::string& opts = options.empty() ? default_compile_options() : options;
-  auto prog = PJRT_ARGS(PJRT_Program);
-  prog.code = const_cast<char*>(mlir.data());
-  prog.code_size = mlir.size();
-  static const char kFormat[] = "mlir";
-  prog.format = kFormat;
-  prog.format_size = 4;
+  PJRT_Program prog = mlir_program(mlir);
   auto a = PJRT_ARGS(PJRT_Compile_Args);
   a.topology = topology_;
   a.program = &prog;

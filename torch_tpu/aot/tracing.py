@@ -146,28 +146,13 @@ class _StandIn:
                                live_bytes=_live_bytes(device, real))
         session.reached.append((report, prog))
         host = prog.host.run(real)  # the CPU part (step counts): PyTorch's CPU kernels, tiny
-        outs = []
-        for entry in prog.out_plan:
-            kind = entry[0]
-            if kind == "prog":
-                spec = prog.prog_specs[entry[1]]
-                shape, dtype = spec[0], spec[1]
-                stride = spec[2] if len(spec) > 2 else _contiguous_strides(shape)
-                where = "cpu" if prog.prog_to_cpu[entry[1]] else device
-                outs.append(torch.empty_strided(shape, stride, dtype=dtype, device=where))
-            elif kind == "in":
-                outs.append(real[entry[1]])
-            elif kind == "strided":
-                _, i, size, stride, delta = entry
-                outs.append(real[i].as_strided(size, stride, real[i].storage_offset() + delta))
-            elif kind == "view":
-                from ..dynamo.lower_graph import _replay_view
-                outs.append(_replay_view(entry[1], real, prog.ph_index))
-            elif kind == "host":
-                outs.append(host[entry[1]])
-            else:
-                outs.append(entry[1])
-        return outs
+
+        def standin(k):
+            spec = prog.prog_specs[k]
+            shape, dtype = spec[0], spec[1]
+            stride = spec[2] if len(spec) > 2 else _contiguous_strides(shape)
+            return torch.empty_strided(shape, stride, dtype=dtype, device="cpu" if prog.prog_to_cpu[k] else device)
+        return prog.outputs(real, host, standin)
 
 
 class _Unlowered:

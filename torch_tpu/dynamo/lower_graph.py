@@ -586,12 +586,16 @@ class GraphProgram:
             if produced[k] is not real[i]:  # a copied input, or one on the host: write back
                 real[i].copy_(produced[k].view(real[i].shape))
         self.host.write_back(real, host)
+        return self.outputs(real, host, lambda k: produced[k].cpu() if self.prog_to_cpu[k] else produced[k])
+
+    def outputs(self, real: list, host: list, program_output) -> list:
+        """The graph's outputs by out_plan: program_output(k) for the program's k-th output, the real
+        inputs (or views of them) for outputs that are inputs, the host part's results, constants."""
         outs = []
         for entry in self.out_plan:
             kind = entry[0]
             if kind == "prog":
-                t = produced[entry[1]]
-                outs.append(t.cpu() if self.prog_to_cpu[entry[1]] else t)
+                outs.append(program_output(entry[1]))
             elif kind == "in":
                 outs.append(real[entry[1]])
             elif kind == "strided":
