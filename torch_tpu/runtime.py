@@ -94,6 +94,14 @@ def configure() -> None:
             options.append(("cpu_device_count", cpu_device_count()))
         except ValueError as e:  # raised on first use, as a missing plugin is: importing still works
             path, error = "", str(e)
+    elif path and path == _tpu_plugin():
+        # A TPU VM: under torchrun, each process tells libtpu which chip it owns before the client
+        # starts (distributed/tpu_env.py).
+        from .distributed.tpu_env import configure_process
+        try:
+            configure_process()
+        except ValueError as e:
+            path, error = "", str(e)
     _C._configure(path, error, options)
 
 

@@ -22,15 +22,10 @@ import re
 
 from .. import _C, runtime
 from ..lowering import target as tpu_rules
+from ..tpu_slices import accelerator_type
 from .worker import Pool
 
 PLUGIN_ENV = "TPU_LIBRARY_PATH"
-
-# Accelerator types as Cloud TPU names them, per topology generation: a value for
-# TPU_ACCELERATOR_TYPE (v2-v4 and v5p count TensorCores, the others chips).
-_ACCELERATOR = {"v2": ("v2", 2), "v3": ("v3", 2), "v4": ("v4", 2), "v5e": ("v5litepod", 1),
-                "v5p": ("v5p", 2), "v6e": ("v6e", 1), "tpu7x": ("tpu7x", 2)}
-
 
 def libtpu_path() -> str:
     """The libtpu.so that compiles for TPU targets: TPU_LIBRARY_PATH, else the `libtpu` package's.
@@ -46,9 +41,8 @@ def _compile_only_environment(name: str) -> None:
     if runtime._has_tpu():
         return
     generation, _, dims = name.partition(":")
-    base, per_chip = _ACCELERATOR.get(generation, (generation, 1))
     chips = math.prod(int(d) for d in re.findall(r"\d+", dims)) or 1
-    for key, value in (("TPU_SKIP_MDS_QUERY", "1"), ("TPU_ACCELERATOR_TYPE", f"{base}-{chips * per_chip}"),
+    for key, value in (("TPU_SKIP_MDS_QUERY", "1"), ("TPU_ACCELERATOR_TYPE", accelerator_type(generation, chips)),
                        ("TPU_WORKER_HOSTNAMES", "localhost"), ("TPU_LOG_DIR", "disabled"),
                        ("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")):
         os.environ.setdefault(key, value)

@@ -17,6 +17,8 @@ or never joined makes the others raise torch.distributed.DistBackendError within
 Device convention (Google's TorchTPU): under torchrun each process drives one device, and sees it
 as `tpu:0` (`torch.device("tpu")`); see torch_tpu.runtime for how the CPU plugin is sized per process.
 Topology-aware meshes (.mesh): topology_aware_mesh (rank layout), topology_aware_device_mesh (DeviceMesh).
+On a TPU VM, each torchrun process owns one chip: tpu_process_env (.tpu_env) derives libtpu's
+variables for it, and torch_tpu sets them before the client starts.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ import torch.distributed as dist
 
 from .. import _C
 from .mesh import topology_aware_device_mesh, topology_aware_mesh  # noqa: F401
+from .tpu_env import tpu_process_env  # noqa: F401
 
 BACKEND_NAME = "tpu_dist"
 
@@ -53,6 +56,7 @@ def _create_backend(dist_backend_opts, backend_options=None):
     DeviceMesh sub-group): a Gloo group on a sub-prefix of the group's store stages the collectives."""
     store = dist.PrefixStore("tpu_dist/host/", dist_backend_opts.store)
     rank, size = dist_backend_opts.group_rank, dist_backend_opts.group_size
+    _check_one_device_per_process(size)
     timeout = dist_backend_opts.timeout
     if not isinstance(timeout, timedelta):
         timeout = timedelta(seconds=float(timeout))
@@ -65,6 +69,18 @@ def _create_backend(dist_backend_opts, backend_options=None):
 
 
 _HOST_OPTIONS: list = []
+
+
+def _check_one_device_per_process(group_size: int) -> None:
+    """On a TPU, tpu_dist runs one process per device: a process of a multi-process group that sees
+    several chips (TPU_VISIBLE_CHIPS unset or naming more than one) would drive chips another process
+    also claims. Raises RuntimeError saying what to set."""
+    from .. import runtime
+    if group_size > 1 and runtime.platform() == "tpu" and _C._device_count() > 1:
+        raise RuntimeError(
+            f"tpu_dist: this process sees {_C._device_count()} TPU devices, but tpu_dist runs one process per "
+            "device. Under torchrun torch_tpu sets TPU_VISIBLE_CHIPS=LOCAL_RANK and the process bounds itself "
+            "(torch_tpu.distributed.tpu_process_env); a job that sets TPU_VISIBLE_CHIPS must name one chip.")
 
 
 def register() -> None:
