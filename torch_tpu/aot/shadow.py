@@ -8,7 +8,7 @@ kernels in it are in interpret mode; torch_tpu.aot.compile lowers them for Mosai
 says how many compiled, which TPU refuses (lowering/target.py: op and dtype named) and which failed
 with libtpu's message. With TORCH_TPU_SHADOW_REPORT=<file>, each process appends its report to the
 file as one JSON line at exit (a test suite runs in several processes); `python -m
-torch_tpu.aot.shadow <file>` sums them up.
+torch_tpu.aot <file>` (aot/__main__.py) sums them up.
 """
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ import json
 import os
 import queue
 import re
-import sys
 import threading
 import warnings
 
@@ -199,7 +198,7 @@ def _at_exit():
 
 def summarize(path: str) -> ShadowReport:
     """The reports that processes appended to `path` (TORCH_TPU_SHADOW_REPORT), added up: failures
-    of the same program and message counted once."""
+    of the same program and message counted once. Raises ValueError when the file holds none."""
     total, seen = None, set()
     with open(path) as f:
         for line in f:
@@ -217,8 +216,3 @@ def summarize(path: str) -> ShadowReport:
         raise ValueError(f"{path} holds no shadow report")
     return total
 
-
-if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: python -m torch_tpu.aot.shadow <file written through TORCH_TPU_SHADOW_REPORT>")
-    print(summarize(sys.argv[1]))

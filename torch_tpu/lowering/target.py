@@ -5,8 +5,9 @@ kernels): on a TPU (runtime.compile), for a compile-only TPU target (torch_tpu.a
 mode. Two kinds of program are refused:
 - ops TPU's compiler rejects, with a message naming the op and dtype and what to do instead (libtpu's
   own message is terse: "Unexpected operand type for FFT: c128");
-- collectives whose replica groups name devices the program does not have: libtpu may abort the
-  whole process on them (a failed CHECK, "id < CoreCount") instead of returning an error. Every
+- collectives whose replica groups name devices the program does not have: libtpu answers with an
+  internal check ("RET_CHECK failure ... device_id < kMaxDeviceCount", libtpu 0.0.52 on an
+  all_reduce) or aborts (a failed CHECK, "id < CoreCount"), naming no op of the user's. Every
   program is compiled for one replica and one partition (pjrt::default_compile_options), so any
   device id above 0 is out of range.
 """
@@ -37,6 +38,6 @@ def refusal(text: str, num_devices: int = 1) -> str | None:
             bad = [i for i in ids if i >= num_devices]
             if bad:
                 return (f"stablehlo.{m.group(1)} names device {bad[0]} in its replica groups, but the program is "
-                        f"compiled for {num_devices} device(s): TPU's compiler would abort the process. Run "
+                        f"compiled for {num_devices} device(s): TPU's compiler cannot build it. Run "
                         "collectives through torch.distributed (tpu_dist) instead of inside a kernel.")
     return None
