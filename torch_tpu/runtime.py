@@ -102,7 +102,21 @@ def configure() -> None:
             configure_process()
         except ValueError as e:
             path, error = "", str(e)
-    _C._configure(path, error, options)
+    _C._configure(path, error, options, _torchrun_job_store())
+
+
+def _torchrun_job_store() -> bool:
+    """True in a worker of a multi-process torchrun job, whose elastic agent serves the job's store
+    (TORCHELASTIC_USE_AGENT_STORE=True, MASTER_ADDR:MASTER_PORT) before any worker starts: the PJRT
+    client is then created with that store behind its key-value callbacks, through which libtpu's
+    processes (and the CUDA plugin's) exchange what they need (csrc/distributed/job_store.h; the CPU
+    plugin ignores them). Connected when the client starts, not at import."""
+    try:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return False
+    return (world > 1 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+            and bool(os.environ.get("MASTER_ADDR")) and bool(os.environ.get("MASTER_PORT")))
 
 
 def _local_world() -> tuple[int, int] | None:

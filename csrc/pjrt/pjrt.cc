@@ -311,14 +311,87 @@ Executable::~Executable() {
 }
 
 // ---------------------------------------------------------------------------------------------
+namespace {
+
+// A value handed to the plugin: it copies it, then frees it with this.
+void free_value(char* value) { delete[] value; }
+
+char* hand_out(const std::string& value) {
+  char* out = new char[value.size() + 1];
+  std::memcpy(out, value.data(), value.size());
+  out[value.size()] = '\0';
+  return out;
+}
+
+PJRT_Error* fail(PJRT_CallbackError* make, PJRT_Error_Code code, const std::string& message) {
+  return (*make)(code, message.data(), message.size());
+}
+
+PJRT_Error* kv_get(PJRT_KeyValueGetCallback_Args* a) {
+  std::string key(a->key, a->key_size);
+  try {
+    std::string v = static_cast<KeyValueStore*>(a->user_arg)->get(key, a->timeout_in_ms);
+    a->value = hand_out(v);
+    a->value_size = v.size();
+    a->value_deleter_callback = free_value;
+    return nullptr;
+  } catch (const std::exception& e) {
+    return fail(a->callback_error, PJRT_Error_Code_DEADLINE_EXCEEDED,
+                "key-value store: no value for '" + key + "' within " + std::to_string(a->timeout_in_ms) +
+                    " ms: " + e.what());
+  }
+}
+
+PJRT_Error* kv_try_get(PJRT_KeyValueTryGetCallback_Args* a) {
+  std::string key(a->key, a->key_size);
+  try {
+    std::optional<std::string> v = static_cast<KeyValueStore*>(a->user_arg)->try_get(key);
+    if (!v) return fail(a->callback_error, PJRT_Error_Code_NOT_FOUND, "key-value store: no value for '" + key + "'");
+    a->value = hand_out(*v);
+    a->value_size = v->size();
+    a->value_deleter_callback = free_value;
+    return nullptr;
+  } catch (const std::exception& e) {
+    return fail(a->callback_error, PJRT_Error_Code_UNAVAILABLE, std::string("key-value store: ") + e.what());
+  }
+}
+
+PJRT_Error* kv_put(PJRT_KeyValuePutCallback_Args* a) {
+  try {
+    static_cast<KeyValueStore*>(a->user_arg)->put(std::string(a->key, a->key_size),
+                                                   std::string(a->value, a->value_size));
+    return nullptr;
+  } catch (const std::exception& e) {
+    return fail(a->callback_error, PJRT_Error_Code_UNAVAILABLE, std::string("key-value store: ") + e.what());
+  }
+}
+
+}  // namespace
+
+const KeyValueCallbacks& key_value_callbacks() {
+  static const KeyValueCallbacks callbacks{kv_get, kv_try_get, kv_put};
+  return callbacks;
+}
+
 std::shared_ptr<Client> Client::create(std::shared_ptr<Plugin> plugin,
-                                       const std::vector<std::pair<std::string, int64_t>>& int_options) {
+                                       const std::vector<std::pair<std::string, int64_t>>& int_options,
+                                       std::shared_ptr<KeyValueStore> kv) {
   std::shared_ptr<Client> c(new Client(std::move(plugin)));
+  c->kv_ = std::move(kv);
   const PJRT_Api* api = c->plugin_->api();
   std::vector<PJRT_NamedValue> opts = int_named_values(int_options);
   auto a = PJRT_ARGS(PJRT_Client_Create_Args);
   a.create_options = opts.data();
   a.num_options = opts.size();
+  if (c->kv_) {
+    void* store = c->kv_.get();
+    a.kv_get_callback = kv_get;
+    a.kv_get_user_arg = store;
+    a.kv_try_get_callback = kv_try_get;
+    a.kv_try_get_user_arg = store;
+    a.kv_put_callback = kv_put;
+    a.kv_put_user_arg = store;
+  }
   c->plugin_->check(api->PJRT_Client_Create(&a), "PJRT_Client_Create");
   c->client_ = a.client;
 

@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -156,11 +157,38 @@ class Event {
 };
 
 // A PJRT_Client over the plugin's addressable devices.
+// A key-value store shared by the processes of a multi-process job, through which a plugin's
+// clients find each other: PJRT_Client_Create's kv_get / kv_try_get / kv_put callbacks (libtpu's
+// and the CUDA plugin's multi-process set-up; the CPU plugin ignores them). Thread-safe.
+class KeyValueStore {
+ public:
+  virtual ~KeyValueStore() = default;
+  // The value of `key`, waiting up to `timeout_ms` for a process to put it; throws on timeout.
+  virtual std::string get(const std::string& key, int timeout_ms) = 0;
+  // The value of `key` if it is there now.
+  virtual std::optional<std::string> try_get(const std::string& key) = 0;
+  virtual void put(const std::string& key, const std::string& value) = 0;
+};
+
+// The C callbacks a plugin is given for a KeyValueStore (its pointer is their user_arg): failures
+// become PJRT errors made with the plugin's callback_error (a missing key NOT_FOUND, a timeout
+// DEADLINE_EXCEEDED); values are handed out with a deleter, as PJRT requires.
+struct KeyValueCallbacks {
+  PJRT_KeyValueGetCallback get;
+  PJRT_KeyValueTryGetCallback try_get;
+  PJRT_KeyValuePutCallback put;
+};
+const KeyValueCallbacks& key_value_callbacks();
+
 class Client : public std::enable_shared_from_this<Client> {
  public:
-  // `int_options` become PJRT_NamedValue int64 create options (e.g. cpu_device_count).
+  // `int_options` become PJRT_NamedValue int64 create options (e.g. cpu_device_count). `kv`, where
+  // given, backs the client's key-value callbacks for as long as the client lives.
   static std::shared_ptr<Client> create(std::shared_ptr<Plugin> plugin,
-                                        const std::vector<std::pair<std::string, int64_t>>& int_options);
+                                        const std::vector<std::pair<std::string, int64_t>>& int_options,
+                                        std::shared_ptr<KeyValueStore> kv = nullptr);
+  // The key-value store the client was created with (null: none).
+  const std::shared_ptr<KeyValueStore>& key_value_store() const { return kv_; }
   ~Client();
   const Plugin& plugin() const { return *plugin_; }
   const std::string& platform_name() const { return platform_name_; }
@@ -214,6 +242,7 @@ class Client : public std::enable_shared_from_this<Client> {
   // Takes ownership of `loaded` and reads its output count, types and dimensions.
   std::shared_ptr<Executable> wrap_loaded(PJRT_LoadedExecutable* loaded) const;
   std::shared_ptr<Plugin> plugin_;
+  std::shared_ptr<KeyValueStore> kv_;  // outlives client_: the plugin may call back until it is destroyed
   PJRT_Client* client_ = nullptr;
   std::vector<PJRT_Device*> devices_;
   std::string platform_name_, platform_version_;

@@ -5,11 +5,71 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "distributed/backend.h"
+#include "distributed/job_store.h"
 #include "python/distributed.h"
+#include "runtime/runtime.h"
 
 namespace py = pybind11;
 
 namespace torch_tpu::python {
+namespace {
+
+// What the key-value callbacks hand back as errors here: the plugin's callback_error makes a
+// PJRT_Error; this one carries the message, to be raised.
+PJRT_Error* message_error(PJRT_Error_Code, const char* message, size_t size) {
+  return reinterpret_cast<PJRT_Error*>(new std::string(message, size));
+}
+PJRT_CallbackError kMessageError = message_error;
+
+void raise_if(PJRT_Error* err) {
+  if (!err) return;
+  std::unique_ptr<std::string> message(reinterpret_cast<std::string*>(err));
+  throw std::runtime_error(*message);
+}
+
+// The C callbacks a plugin calls for `store`, called as a plugin calls them.
+struct KeyValueCallbacksHandle {
+  std::shared_ptr<pjrt::KeyValueStore> store;
+
+  void put(const std::string& key, const std::string& value) const {
+    auto a = PJRT_KeyValuePutCallback_Args{PJRT_KeyValuePutCallback_Args_STRUCT_SIZE};
+    a.key = key.data(), a.key_size = key.size(), a.value = value.data(), a.value_size = value.size();
+    a.callback_error = &kMessageError;
+    a.user_arg = store.get();
+    raise_if(pjrt::key_value_callbacks().put(&a));
+  }
+  py::bytes get(const std::string& key, int timeout_ms) const {
+    auto a = PJRT_KeyValueGetCallback_Args{PJRT_KeyValueGetCallback_Args_STRUCT_SIZE};
+    a.key = key.data(), a.key_size = key.size(), a.timeout_in_ms = timeout_ms;
+    a.callback_error = &kMessageError;
+    a.user_arg = store.get();
+    PJRT_Error* err;
+    {
+      py::gil_scoped_release nogil;
+      err = pjrt::key_value_callbacks().get(&a);
+    }
+    raise_if(err);
+    py::bytes out(a.value, a.value_size);
+    a.value_deleter_callback(a.value);
+    return out;
+  }
+  py::object try_get(const std::string& key) const {
+    auto a = PJRT_KeyValueTryGetCallback_Args{PJRT_KeyValueTryGetCallback_Args_STRUCT_SIZE};
+    a.key = key.data(), a.key_size = key.size();
+    a.callback_error = &kMessageError;
+    a.user_arg = store.get();
+    PJRT_Error* err = pjrt::key_value_callbacks().try_get(&a);
+    if (err) {
+      delete reinterpret_cast<std::string*>(err);
+      return py::none();
+    }
+    py::bytes out(a.value, a.value_size);
+    a.value_deleter_callback(a.value);
+    return out;
+  }
+};
+
+}  // namespace
 
 void init_distributed(py::module& m) {
   // torch registers c10d::Backend's Python type when torch.distributed's C module loads.
@@ -28,6 +88,24 @@ void init_distributed(py::module& m) {
       // split_group() copies the parent's options into the split: the host backend's.
       .def_property_readonly("options", &distributed::TpuBackend::getBackendOptions)
       .def("perform_nocolor_split", [](distributed::TpuBackend&, const at::Device&) {});
+
+  py::class_<KeyValueCallbacksHandle>(
+      m, "_KeyValueCallbacks",
+      "The PJRT key-value callbacks (kv_put / kv_get / kv_try_get) a plugin's client is given, called as the "
+      "plugin calls them: over a c10d Store, or (of_runtime) over the running client's own store.")
+      .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store) {
+             return KeyValueCallbacksHandle{distributed::key_value_store(store)};
+           }),
+           py::arg("store"))
+      .def_static("of_runtime", []() -> py::object {
+        auto& kv = runtime::Runtime::get().client().key_value_store();
+        if (!kv) return py::none();
+        return py::cast(KeyValueCallbacksHandle{kv});
+      }, "The running client's key-value callbacks; None when it was created without a store.")
+      .def("put", &KeyValueCallbacksHandle::put, py::arg("key"), py::arg("value"))
+      .def("get", &KeyValueCallbacksHandle::get, py::arg("key"), py::arg("timeout_ms"),
+           "Waits up to timeout_ms for `key`; raises RuntimeError (DEADLINE_EXCEEDED's message) after it.")
+      .def("try_get", &KeyValueCallbacksHandle::try_get, py::arg("key"), "The value, or None (NOT_FOUND).");
 }
 
 }  // namespace torch_tpu::python

@@ -23,6 +23,7 @@
 #include "python/launch_args.h"
 #include "python/targets.h"
 #include "runtime/compile_cache.h"
+#include "distributed/job_store.h"
 #include "runtime/runtime.h"
 
 namespace py = pybind11;
@@ -80,9 +81,12 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("num_outputs", &torch_tpu::pjrt::Executable::num_outputs);
 
   m.def("_configure", [](const std::string& path, const std::string& error,
-                         const std::vector<std::pair<std::string, int64_t>>& options) {
-    Runtime::get().configure(path, error, options);
-  });
+                         const std::vector<std::pair<std::string, int64_t>>& options, bool job_store) {
+    Runtime::get().configure(path, error, options,
+                             job_store ? torch_tpu::distributed::torchrun_key_value_store : nullptr);
+  }, py::arg("path"), py::arg("error"), py::arg("options"), py::arg("job_store") = false,
+     "Chooses the plugin, its int64 create options and, with job_store, torchrun's store as the client's "
+     "key-value store (csrc/distributed/job_store.h); starts nothing.");
   m.def("_runtime_started", [] { return Runtime::get().started(); });
   m.def("_start", [] {
     torch::PyWarningHandler warnings;  // the one-time "runs on the CPU plugin" warning

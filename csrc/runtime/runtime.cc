@@ -74,12 +74,14 @@ Runtime& Runtime::get() {
 }
 
 void Runtime::configure(const std::string& plugin_path, const std::string& error,
-                        const std::vector<std::pair<std::string, int64_t>>& options) {
+                        const std::vector<std::pair<std::string, int64_t>>& options,
+                        std::function<std::shared_ptr<pjrt::KeyValueStore>()> key_value_store) {
   std::lock_guard<std::mutex> g(mu_);
   TORCH_CHECK(!client_, "the tpu runtime has already started; configure it before first use");
   plugin_path_ = plugin_path;
   config_error_ = error;
   options_ = options;
+  key_value_store_ = std::move(key_value_store);
 }
 
 pjrt::Client& Runtime::client() {
@@ -89,7 +91,7 @@ pjrt::Client& Runtime::client() {
   if (client_) return *client_;
   TORCH_CHECK(!plugin_path_.empty(), config_error_);
   auto plugin = pjrt::Plugin::load(plugin_path_, "TORCH_TPU_PJRT_PLUGIN");
-  client_ = pjrt::Client::create(plugin, options_);
+  client_ = pjrt::Client::create(plugin, options_, key_value_store_ ? key_value_store_() : nullptr);
   // Around fork(), hold the runtime's locks so that the child's copies are not left locked by a
   // thread (the launcher) that does not exist there; the child may still free and allocate cells.
   pthread_atfork(

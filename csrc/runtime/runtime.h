@@ -94,8 +94,11 @@ class Runtime {
 
   // Chooses the plugin without starting it. `plugin_path` is the .so; when it is empty,
   // `error` is raised on first use instead (e.g. "TORCH_TPU_PJRT_PLUGIN=cuda but ...").
+  // `key_value_store`, where given, is called once when the client starts, for the store its
+  // processes share (a multi-process job: pjrt::Client::create's kv callbacks).
   void configure(const std::string& plugin_path, const std::string& error,
-                 const std::vector<std::pair<std::string, int64_t>>& options);
+                 const std::vector<std::pair<std::string, int64_t>>& options,
+                 std::function<std::shared_ptr<pjrt::KeyValueStore>()> key_value_store = nullptr);
   bool started() const { return client_ != nullptr; }
   // Starts the client on first call; throws (with the plugin's message) when it cannot, and in a
   // child forked after the client started (see in_bad_fork).
@@ -174,6 +177,7 @@ class Runtime {
 
  private:
   std::mutex mu_;
+  std::function<std::shared_ptr<pjrt::KeyValueStore>()> key_value_store_;
   std::string plugin_path_, config_error_ = "TorchTPU's runtime was not configured: import torch_tpu first";
   std::vector<std::pair<std::string, int64_t>> options_;
   std::shared_ptr<pjrt::Client> client_;

@@ -4,6 +4,10 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
 
 #include "pjrt/pjrt.h"
 
@@ -102,3 +106,74 @@ TEST(Client, BadDeviceIndex) {
 }
 
 }  // namespace
+
+namespace {
+
+// A KeyValueStore in memory; `get` fails at once on a missing key (no other process to wait for).
+class MapStore : public torch_tpu::pjrt::KeyValueStore {
+ public:
+  std::map<std::string, std::string> values;
+  std::string get(const std::string& key, int) override {
+    auto it = values.find(key);
+    if (it == values.end()) throw std::runtime_error("timed out");
+    return it->second;
+  }
+  std::optional<std::string> try_get(const std::string& key) override {
+    auto it = values.find(key);
+    if (it == values.end()) return std::nullopt;
+    return it->second;
+  }
+  void put(const std::string& key, const std::string& value) override { values[key] = value; }
+};
+
+// Stands in for the plugin's error constructor: remembers the code and message, returns a token.
+PJRT_Error_Code last_code;
+std::string last_message;
+PJRT_Error* record_error(PJRT_Error_Code code, const char* message, size_t size) {
+  last_code = code;
+  last_message.assign(message, size);
+  return reinterpret_cast<PJRT_Error*>(&last_code);
+}
+PJRT_CallbackError kRecord = record_error;
+
+}  // namespace
+
+TEST(KeyValueCallbacks, PutGetTryGetAsAPluginCallsThem) {
+  MapStore store;
+  const auto& cb = torch_tpu::pjrt::key_value_callbacks();
+  const std::string value("a\0b", 3);  // values are bytes, zeros included
+  auto put = PJRT_KeyValuePutCallback_Args{PJRT_KeyValuePutCallback_Args_STRUCT_SIZE};
+  put.key = "k", put.key_size = 1, put.value = value.data(), put.value_size = value.size();
+  put.callback_error = &kRecord, put.user_arg = &store;
+  ASSERT_EQ(cb.put(&put), nullptr);
+  EXPECT_EQ(store.values.at("k"), value);
+
+  auto get = PJRT_KeyValueGetCallback_Args{PJRT_KeyValueGetCallback_Args_STRUCT_SIZE};
+  get.key = "k", get.key_size = 1, get.timeout_in_ms = 10, get.callback_error = &kRecord, get.user_arg = &store;
+  ASSERT_EQ(cb.get(&get), nullptr);
+  EXPECT_EQ(std::string(get.value, get.value_size), value);
+  ASSERT_NE(get.value_deleter_callback, nullptr);
+  get.value_deleter_callback(get.value);
+
+  get.key = "missing", get.key_size = 7;
+  EXPECT_NE(cb.get(&get), nullptr);
+  EXPECT_EQ(last_code, PJRT_Error_Code_DEADLINE_EXCEEDED);
+  EXPECT_NE(last_message.find("no value for 'missing' within 10 ms"), std::string::npos) << last_message;
+
+  auto tryget = PJRT_KeyValueTryGetCallback_Args{PJRT_KeyValueTryGetCallback_Args_STRUCT_SIZE};
+  tryget.key = "missing", tryget.key_size = 7, tryget.callback_error = &kRecord, tryget.user_arg = &store;
+  EXPECT_NE(cb.try_get(&tryget), nullptr);
+  EXPECT_EQ(last_code, PJRT_Error_Code_NOT_FOUND);
+  tryget.key = "k", tryget.key_size = 1;
+  ASSERT_EQ(cb.try_get(&tryget), nullptr);
+  EXPECT_EQ(std::string(tryget.value, tryget.value_size), value);
+  tryget.value_deleter_callback(tryget.value);
+}
+
+TEST(KeyValueCallbacks, ClientKeepsItsStore) {
+  // The CPU plugin ignores the callbacks; the client still holds the store for its lifetime.
+  auto store = std::make_shared<MapStore>();
+  auto c = Client::create(std::make_shared<Plugin>(plugin_path(), "TORCH_TPU_TEST_PLUGIN"), {}, store);
+  EXPECT_EQ(c->key_value_store(), store);
+  EXPECT_GE(c->device_count(), 1u);
+}

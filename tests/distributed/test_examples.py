@@ -2,68 +2,17 @@
 run of examples/train_digits.py on the same global batch: the same loss per epoch, the same accuracy."""
 import os
 import re
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
-from .runner import REPO
+from .runner import REPO, run_torchrun as _run_torchrun
 
 pytest.importorskip("sklearn")
 sys.path.insert(0, os.path.join(REPO, "examples"))
 
 EPOCHS = 3  # the shortened run (the example's default is 10)
-
-
-def _descendants(pid: int) -> list[int]:
-    """The pids of every process below `pid` (from /proc): torchrun starts each worker in a session of
-    its own, so killing torchrun's process group leaves them."""
-    parents = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                pass
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        kids = [c for c, pp in parents.items() if pp == p]
-        out += kids
-        todo += kids
-    return out
-
-
-def _run_torchrun(args: list[str], timeout: float) -> str:
-    """Output (stdout and stderr) of `torchrun --standalone <args>`; fails on a non-zero exit or on
-    `timeout` s, after ending torchrun and its workers (this test's own descendants, by pid)."""
-    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    cmd = [torchrun] if os.path.exists(torchrun) else [sys.executable, "-m", "torch.distributed.run"]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
-    p = subprocess.Popen(cmd + ["--standalone"] + args, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out, _ = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        workers = _descendants(p.pid)
-        p.send_signal(signal.SIGTERM)  # torchrun passes it on to its workers
-        deadline = time.monotonic() + 10
-        while p.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        for pid in [p.pid] + workers:
-            try:
-                os.killpg(pid, signal.SIGKILL)  # each is the leader of its own session
-            except (ProcessLookupError, PermissionError):
-                pass
-        out, _ = p.communicate()
-        pytest.fail(f"torchrun {' '.join(args)}: still running after {timeout:.0f} s (killed)\n{out[-6000:]}")
-    assert p.returncode == 0, f"torchrun {' '.join(args)} exited {p.returncode}\n{out[-6000:]}"
-    return out
 
 
 def test_ddp_digits_follows_the_single_process_run():
