@@ -151,6 +151,20 @@ def test_refusal_rules():
           '(tensor<4xf32>) -> tensor<4xf32>')
     assert "device 1" in target.refusal(ar)
     assert target.refusal(ar, num_devices=2) is None
+    dot = ('%v5 = "stablehlo.dot_general"(%v1, %v4) {dot_dimension_numbers = #stablehlo.dot<lhs_contracting_dimensions '
+           '= [1], rhs_contracting_dimensions = [0]>} : (tensor<2x3xi64>, tensor<3x2xi64>) -> tensor<2x2xi64>')
+    assert "int64" in target.refusal(dot) and "stablehlo.dot_general" in target.refusal(dot)
+    assert target.refusal(dot.replace("i64", "i32")) is None
+
+
+def test_int64_matmul_is_refused_for_tpu_where_libtpu_rejects_it():
+    # libtpu itself rejects it ("... not contain X64 element types ... not implemented"): the report
+    # says why in the user's terms instead.
+    report = aot.compile(lambda a, b: a @ b, torch.ones(4, 4, dtype=torch.long, device="meta"),
+                         torch.ones(4, 4, dtype=torch.long, device="meta"))
+    assert not report.ok and "int64" in report.programs[0].error, str(report)
+    assert aot.compile(lambda a, b: a @ b, torch.ones(4, 4, dtype=torch.int32, device="meta"),
+                       torch.ones(4, 4, dtype=torch.int32, device="meta")).ok
 
 
 def test_a_libtpu_crash_costs_one_program_not_the_process():

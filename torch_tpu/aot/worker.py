@@ -7,7 +7,8 @@ Topology.compile sends each program to a worker process that holds its own libtp
 worker dies, the program's compile raises CompilerCrash naming the signal, libtpu's last output and
 a file holding the program for a bug report, and the next program gets a fresh worker.
 
-Protocol (pickle over two pipes): the parent sends ("compile", program_text) and reads ("ok", dict as
+Protocol (pickle over two pipes): the worker says ("ready", None) once its topology exists; then the
+parent sends ("compile", program_text) and reads ("ok", dict as
 _C.Topology.compile returns it) or ("error", message). The worker's stdout is its stderr (libtpu
 prints there), so only replies travel on the channel. A worker ends when its channel closes or its
 parent dies (polled each second): nothing outlives the job.
@@ -54,6 +55,14 @@ class _Worker:
         os.close(from_worker_w)
         self.send = os.fdopen(self._send, "wb")
         self.recv = os.fdopen(self._recv, "rb")
+        # The worker says when its topology is ready: a worker that cannot start (an import error in
+        # its environment, libtpu refusing to load) is not mistaken for a compile that crashed.
+        try:
+            pickle.load(self.recv)
+        except (EOFError, pickle.UnpicklingError):
+            how, output = self.death()
+            self.close()
+            raise RuntimeError(f"the libtpu compile worker did not start ({how}); its output:\n{output}") from None
 
     def request(self, program: str):
         """Returns the worker's reply, or None when the worker died on the way."""
@@ -175,6 +184,8 @@ def _serve(plugin: str, env_var: str, name: str, num_slices: str, recv_fd: str, 
     options = [("num_slices", num_slices)] if num_slices > 1 else []
     topo = _C.Topology(plugin, env_var, name, options)
     recv, send = os.fdopen(recv_fd, "rb"), os.fdopen(send_fd, "wb")
+    pickle.dump(("ready", None), send)
+    send.flush()
     while True:
         try:
             kind, program = pickle.load(recv)

@@ -4,7 +4,8 @@ One check at the compile boundary, for every front-end (eager ops, fused runs, c
 kernels): on a TPU (runtime.compile), for a compile-only TPU target (torch_tpu.aot) and in shadow
 mode. Two kinds of program are refused:
 - ops TPU's compiler rejects, with a message naming the op and dtype and what to do instead (libtpu's
-  own message is terse: "Unexpected operand type for FFT: c128");
+  own message is terse: "Unexpected operand type for FFT: c128"): 64-bit FFTs, and matrix products
+  (dot_general, convolution) of int64 (found by shadow mode over the test suite);
 - collectives whose replica groups name devices the program does not have: libtpu answers with an
   internal check ("RET_CHECK failure ... device_id < kMaxDeviceCount", libtpu 0.0.52 on an
   all_reduce) or aborts (a failed CHECK, "id < CoreCount"), naming no op of the user's. Every
@@ -18,6 +19,10 @@ import re
 # stablehlo.fft with a 64-bit operand or result: XLA's TPU backend has FFTs of complex64 only
 # (libtpu 0.0.51/0.0.52: "Unexpected operand type for FFT: c128"; float64 RFFT produces complex128).
 _FFT = re.compile(r'"stablehlo\.fft"\(.*?\{.*?fft_type = #stablehlo<fft_type (\w+)>.*?\} : \((.*)$', re.M)
+# Matrix products of 64-bit integers: libtpu 0.0.52 rejects them ("While rewriting computation to not
+# contain X64 element types, XLA encountered an HLO for which this rewriting is not implemented").
+_INT64_PRODUCT = re.compile(r'"stablehlo\.(dot_general|dot|convolution)".* : \(([^)]*)\) ->', re.M)
+_INT64 = re.compile(r"(?:tensor<(?:\d+x)*u?i64>)")
 _COLLECTIVE = re.compile(r'"stablehlo\.(all_reduce|all_gather|reduce_scatter|all_to_all|collective_permute|'
                          r'collective_broadcast)"(.*)$', re.M)
 _GROUPS = re.compile(r"(?:replica_groups|source_target_pairs) = dense<([^>]*)>")
@@ -32,6 +37,10 @@ def refusal(text: str, num_devices: int = 1) -> str | None:
             dtype = "complex128" if kind != "RFFT" else "float64 (its result is complex128)"
             return (f"stablehlo.fft ({kind}) on {dtype} cannot run on TPU: TPU's FFT computes complex64 only. "
                     "Transform in complex64/float32 (x.to(torch.complex64)), or run this FFT on the CPU (x.cpu()).")
+    for m in _INT64_PRODUCT.finditer(text):
+        if _INT64.search(m.group(2)):
+            return (f"stablehlo.{m.group(1)} on int64 cannot run on TPU: TPU's compiler has no 64-bit integer "
+                    "matrix products. Multiply in int32 (x.int()) or float32, or on the CPU (x.cpu()).")
     for m in _COLLECTIVE.finditer(text):
         for groups in _GROUPS.findall(m.group(2)):
             ids = [int(v) for v in re.findall(r"-?\d+", groups)]
