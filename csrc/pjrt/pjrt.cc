@@ -100,6 +100,51 @@ const std::string& default_compile_options() {
   return options;
 }
 
+namespace {
+
+void put_varint(std::string& out, uint64_t v) {
+  do {
+    uint8_t byte = v & 0x7F;
+    v >>= 7;
+    out.push_back(static_cast<char>(byte | (v ? 0x80 : 0)));
+  } while (v);
+}
+
+// A protobuf field: varint (wire type 0) or length-delimited (2).
+void put_varint_field(std::string& out, int number, uint64_t v) {
+  put_varint(out, static_cast<uint64_t>(number) << 3);
+  put_varint(out, v);
+}
+void put_bytes_field(std::string& out, int number, const std::string& bytes) {
+  put_varint(out, (static_cast<uint64_t>(number) << 3) | 2);
+  put_varint(out, bytes.size());
+  out += bytes;
+}
+
+}  // namespace
+
+std::string replica_compile_options(const std::vector<int64_t>& device_ids) {
+  if (device_ids.size() <= 1 && (device_ids.empty() || device_ids[0] == 0)) return default_compile_options();
+  // xla.DeviceAssignmentProto: replica_count (1), computation_count (2), computation_devices (3) =
+  // one ComputationDevice {replica_device_ids (1), packed}.
+  std::string ids;
+  for (int64_t id : device_ids) put_varint(ids, static_cast<uint64_t>(id));
+  std::string computation;
+  put_bytes_field(computation, 1, ids);
+  std::string assignment;
+  put_varint_field(assignment, 1, device_ids.size());
+  put_varint_field(assignment, 2, 1);
+  put_bytes_field(assignment, 3, computation);
+  // ExecutableBuildOptionsProto: num_replicas (4), num_partitions (5), device_assignment (9).
+  std::string build;
+  put_varint_field(build, 4, device_ids.size());
+  put_varint_field(build, 5, 1);
+  put_bytes_field(build, 9, assignment);
+  std::string options;  // CompileOptionsProto: executable_build_options (3); not portable
+  put_bytes_field(options, 3, build);
+  return options;
+}
+
 Plugin::Plugin(const std::string& path, const std::string& env_var) : path_(path) {
   struct stat st;
   if (stat(path.c_str(), &st) != 0) {

@@ -73,6 +73,12 @@ class Event;
 // built ahead of time is the one the runtime would build on the target.
 const std::string& default_compile_options();
 
+// The serialized xla.CompileOptionsProto for a program run as one replica on each of `device_ids`
+// (the target's global device ids, replica r on device_ids[r]; 1 partition): what a collective over
+// those devices is compiled with (replica_groups name replica indices). One id 0, or none, gives
+// default_compile_options().
+std::string replica_compile_options(const std::vector<int64_t>& device_ids);
+
 // One PJRT_Buffer (a dense array on one device). Destroyed (PJRT_Buffer_Destroy) when the last
 // shared_ptr goes; donated buffers are destroyed too, as PJRT requires.
 class Buffer {

@@ -43,6 +43,10 @@ void bind_compile_targets(py::module& m) {
   }, py::arg("path"), py::arg("env_var"),
      "PJRT_Plugin_Attributes of the plugin at `path` (loaded and initialized once per process; `env_var` "
      "names what chose it, for errors): {name: int, [int] or str}.");
+  m.def("_replica_compile_options", [](const std::vector<int64_t>& device_ids) {
+    return py::bytes(torch_tpu::pjrt::replica_compile_options(device_ids));
+  }, py::arg("device_ids"),
+     "The serialized xla.CompileOptionsProto for one replica on each of device_ids (csrc/pjrt/pjrt.h).");
   m.def("_default_compile_options", [] { return py::bytes(torch_tpu::pjrt::default_compile_options()); },
         "The serialized xla.CompileOptionsProto every program is compiled with (1 replica, 1 partition, portable).");
   m.def("_cache_store", [](const std::string& key, const py::bytes& payload, double seconds,

@@ -117,16 +117,24 @@ class Topology:
         """The executable cache's key of `program` compiled for this target (runtime.program_key)."""
         return runtime.program_key(self.identity(), program)
 
-    def compile(self, program: str) -> dict:
-        """Compiles StableHLO text for one device of this topology (1 replica, 1 partition: what the
-        runtime compiles on each TPU process), in a worker process. Returns the _C.Topology.compile
-        dict. Raises TypeError for what TPU cannot run (lowering/target.py, checked before libtpu sees
-        the program), RuntimeError with the compiler's message, and worker.CompilerCrash (a
-        RuntimeError) when libtpu crashed compiling it."""
-        why = tpu_rules.refusal(program)
+    def compile(self, program: str, devices=None) -> dict:
+        """Compiles StableHLO text for this topology, in a worker process: for one device (1 replica,
+        1 partition: what the runtime compiles on each TPU process), or, with `devices` (global device
+        ids of this topology, e.g. [d.id for d in topo.devices]), as one replica on each of them, so
+        that the program's collectives run across them (replica_groups index `devices`).
+        Returns the _C.Topology.compile dict. Raises ValueError for ids this topology does not have,
+        TypeError for what TPU cannot run (lowering/target.py, checked before libtpu sees the program),
+        RuntimeError with the compiler's message, and worker.CompilerCrash (a RuntimeError) when libtpu
+        crashed compiling it."""
+        ids = [0] if devices is None else [int(i) for i in devices]
+        known = {d.id for d in self.devices}
+        if not ids or len(set(ids)) != len(ids) or not set(ids) <= known:
+            raise ValueError(f"devices must be distinct device ids of {self.name} (x{self.num_slices}), e.g. "
+                             f"{sorted(known)[:4]}...; got {devices!r}")
+        why = tpu_rules.refusal(program, num_devices=len(ids))
         if why:
             raise TypeError(why)
-        return self._workers.compile(program)
+        return self._workers.compile(program, _C._replica_compile_options(ids) if devices is not None else b"")
 
     def __repr__(self):
         return (f"Topology({self.name!r}, num_slices={self.num_slices}: {len(self.devices)} x {self.kind}, "

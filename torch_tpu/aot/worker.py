@@ -8,7 +8,7 @@ worker dies, the program's compile raises CompilerCrash naming the signal, libtp
 a file holding the program for a bug report, and the next program gets a fresh worker.
 
 Protocol (pickle over two pipes): the worker says ("ready", None) once its topology exists; then the
-parent sends ("compile", program_text) and reads ("ok", dict as
+parent sends ("compile", program_text, options) and reads ("ok", dict as
 _C.Topology.compile returns it) or ("error", message). The worker's stdout is its stderr (libtpu
 prints there), so only replies travel on the channel. A worker ends when its channel closes or its
 parent dies (polled each second): nothing outlives the job.
@@ -64,10 +64,10 @@ class _Worker:
             self.close()
             raise RuntimeError(f"the libtpu compile worker did not start ({how}); its output:\n{output}") from None
 
-    def request(self, program: str):
+    def request(self, program: str, options: bytes):
         """Returns the worker's reply, or None when the worker died on the way."""
         try:
-            pickle.dump(("compile", program), self.send)
+            pickle.dump(("compile", program, options), self.send)
             self.send.flush()
             return pickle.load(self.recv)
         except (EOFError, BrokenPipeError, pickle.UnpicklingError):
@@ -110,13 +110,14 @@ class Pool:
         self._count = 0
         self._cv = threading.Condition()
 
-    def compile(self, program: str) -> dict:
-        """Compiles `program` in a worker. Returns _C.Topology.compile's dict. Raises RuntimeError
-        with libtpu's message, CompilerCrash when libtpu died compiling it."""
+    def compile(self, program: str, options: bytes = b"") -> dict:
+        """Compiles `program` in a worker, with `options` (a serialized xla.CompileOptionsProto;
+        empty: the default). Returns _C.Topology.compile's dict. Raises RuntimeError with libtpu's
+        message, CompilerCrash when libtpu died compiling it."""
         worker = self._take()
         reply = None
         try:
-            reply = worker.request(program)
+            reply = worker.request(program, options)
         finally:
             self._give(worker, alive=reply is not None)
         if reply is None:
@@ -188,11 +189,11 @@ def _serve(plugin: str, env_var: str, name: str, num_slices: str, recv_fd: str, 
     send.flush()
     while True:
         try:
-            kind, program = pickle.load(recv)
+            kind, program, options = pickle.load(recv)
         except EOFError:
             return
         try:
-            reply = ("ok", topo.compile(program))
+            reply = ("ok", topo.compile(program, options))
         except _C.PjrtError as e:
             reply = ("error", str(e))
         pickle.dump(reply, send)

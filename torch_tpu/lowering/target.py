@@ -5,7 +5,8 @@ kernels): on a TPU (runtime.compile), for a compile-only TPU target (torch_tpu.a
 mode. Two kinds of program are refused:
 - ops TPU's compiler rejects, with a message naming the op and dtype and what to do instead (libtpu's
   own message is terse: "Unexpected operand type for FFT: c128"): 64-bit FFTs, and matrix products
-  (dot_general, convolution) of int64 (found by shadow mode over the test suite);
+  (dot_general, convolution) of int64 (found by shadow mode over the test suite), and
+  collective_broadcast (libtpu: "not implemented on TPU");
 - collectives whose replica groups name devices the program does not have: libtpu answers with an
   internal check ("RET_CHECK failure ... device_id < kMaxDeviceCount", libtpu 0.0.52 on an
   all_reduce) or aborts (a failed CHECK, "id < CoreCount"), naming no op of the user's. Every
@@ -24,7 +25,8 @@ _FFT = re.compile(r'"stablehlo\.fft"\(.*?\{.*?fft_type = #stablehlo<fft_type (\w
 _INT64_PRODUCT = re.compile(r'"stablehlo\.(dot_general|dot|convolution)".* : \(([^)]*)\) ->', re.M)
 _INT64 = re.compile(r"(?:tensor<(?:\d+x)*u?i64>)")
 _COLLECTIVE = re.compile(r'"stablehlo\.(all_reduce|all_gather|reduce_scatter|all_to_all|collective_permute|'
-                         r'collective_broadcast)"(.*)$', re.M)
+                         r'collective_broadcast)"')
+# A collective's groups follow its name, after its reduction region where it has one (several lines).
 _GROUPS = re.compile(r"(?:replica_groups|source_target_pairs) = dense<([^>]*)>")
 
 
@@ -41,12 +43,17 @@ def refusal(text: str, num_devices: int = 1) -> str | None:
         if _INT64.search(m.group(2)):
             return (f"stablehlo.{m.group(1)} on int64 cannot run on TPU: TPU's compiler has no 64-bit integer "
                     "matrix products. Multiply in int32 (x.int()) or float32, or on the CPU (x.cpu()).")
-    for m in _COLLECTIVE.finditer(text):
-        for groups in _GROUPS.findall(m.group(2)):
-            ids = [int(v) for v in re.findall(r"-?\d+", groups)]
-            bad = [i for i in ids if i >= num_devices]
-            if bad:
-                return (f"stablehlo.{m.group(1)} names device {bad[0]} in its replica groups, but the program is "
-                        f"compiled for {num_devices} device(s): TPU's compiler cannot build it. Run "
-                        "collectives through torch.distributed (tpu_dist) instead of inside a kernel.")
+    if '"stablehlo.collective_broadcast"' in text:
+        return ("stablehlo.collective_broadcast cannot run on TPU (libtpu 0.0.52: \"HLO collective-broadcast is "
+                "not implemented on TPU\"): broadcast as an all_reduce (sum) of the source's value and zeros "
+                "on the other devices.")
+    for g in _GROUPS.finditer(text):
+        ids = [int(v) for v in re.findall(r"-?\d+", g.group(1))]
+        bad = [i for i in ids if i >= num_devices]
+        if bad:
+            ops = _COLLECTIVE.findall(text, 0, g.start())
+            op = ops[-1] if ops else "collective"
+            return (f"stablehlo.{op} names device {bad[0]} in its replica groups, but the program is "
+                    f"compiled for {num_devices} device(s): TPU's compiler cannot build it. Run "
+                    "collectives through torch.distributed (tpu_dist) instead of inside a kernel.")
     return None
