@@ -51,7 +51,7 @@ def test_pjrt_layer_googletest(tmp_path):
                     os.path.join(HERE, "cpp", "pjrt_test.cc"), os.path.join(ROOT, "csrc", "pjrt", "pjrt.cc"),
                     f"-L{_gtest()}", "-lgtest", "-lgtest_main", "-lpthread", "-ldl", "-o", str(exe)],
                    check=True, timeout=300)
-    _run(exe, 9)
+    _run(exe, 10)
 
 
 @needs_gtest

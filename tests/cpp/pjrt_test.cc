@@ -177,3 +177,13 @@ TEST(KeyValueCallbacks, ClientKeepsItsStore) {
   EXPECT_EQ(c->key_value_store(), store);
   EXPECT_GE(c->device_count(), 1u);
 }
+
+TEST(CompileOptions, OneReplicaPerDevice) {
+  using torch_tpu::pjrt::replica_compile_options;
+  EXPECT_EQ(replica_compile_options({0}), torch_tpu::pjrt::default_compile_options());
+  // CompileOptionsProto{executable_build_options{num_replicas 2, num_partitions 1,
+  //   device_assignment{replica_count 2, computation_count 1, computation_devices{[0, 100001]}}}}
+  const unsigned char want[] = {0x1A, 0x12, 0x20, 0x02, 0x28, 0x01, 0x4A, 0x0C, 0x08, 0x02, 0x10, 0x01,
+                                0x1A, 0x06, 0x0A, 0x04, 0x00, 0xA1, 0x8D, 0x06};
+  EXPECT_EQ(replica_compile_options({0, 100001}), std::string(reinterpret_cast<const char*>(want), sizeof want));
+}
