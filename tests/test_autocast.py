@@ -88,3 +88,14 @@ def test_grad_scaler_training_loop_matches_cpu():
     (s_t, w_t), (s_c, w_c) = run(TPU), run("cpu")
     assert s_t == s_c
     torch.testing.assert_close(w_t, w_c)
+
+
+def test_bfloat16_is_the_default():
+    # The TPU's low precision, as Google's TorchTPU defaults to (PyTorch's PrivateUse1 default is float16).
+    assert torch.get_autocast_dtype("tpu") == torch.bfloat16
+    a = torch.randn(4, 4, device="tpu")
+    with torch.autocast("tpu"):
+        assert (a @ a).dtype == torch.bfloat16
+    with torch.autocast("tpu", dtype=torch.float16):
+        assert (a @ a).dtype == torch.float16
+    assert torch.get_autocast_dtype("tpu") == torch.bfloat16

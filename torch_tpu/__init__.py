@@ -33,6 +33,10 @@ atexit.register(_C._synchronize, -1)
 # finalization starts is ended with std::terminate.
 atexit.register(_C._drain_autograd_threads)
 torch.utils.rename_privateuse1_backend("tpu")
+# torch.autocast("tpu") without a dtype computes in bfloat16, the TPU's native low precision (Google
+# TorchTPU's default; PyTorch's for a PrivateUse1 device is float16). PyTorch keeps the setting per
+# thread: a thread started later begins at float16 unless it passes dtype= or sets it.
+torch.set_autocast_dtype("tpu", torch.bfloat16)
 
 from . import tpu as _tpu_module  # noqa: E402
 
