@@ -113,8 +113,8 @@ class _Shadow:
             return dataclasses.replace(self.report, failures=list(self.report.failures), pending=self.busy)
 
     def stop(self):
-        """At exit: drops what is queued and waits for the compile in progress (a thread still inside
-        libtpu when the interpreter finalizes would be ended mid-call)."""
+        """At exit: drops what is queued and waits for the compile in progress (its worker's reply),
+        so that the report taken afterwards counts it."""
         with self.lock:
             self.stopped = True
         try:
