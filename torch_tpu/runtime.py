@@ -89,6 +89,7 @@ def configure() -> None:
     path, error = resolve_plugin()
     options = []
     if "xla_cpu_pjrt" in os.path.basename(path):
+        _cpu_plugin_follows_xla_semantics()
         _take_local_share_of_cores()
         try:
             options.append(("cpu_device_count", cpu_device_count()))
@@ -103,6 +104,24 @@ def configure() -> None:
         except ValueError as e:
             path, error = "", str(e)
     _C._configure(path, error, options, _torchrun_job_store())
+
+
+# The XLA_FLAGS the user gave, before torch_tpu adds its own for the CPU plugin: what executables are
+# keyed on (target_identity), so that a TPU key written by torch_tpu.aot on a CPU host equals the
+# key the TPU VM computes.
+_USER_XLA_FLAGS = os.environ.get("XLA_FLAGS", "")
+_FAST_MIN_MAX = "--xla_cpu_enable_fast_min_max"
+
+
+def _cpu_plugin_follows_xla_semantics() -> None:
+    """XLA's maximum / minimum propagate NaN (as torch.maximum, amax and max_pool do, and as on TPU),
+    but XLA:CPU's default debug options make them return the other operand (TensorFlow's old Eigen
+    behaviour); JAX turns that off in its compile options, and so do we, through XLA_FLAGS (read by
+    the plugin at its first compile), so that lowerings emit the bare StableHLO op on every target.
+    A user's own setting of the flag is kept."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if _FAST_MIN_MAX not in flags:
+        os.environ["XLA_FLAGS"] = (flags + " " + _FAST_MIN_MAX + "=false").strip()
 
 
 def _torchrun_job_store() -> bool:
@@ -228,7 +247,7 @@ def lowering_for(platform_name: str):
 
 # -- the compilation cache ----------------------------------------------------------------------
 # Bump when what torch_tpu puts into programs or compile options changes meaning.
-_CACHE_FORMAT = "torch_tpu-0.1.0/compile-options-v1"
+_CACHE_FORMAT = "torch_tpu-0.1.0/compile-options-v1/nan-min-max"
 
 
 def _default_cache_dir() -> str:
@@ -307,7 +326,7 @@ def target_identity(platform_name: str, platform_version: str, api_version: tupl
     executable loads only on the build that wrote it, and their versions do not name the build)."""
     where = "" if platform_name == "tpu" else plugin_path
     return "\0".join([where, platform_name, platform_version, "%d.%d" % tuple(api_version), _CACHE_FORMAT,
-                       os.environ.get("XLA_FLAGS", ""), os.environ.get("LIBTPU_INIT_ARGS", "")])
+                       _USER_XLA_FLAGS, os.environ.get("LIBTPU_INIT_ARGS", "")])
 
 
 def program_key(identity: str, program: str) -> str:

@@ -144,24 +144,17 @@ def pow_(ctx, x, y):
     return _finish(ctx, b.power(operand(ctx, x, cd), operand(ctx, y, cd)))
 
 
-def _nan_aware(b, fn_name, x, y):
-    """maximum/minimum that propagate NaN (StableHLO's do on CPU and TPU, but make it explicit)."""
-    r = b.binary(fn_name, x, y)
-    if x.dtype.is_floating_point:
-        r = b.select(b.is_nan(x), x, b.select(b.is_nan(y), y, r))
-    return r
-
-
+# XLA's maximum / minimum propagate NaN on every backend, as torch.maximum / minimum do.
 @register("maximum")
 def maximum(ctx, x, y):
     cd = compute_dtype(ctx.out[0].dtype)
-    return _finish(ctx, _nan_aware(ctx.b, "maximum", operand(ctx, x, cd), operand(ctx, y, cd)))
+    return _finish(ctx, ctx.b.binary("maximum", operand(ctx, x, cd), operand(ctx, y, cd)))
 
 
 @register("minimum")
 def minimum(ctx, x, y):
     cd = compute_dtype(ctx.out[0].dtype)
-    return _finish(ctx, _nan_aware(ctx.b, "minimum", operand(ctx, x, cd), operand(ctx, y, cd)))
+    return _finish(ctx, ctx.b.binary("minimum", operand(ctx, x, cd), operand(ctx, y, cd)))
 
 
 def _nan_ignoring(name):
@@ -242,13 +235,12 @@ def clamp(ctx, x, lo=None, hi=None):
     out = ctx.out[0].dtype
     cd = compute_dtype(out)
     r = operand(ctx, x, cd)
-    nan = b.is_nan(r) if cd.is_floating_point else None
     if lo is not None:
         lv = operand(ctx, lo, cd)
-        r = _nan_aware(b, "maximum", r, lv)
+        r = b.maximum(r, lv)
     if hi is not None:
         hv = operand(ctx, hi, cd)
-        r = _nan_aware(b, "minimum", r, hv)
+        r = b.minimum(r, hv)
     return _finish(ctx, r)
 
 

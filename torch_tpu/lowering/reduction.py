@@ -45,18 +45,13 @@ def reduce_sum(b, x, dims):
     return b.reduce([x], [b.constant(0, x.dtype)], dims, lambda s, a, e: getattr(s, fn)(a, e))[0]
 
 
-def _nan_max(b, x, y, name):
-    r = b.binary(name, x, y)
-    if x.dtype.is_floating_point:
-        r = b.select(b.is_nan(x), x, b.select(b.is_nan(y), y, r))
-    return r
-
-
 def reduce_max(b, x, dims, is_max=True):
-    """NaN-propagating max (or min) over dims."""
+    """NaN-propagating max (or min) over dims: XLA's maximum/minimum propagate NaN on every backend
+    (jnp.max relies on it), so the reduction body is the bare op — an explicit is-NaN select there
+    made libtpu 0.0.52's fusion pass crash on attention's softmax."""
     name = "maximum" if is_max else "minimum"
     init = b.constant(_lowest(x.dtype) if is_max else _highest(x.dtype), x.dtype)
-    return b.reduce([x], [init], dims, lambda s, a, e: _nan_max(s, a, e, name))[0]
+    return b.reduce([x], [init], dims, lambda s, a, e: s.binary(name, a, e))[0]
 
 
 def _keep(ctx, r, i=0):
