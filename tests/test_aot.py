@@ -214,6 +214,9 @@ def test_runtime_key_for_a_tpu_is_the_key_aot_writes(tmp_path):
     on_tpu = runtime.target_identity("tpu", topo.platform_version, tuple(topo._t.api_version),
                                      "/opt/venv/lib/python3.11/site-packages/libtpu/libtpu.so")
     assert on_tpu == topo.identity()
+    # The XLA flag torch_tpu sets for the CPU plugin here (NaN-propagating max) is not part of the key
+    # a TPU VM's runtime computes, where it is never set.
+    assert "fast_min_max" in os.environ["XLA_FLAGS"] and "fast_min_max" not in on_tpu
     # The CPU plugin's executables are keyed by their file as well.
     assert runtime.target_identity("cpu", "v", (0, 81), "/a.so") != runtime.target_identity("cpu", "v", (0, 81), "/b.so")
 

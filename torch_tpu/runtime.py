@@ -89,12 +89,14 @@ def configure() -> None:
     path, error = resolve_plugin()
     options = []
     if "xla_cpu_pjrt" in os.path.basename(path):
-        _cpu_plugin_follows_xla_semantics()
+        _follow_xla_min_max("--xla_cpu_enable_fast_min_max")
         _take_local_share_of_cores()
         try:
             options.append(("cpu_device_count", cpu_device_count()))
         except ValueError as e:  # raised on first use, as a missing plugin is: importing still works
             path, error = "", str(e)
+    elif path and path == _cuda_plugin():
+        _follow_xla_min_max("--xla_gpu_enable_fast_min_max")
     elif path and path == _tpu_plugin():
         # A TPU VM: under torchrun, each process tells libtpu which chip it owns before the client
         # starts (distributed/tpu_env.py).
@@ -110,18 +112,17 @@ def configure() -> None:
 # keyed on (target_identity), so that a TPU key written by torch_tpu.aot on a CPU host equals the
 # key the TPU VM computes.
 _USER_XLA_FLAGS = os.environ.get("XLA_FLAGS", "")
-_FAST_MIN_MAX = "--xla_cpu_enable_fast_min_max"
 
 
-def _cpu_plugin_follows_xla_semantics() -> None:
+def _follow_xla_min_max(flag: str) -> None:
     """XLA's maximum / minimum propagate NaN (as torch.maximum, amax and max_pool do, and as on TPU),
     but XLA:CPU's default debug options make them return the other operand (TensorFlow's old Eigen
-    behaviour); JAX turns that off in its compile options, and so do we, through XLA_FLAGS (read by
-    the plugin at its first compile), so that lowerings emit the bare StableHLO op on every target.
-    A user's own setting of the flag is kept."""
+    behaviour; XLA:GPU has the same switch). JAX turns `flag` off in its compile options; we do
+    through XLA_FLAGS, which the plugin reads at its first compile, so that lowerings emit the bare
+    StableHLO op on every target. A user's own setting of the flag is kept."""
     flags = os.environ.get("XLA_FLAGS", "")
-    if _FAST_MIN_MAX not in flags:
-        os.environ["XLA_FLAGS"] = (flags + " " + _FAST_MIN_MAX + "=false").strip()
+    if flag not in flags:
+        os.environ["XLA_FLAGS"] = (flags + " " + flag + "=false").strip()
 
 
 def _torchrun_job_store() -> bool:
