@@ -26,14 +26,16 @@ def _cross_entropy(logits, tgt):
 
 
 def _adamw_step(loss_fn, params, lr=1e-3, donate=False):
-    """(jitted step, initial carry): one step is value_and_grad of `loss_fn(P, state) -> (loss,
+    """(jitted step, initial carry): one step is value_and_grad of `loss_fn(P, state, batch) -> (loss,
     new_state)` and PyTorch's AdamW update; carry = [P, m, v, t, state] (state: non-trained buffers
-    such as BatchNorm's). donate: the step writes P, m, v in place (jax.jit's donate_argnums)."""
+    such as BatchNorm's); the batch is the step's last argument, as it is the compiled torch step's
+    input (not a constant folded into the program). donate: the step writes P, m, v in place
+    (jax.jit's donate_argnums)."""
     import jax
     import jax.numpy as jnp
 
-    def step(P, m, v, t, state):
-        (loss, state), g = jax.value_and_grad(loss_fn, has_aux=True)(P, state)
+    def step(P, m, v, t, state, batch):
+        (loss, state), g = jax.value_and_grad(loss_fn, has_aux=True)(P, state, batch)
         b1, b2, eps, wd = 0.9, 0.999, 1e-8, 1e-2
         t = t + 1
         newP, newm, newv = {}, {}, {}
@@ -51,17 +53,17 @@ def _adamw_step(loss_fn, params, lr=1e-3, donate=False):
     return jax.jit(step, donate_argnums=(0, 1, 2) if donate else ()), carry
 
 
-def tpu_program(loss_fn, params, state, lr=1e-3):
+def tpu_program(loss_fn, params, state, batch, lr=1e-3):
     """The StableHLO text of the whole AdamW training step lowered for TPU (parameters and moments
     donated, as torch_tpu's optimizer step writes them in place)."""
     step, carry = _adamw_step(loss_fn, params, lr, donate=True)
-    return step.trace(*carry, state).lower(lowering_platforms=("tpu",)).as_text()
+    return step.trace(*carry, state, batch).lower(lowering_platforms=("tpu",)).as_text()
 
 
-def _adamw_runner(loss_fn, params, state, lr=1e-3):
+def _adamw_runner(loss_fn, params, state, batch, lr=1e-3):
     """run(steps) -> seconds per jitted step (value_and_grad + AdamW) over `steps` steps, after 3
-    warm-up steps. `loss_fn(P, state) -> (loss, new_state)` (state: non-trained buffers such as
-    BatchNorm's)."""
+    warm-up steps. `loss_fn(P, state, batch) -> (loss, new_state)` (state: non-trained buffers such as
+    BatchNorm's; batch: the same inputs every step)."""
     step, carry = _adamw_step(loss_fn, params, lr)
     carry.append(state)
 
@@ -69,7 +71,7 @@ def _adamw_runner(loss_fn, params, state, lr=1e-3):
         P, m, v, t, st = carry
         t0 = time.perf_counter()
         for _ in range(steps):
-            P, m, v, t, st, loss = step(P, m, v, t, st)
+            P, m, v, t, st, loss = step(P, m, v, t, st, batch)
         float(loss)
         carry[:] = [P, m, v, t, st]
         return (time.perf_counter() - t0) / steps
@@ -110,18 +112,17 @@ def gpt_runner(torch_model, idx, tgt, lr=1e-3, heads=4, program=False):
     step's StableHLO for TPU (tpu_program) instead of a runner."""
     import jax.numpy as jnp
 
-    idx = jnp.asarray(idx.cpu().numpy())
-    tgt = jnp.asarray(tgt.cpu().numpy())
-
+    batch = (jnp.asarray(idx.cpu().numpy()), jnp.asarray(tgt.cpu().numpy()))
     forward = gpt_forward(heads)
 
-    def loss_fn(P, state):
+    def loss_fn(P, state, batch):
+        idx, tgt = batch
         logits = forward(P, idx).reshape(-1, P["emb.weight"].shape[0])
         return _cross_entropy(logits, tgt), state
 
     if program:
-        return tpu_program(loss_fn, _params(torch_model), (), lr)
-    return _adamw_runner(loss_fn, _params(torch_model), (), lr)
+        return tpu_program(loss_fn, _params(torch_model), (), batch, lr)
+    return _adamw_runner(loss_fn, _params(torch_model), (), batch, lr)
 
 
 def digits_runner(torch_model, x, y, lr=1e-3, program=False):
@@ -132,8 +133,7 @@ def digits_runner(torch_model, x, y, lr=1e-3, program=False):
     import jax.numpy as jnp
     from jax import lax
 
-    x = jnp.asarray(x.cpu().numpy())
-    y = jnp.asarray(y.cpu().numpy())
+    batch = (jnp.asarray(x.cpu().numpy()), jnp.asarray(y.cpu().numpy()))
     buffers = {k: jnp.asarray(v.cpu().numpy()) for k, v in torch_model.named_buffers()
                if not k.endswith("num_batches_tracked")}
 
@@ -144,7 +144,8 @@ def digits_runner(torch_model, x, y, lr=1e-3, program=False):
     def pool(h):
         return lax.reduce_window(h, -jnp.inf, lax.max, (1, 1, 2, 2), (1, 1, 2, 2), "VALID")
 
-    def loss_fn(P, state):
+    def loss_fn(P, state, batch):
+        x, y = batch
         h = conv(x, P["conv1.weight"], P["conv1.bias"])
         mean = h.mean((0, 2, 3))
         var = h.var((0, 2, 3))
@@ -161,8 +162,8 @@ def digits_runner(torch_model, x, y, lr=1e-3, program=False):
         return _cross_entropy(logits, y), new_state
 
     if program:
-        return tpu_program(loss_fn, _params(torch_model), buffers, lr)
-    return _adamw_runner(loss_fn, _params(torch_model), buffers, lr)
+        return tpu_program(loss_fn, _params(torch_model), buffers, batch, lr)
+    return _adamw_runner(loss_fn, _params(torch_model), buffers, batch, lr)
 
 
 def mlp_runner(torch_model, x, y, lr=1e-3, program=False):
@@ -170,12 +171,11 @@ def mlp_runner(torch_model, x, y, lr=1e-3, program=False):
     x (N, d_in) float32, y (N,) int64."""
     import jax
 
-    x = jax.numpy.asarray(x.cpu().numpy())
-    y = jax.numpy.asarray(y.cpu().numpy())
+    batch = (jax.numpy.asarray(x.cpu().numpy()), jax.numpy.asarray(y.cpu().numpy()))
     linears = [str(i) for i, m in enumerate(torch_model) if hasattr(m, "weight")]
 
-    def loss_fn(P, state):
-        h = x
+    def loss_fn(P, state, batch):
+        h, y = batch
         for n, name in enumerate(linears):
             h = h @ P[name + ".weight"].T + P[name + ".bias"]
             if n + 1 < len(linears):
@@ -183,5 +183,5 @@ def mlp_runner(torch_model, x, y, lr=1e-3, program=False):
         return _cross_entropy(h, y), state
 
     if program:
-        return tpu_program(loss_fn, _params(torch_model), (), lr)
-    return _adamw_runner(loss_fn, _params(torch_model), (), lr)
+        return tpu_program(loss_fn, _params(torch_model), (), batch, lr)
+    return _adamw_runner(loss_fn, _params(torch_model), (), batch, lr)

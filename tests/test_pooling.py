@@ -27,6 +27,17 @@ def test_max_pool2d(dtype, shape, kw):
     check(lambda x: F.max_pool2d(x, **kw), r(*shape, dtype=dtype))
 
 
+def test_max_pool_1d_3d_overlapping_windows_route_gradients_to_their_indices():
+    # The backward spreads each window offset's gradient to input resolution (no scatter): windows
+    # that overlap (stride < kernel), dilate, pad, or end past the input (ceil_mode) each add theirs.
+    x = r(2, 3, 9, dtype=torch.float64)
+    check(lambda x: F.max_pool1d(x, 3, 1, 1, 2, ceil_mode=True), x)
+    x = r(1, 2, 5, 6, 7, dtype=torch.float64)
+    check(lambda x: F.max_pool3d(x, (3, 2, 3), (2, 1, 2), (1, 0, 1), (1, 2, 1), ceil_mode=True), x)
+    ties = torch.ones(1, 1, 5, 5, dtype=torch.float64, requires_grad=True)  # every window ties
+    check(lambda x: F.max_pool2d(x, 3, 1, 1), ties)
+
+
 def test_max_pool2d_ties_nan_inf_and_integers():
     x = torch.tensor([[[[1., float("nan"), 2., float("nan")], [float("-inf")] * 4]]])
     check(lambda x: F.max_pool2d(x, (1, 4), return_indices=True), x)     # the last NaN wins, as on CPU

@@ -4,8 +4,8 @@ _adaptive_avg_pool{2,3}d, adaptive_max_pool{2,3}d, fractional_max_pool{2,3}d and
 
 Each op is written once for N spatial dims (any leading dims: (N, C, *S) or (C, *S)). Max pooling
 scans the window positions in CPU order so that values and indices (flat positions within each
-input plane) match CPU exactly, ties and NaNs included; its backward scatter-adds through the
-indices. Average pooling divides by the same per-window divisor as CPU. Adaptive pooling windows
+input plane) match CPU exactly, ties and NaNs included; its backward routes each window's gradient
+to its index per window offset (no scatter). Average pooling divides by the same per-window divisor as CPU. Adaptive pooling windows
 [floor(i*n/o), ceil((i+1)*n/o)) differ in size, so they are host tables of taps gathered per dim
 (upsample.linear_map): sums for the average (so an inf or NaN stays in its own windows), a
 (value, index) max-reduction for the max. Half precision is computed in float32 and rounded once.
@@ -131,7 +131,37 @@ def _scatter_back(b, gy, n, in_shape, indices, out_dtype):
 
 
 def _max_pool_backward(ctx, gy, x, kernel_size, stride, padding, dilation, ceil_mode, indices, n):
-    return _scatter_back(ctx.b, gy, n, x.shape, indices, ctx.out[0].dtype)
+    """max_pool{n}d_with_indices_backward without a scatter (slow on TPU, and in 64-bit integers):
+    for each window offset, grad_output and the indices are spread to input resolution (stablehlo.pad
+    with interior padding stride - 1, edges shifted by the offset), and an input position takes the
+    gradient of each window whose recorded index is that position. Indices are those
+    max_pool{n}d_with_indices gives (each inside its own window), as autograd passes them."""
+    b = ctx.b
+    out_dtype = ctx.out[0].dtype
+    in_shape = tuple(x.shape)
+    lead = len(in_shape) - n
+    size, n_out = in_shape[lead:], tuple(gy.shape[lead:])
+    if math.prod(in_shape) == 0 or math.prod(gy.shape) == 0:
+        return b.constant(0, out_dtype, in_shape)
+    k = _tuple(kernel_size, n)
+    s, p, d = _tuple(stride, n, k), _tuple(padding, n), _tuple(dilation, n)
+    cd = compute_dtype(out_dtype)
+    it = torch.int32 if math.prod(size) < 2 ** 31 else torch.int64  # TPUs emulate 64-bit integers
+    g, idx = b.convert(gy, cd), b.convert(indices, it)
+    here = None  # each input element's flat position in its plane
+    for i, st in enumerate(_strides(size)):
+        t = b.multiply(b.iota(in_shape, lead + i, it), b.constant(st, it, in_shape))
+        here = t if here is None else b.add(here, t)
+    zero, none = b.constant(0, cd), b.constant(-1, it)
+    acc = None
+    for offs in itertools.product(*[range(kk) for kk in k]):
+        low = [o * dd - pp for o, dd, pp in zip(offs, d, p)]
+        high = [m - lo - (no - 1) * st - 1 for m, lo, no, st in zip(size, low, n_out, s)]
+        low, high, interior = [0] * lead + low, [0] * lead + high, [0] * lead + [st - 1 for st in s]
+        taken = b.compare(b.pad(idx, none, low, high, interior), here, "EQ")
+        part = b.select(taken, b.pad(g, zero, low, high, interior), b.constant(0, cd, in_shape))
+        acc = part if acc is None else b.add(acc, part)
+    return b.convert(acc, out_dtype)
 
 
 # -- average pooling ----------------------------------------------------------------------------------
