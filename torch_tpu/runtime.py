@@ -108,10 +108,14 @@ def configure() -> None:
     _C._configure(path, error, options, _torchrun_job_store())
 
 
-# The XLA_FLAGS the user gave, before torch_tpu adds its own for the CPU plugin: what executables are
-# keyed on (target_identity), so that a TPU key written by torch_tpu.aot on a CPU host equals the
-# key the TPU VM computes.
-_USER_XLA_FLAGS = os.environ.get("XLA_FLAGS", "")
+# The flags torch_tpu adds to XLA_FLAGS for the CPU and CUDA plugins (_follow_xla_min_max). They are
+# left out of executable keys (target_identity): a TPU key that torch_tpu.aot writes on a CPU host, or
+# in a process started by one (which inherits them), equals the key the TPU VM computes.
+_OWN_XLA_FLAGS = ("--xla_cpu_enable_fast_min_max=false", "--xla_gpu_enable_fast_min_max=false")
+
+
+def _keyed_xla_flags() -> str:
+    return " ".join(f for f in os.environ.get("XLA_FLAGS", "").split() if f not in _OWN_XLA_FLAGS)
 
 
 def _follow_xla_min_max(flag: str) -> None:
@@ -122,7 +126,7 @@ def _follow_xla_min_max(flag: str) -> None:
     StableHLO op on every target. A user's own setting of the flag is kept."""
     flags = os.environ.get("XLA_FLAGS", "")
     if flag not in flags:
-        os.environ["XLA_FLAGS"] = (flags + " " + flag + "=false").strip()
+        os.environ["XLA_FLAGS"] = (flags + " " + flag + "=false").strip()  # one of _OWN_XLA_FLAGS
 
 
 def _torchrun_job_store() -> bool:
@@ -327,7 +331,7 @@ def target_identity(platform_name: str, platform_version: str, api_version: tupl
     executable loads only on the build that wrote it, and their versions do not name the build)."""
     where = "" if platform_name == "tpu" else plugin_path
     return "\0".join([where, platform_name, platform_version, "%d.%d" % tuple(api_version), _CACHE_FORMAT,
-                       _USER_XLA_FLAGS, os.environ.get("LIBTPU_INIT_ARGS", "")])
+                       _keyed_xla_flags(), os.environ.get("LIBTPU_INIT_ARGS", "")])
 
 
 def program_key(identity: str, program: str) -> str:

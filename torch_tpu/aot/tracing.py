@@ -97,8 +97,7 @@ def backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
         fw_compiler=functools.partial(_graph, name="forward"),
         bw_compiler=functools.partial(_graph, name="backward"),
         inference_compiler=functools.partial(_graph, name="inference"),
-        decompositions=tpu_backend.decompositions(),
-        keep_inference_input_mutations=True,
+        **tpu_backend.aot_autograd_options(),
     )
     return compiler(gm, example_inputs, **kwargs)
 
