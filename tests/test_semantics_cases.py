@@ -256,3 +256,47 @@ def test_stable_sort_keeps_order_of_equal_keys():
         vd, idd = x.sort(stable=True, descending=True)
         return v, i, vd, idd
     _both(program)
+
+
+# -- what CPU refuses, and what it allows ------------------------------------------------------------
+def _same_refusal(program):
+    """program(device) raises on CPU; it must raise the same exception type on tpu, nothing written."""
+    with pytest.raises(Exception) as cpu:
+        program(torch.device("cpu"))
+    with pytest.raises(type(cpu.value)) as tpu:
+        program(torch.device("tpu"))
+    # The same words after the kernel's name ('"frac_cpu" not implemented for 'Long'' on CPU, '"frac"
+    # not implemented for 'Long'' on tpu; "result type Float can't be cast to ... Bool").
+    tail = lambda e: str(e).split('" ', 1)[-1]  # noqa: E731
+    assert tail(tpu.value) == tail(cpu.value) or type(cpu.value) is RuntimeError and "bool" in str(cpu.value), \
+        (cpu.value, tpu.value)
+
+
+@pytest.mark.parametrize("case", [
+    lambda d: torch.tensor([True, False], device=d).mul_(torch.tensor([1.5, 2.0], device=d)),  # unsafe in-place cast
+    lambda d: torch.tensor([1, 2], device=d).mul_(2.5),
+    lambda d: torch.tensor([1, 2], device=d).frac(),                 # CPU's kernels for floating types only
+    lambda d: torch.tensor([1, 2], device=d).round(decimals=1),
+    lambda d: torch.tensor([True], device=d).round(),
+    lambda d: torch.tensor([True], device=d).trunc(),
+    lambda d: torch.tensor([True], device=d).abs(),
+    lambda d: torch.lerp(torch.tensor([1, 2], device=d), torch.tensor([3, 4], device=d), 0.5),
+    lambda d: torch.tensor([True, False], device=d).pow(torch.tensor([True, True], device=d)),
+    lambda d: torch.tensor([True, False, True], device=d).topk(2),
+], ids=["bool_mul_float", "int_mul_float_scalar", "frac_int", "round_decimals_int", "round_bool", "trunc_bool",
+        "abs_bool", "lerp_int", "pow_bool_bool", "topk_bool"])
+def test_refused_as_on_cpu(case):
+    _same_refusal(case)
+
+
+def test_unsigned_abs_and_fills_of_expanded_views():
+    # abs of an unsigned type is the identity (StableHLO's abs takes signed types only); fill_ and
+    # zero_ may write an expanded view (every element at one address gets the same value).
+    def program(dev):
+        u = torch.tensor([0, 7, 200, 255], dtype=torch.uint8, device=dev).abs()
+        base = torch.zeros(4, device=dev)
+        base[1:3].unsqueeze(0).expand(3, 2).fill_(2.5)
+        other = torch.ones(2, 3, device=dev)
+        other[:, :1].expand(2, 3).zero_()
+        return u, base, other
+    _both(program)

@@ -25,6 +25,7 @@ from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_
 from .. import _C, _state, runtime
 from ..lowering.builder import Builder, TensorType, Value
 from ..lowering.registry import Lowering, LoweringContext, NotLowered, bounds_status, fit, lower_arguments
+from ..lowering.utils import scalar_type_name
 from ..lowering.strided import _contiguous_strides, dense_order, is_whole, read_view, write_view
 from .launch import compile_entry_text, launch
 
@@ -219,16 +220,21 @@ def _extent(t):
     return lo, hi
 
 
+# Overloads that write one value everywhere and so may write an expanded view (PyTorch's fill_
+# turns TensorIterator's overlap check off: every element at one address gets the same value).
+_WRITE_EXPANDED = frozenset({torch.ops.aten.fill_.Scalar, torch.ops.aten.fill_.Tensor, torch.ops.aten.zero_.default})
+
+
 def _check_overlap(vals, sig):
     """PyTorch's memory-overlap rules for written tensors (TensorIterator's check_mem_overlap):
-    no written tensor may have several elements at one address (an expanded view), and an input
-    may share memory with a written tensor only as exactly the same view."""
+    no written tensor may have several elements at one address (an expanded view; fill_ and zero_
+    may), and an input may share memory with a written tensor only as exactly the same view."""
     written = [t for i in sig.written for t in (vals[i] if isinstance(vals[i], list) else [vals[i]])
                if isinstance(t, torch.Tensor) and t.numel() > 1]
     if not written:
         return
     for w in written:
-        if any(st == 0 and n > 1 for n, st in zip(w.shape, w.stride())):
+        if sig.overload not in _WRITE_EXPANDED and any(st == 0 and n > 1 for n, st in zip(w.shape, w.stride())):
             raise RuntimeError("unsupported operation: more than one element of the written-to tensor refers to a "
                                "single memory location. Please clone() the tensor before performing the operation.")
     inputs = [t for i, v in enumerate(vals) if i not in sig.written
@@ -246,6 +252,17 @@ def _check_overlap(vals, sig):
                 raise RuntimeError("unsupported operation: some elements of the input tensor and the written-to "
                                    "tensor refer to a single memory location. Please clone() the tensor before "
                                    "performing the operation.")
+
+
+def _check_inplace_cast(vals, sig, value_meta):
+    """An in-place op computed as its functional form writes that result into self: PyTorch refuses
+    a result type that cannot be cast to self's dtype safely (TensorIterator's check, e.g.
+    bool_t.mul_(float_t)); meta kernels do not check it."""
+    written = [t for i in sig.written for t in (vals[i] if isinstance(vals[i], list) else [vals[i]])]
+    for w, m in zip(written, value_meta):
+        if isinstance(w, torch.Tensor) and isinstance(m, torch.Tensor) and not torch.can_cast(m.dtype, w.dtype):
+            raise RuntimeError(f"result type {scalar_type_name(m.dtype)} can't be cast to the desired output type "
+                               f"{scalar_type_name(w.dtype)}")
 
 
 class Kernel:
@@ -448,6 +465,8 @@ class Kernel:
                 structure = "list"
             else:
                 structure, value_meta = "tuple", list(value_meta)
+            if sig.written and not sig.is_out:
+                _check_inplace_cast(vals, sig, value_meta)
         out_types = [None if m is None else TensorType(tuple(m.shape), m.dtype) for m in value_meta]
 
         # 2. Program arguments, created on first use so that unread storages are not passed.

@@ -9,6 +9,7 @@ import torch
 
 from .builder import Value
 from .registry import register
+from .utils import not_implemented
 
 
 def _is_float(dt):
@@ -140,6 +141,8 @@ def fmod(ctx, x, y):
 def pow_(ctx, x, y):
     b = ctx.b
     out = ctx.out[0].dtype
+    if all(getattr(v, "dtype", None) == torch.bool for v in (x, y)):  # CPU has no bool ** bool kernel
+        not_implemented("pow", torch.bool)
     cd = compute_dtype(out)
     return _finish(ctx, b.power(operand(ctx, x, cd), operand(ctx, y, cd)))
 
@@ -257,6 +260,8 @@ def clamp_max(ctx, x, hi):
 @register("lerp.Scalar", "lerp.Tensor")
 def lerp(ctx, x, end, weight):
     b = ctx.b
+    if not (ctx.out[0].dtype.is_floating_point or ctx.out[0].dtype.is_complex):
+        not_implemented("lerp", ctx.out[0].dtype)
     cd = compute_dtype(ctx.out[0].dtype)
     xv, ev, wv = operand(ctx, x, cd), operand(ctx, end, cd), operand(ctx, weight, cd)
     # PyTorch's formula: weight < 0.5 ? x + w*(e-x) : e - (e-x)*(1-w)
@@ -367,9 +372,11 @@ def neg(ctx, x):
 @register("abs")
 def abs_(ctx, x):
     if x.dtype == torch.bool:
-        return x
+        not_implemented("abs", x.dtype)
     if x.dtype.is_complex:  # the modulus: a real result
         return ctx.b.op("stablehlo.abs", [x], [ctx.out[0]])[0]
+    if x.dtype in (torch.uint8, torch.uint16, torch.uint32, torch.uint64):  # StableHLO's abs is signed only
+        return x
     return ctx.b.abs(x)
 
 
@@ -388,22 +395,26 @@ def sign(ctx, x):
     return b.select(b.compare(x, zero, "GT"), one, b.select(b.compare(x, zero, "LT"), b.negate(one), zero))
 
 
-def _int_identity_or(op_name):
+def _int_identity_or(op_name, name):
     def lower(ctx, x):
+        if x.dtype == torch.bool:  # PyTorch rounds integers (identity), not bools
+            not_implemented(name, x.dtype)
         if not x.dtype.is_floating_point:
             return x
         return ctx.b.unary(op_name, x)
     return lower
 
 
-register("floor")(_int_identity_or("floor"))
-register("ceil")(_int_identity_or("ceil"))
-register("round")(_int_identity_or("round_nearest_even"))
+register("floor")(_int_identity_or("floor", "floor"))
+register("ceil")(_int_identity_or("ceil", "ceil"))
+register("round")(_int_identity_or("round_nearest_even", "round"))
 
 
 @register("trunc")
 def trunc(ctx, x):
     b = ctx.b
+    if x.dtype == torch.bool:
+        not_implemented("trunc", x.dtype)
     if not x.dtype.is_floating_point:
         return x
     return b.select(b.compare(x, b.zeros_like(x), "LT"), b.unary("ceil", x), b.unary("floor", x))
@@ -411,12 +422,16 @@ def trunc(ctx, x):
 
 @register("frac")
 def frac(ctx, x):
+    if not x.dtype.is_floating_point:  # PyTorch's frac is for floating types only
+        not_implemented("frac", x.dtype)
     return ctx.b.subtract(x, trunc(ctx, x))
 
 
 @register("round.decimals")
 def round_decimals(ctx, x, decimals=0):
     b = ctx.b
+    if not x.dtype.is_floating_point:
+        not_implemented("round", x.dtype)
     cd = compute_dtype(x.dtype)
     xv = b.convert(x, cd)
     scale = b.full_like(xv, 10.0 ** decimals)

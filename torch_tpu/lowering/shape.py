@@ -142,6 +142,8 @@ def sort_default(ctx, x, dim=-1, descending=False):
 def topk(ctx, x, k, dim=-1, largest=True, sorted=True):
     """The first k of a stable sort (largest first when largest=True); NaN counts as largest."""
     b = ctx.b
+    if x.dtype == torch.bool:  # as CPU ("topk does not support bool dtypes on CPU")
+        raise RuntimeError("topk does not support bool dtypes")
     if ctx.out[0].numel == 0 or x.rank == 0:
         vals, idx = _sort(b, x, dim, largest)
         return (vals, idx) if ctx.out[0].numel else (b.constant(0, x.dtype, ctx.out[0].shape),
