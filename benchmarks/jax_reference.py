@@ -137,16 +137,16 @@ def digits_runner(torch_model, x, y, lr=1e-3, program=False):
     buffers = {k: jnp.asarray(v.cpu().numpy()) for k, v in torch_model.named_buffers()
                if not k.endswith("num_batches_tracked")}
 
-    def conv(h, w, b):
+    def conv(h, w, b=None):
         out = lax.conv_general_dilated(h, w, (1, 1), ((1, 1), (1, 1)), dimension_numbers=("NCHW", "OIHW", "NCHW"))
-        return out + b[None, :, None, None]
+        return out if b is None else out + b[None, :, None, None]
 
     def pool(h):
         return lax.reduce_window(h, -jnp.inf, lax.max, (1, 1, 2, 2), (1, 1, 2, 2), "VALID")
 
     def loss_fn(P, state, batch):
         x, y = batch
-        h = conv(x, P["conv1.weight"], P["conv1.bias"])
+        h = conv(x, P["conv1.weight"])  # no bias before the batch norm
         mean = h.mean((0, 2, 3))
         var = h.var((0, 2, 3))
         n = h.size // h.shape[1]

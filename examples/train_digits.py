@@ -24,7 +24,9 @@ class DigitsCNN(nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.conv1 = nn.Conv2d(1, 16, 3, padding=1)
+        # No bias before a batch norm: it would have no gradient (exactly zero, so rounding noise),
+        # which AdamW scales up to steps of +-lr that any change of summation order flips.
+        self.conv1 = nn.Conv2d(1, 16, 3, padding=1, bias=False)
         self.bn1 = nn.BatchNorm2d(16)
         self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
         self.fc1 = nn.Linear(32 * 2 * 2, 64)
