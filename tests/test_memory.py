@@ -2,6 +2,7 @@
 work on the CPU plugin, which reports no device memory statistics of its own)."""
 import gc
 
+import pytest
 import torch
 
 import torch_tpu
@@ -60,3 +61,20 @@ def test_accumulated_counters_reset_and_memory_info():
     torch.tpu.empty_cache()
     summary = torch.tpu.memory_summary()
     assert "Allocated memory" in summary and "Allocations" in summary
+
+
+@pytest.mark.parametrize("mode", ["strict", "debug"])
+def test_out_of_memory_raises_torch_out_of_memory_error(mode):
+    # What accelerate's find_executable_batch_size and Lightning's batch-size finder catch: a launch
+    # whose results cannot be allocated (1 TiB here) raises torch.OutOfMemoryError naming the op, the
+    # size and what to do, at the op (debug) or at the next synchronisation (strict, asynchronous).
+    keep = torch.arange(4.0, device="tpu")
+    with torch_tpu.eager_mode(mode):
+        with pytest.raises(torch.OutOfMemoryError, match=r"tpu out of memory: the tpu op aten::fill_\.Scalar needed "
+                                                         r"1\.00 TiB .* smaller batch"):
+            huge = torch.empty(2 ** 38, device="tpu")
+            huge.fill_(1.0)
+            torch.tpu.synchronize()
+    del huge
+    # Nothing else is lost: other tensors keep their values and the device goes on.
+    assert keep.add(1).tolist() == [1.0, 2.0, 3.0, 4.0]

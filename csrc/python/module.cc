@@ -72,6 +72,17 @@ void drain_autograd_threads() {
 PYBIND11_MODULE(_C, m) {
   m.doc() = "TorchTPU core: PJRT runtime and PrivateUse1 device integration";
   py::register_exception<torch_tpu::pjrt::PjrtError>(m, "PjrtError", PyExc_RuntimeError);
+  // A launch that could not allocate raises c10::OutOfMemoryError (runtime.cc): torch.OutOfMemoryError
+  // from our own bindings (torch.tpu.synchronize) too, as from ATen's, which torch translates itself.
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const c10::OutOfMemoryError& e) {
+      // torch.OutOfMemoryError, looked up once (libtorch_python does not export its handle).
+      static PyObject* oom = py::object(py::module_::import("torch").attr("OutOfMemoryError")).release().ptr();
+      PyErr_SetString(oom, e.what_without_backtrace());
+    }
+  });
   torch_tpu::python::init_distributed(m);
   torch_tpu::python::bind_op_kernels(m);
   torch_tpu::python::bind_custom_autograd(m);

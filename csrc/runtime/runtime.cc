@@ -450,6 +450,9 @@ void Runtime::issue(const pjrt::Executable& exe, const std::vector<LaunchArg>& l
     // The op did not run: outputs that had a value keep it; fresh ones have none, so reading them
     // (or anything computed from them) raises this instead of silently reading zeros.
     std::string what = e.what();
+    const auto* pe = dynamic_cast<const pjrt::PjrtError*>(&e);
+    bool oom = dynamic_cast<const std::bad_alloc*>(&e) || (pe && pe->code() == PJRT_Error_Code_RESOURCE_EXHAUSTED);
+    if (oom) what = out_of_memory_message(exe, device, producer, what);
     auto error = std::make_shared<const std::string>(
         what.rfind("tpu tensor without a value", 0) == 0
             ? what
@@ -459,6 +462,7 @@ void Runtime::issue(const pjrt::Executable& exe, const std::vector<LaunchArg>& l
       c->buffer.reset();
       c->error = error;
     }
+    if (oom) TORCH_CHECK_WITH(OutOfMemoryError, false, what);
     throw;
   }
 
@@ -490,6 +494,28 @@ void Runtime::issue(const pjrt::Executable& exe, const std::vector<LaunchArg>& l
   }
 }
 
+std::string Runtime::out_of_memory_message(const pjrt::Executable& exe, int device, const std::string& producer,
+                                           const std::string& cause) {
+  auto size = [](double bytes) {
+    const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+    int u = 0;
+    while (bytes >= 1024 && u < 5) bytes /= 1024, ++u;
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%.2f %s", bytes, units[u]);
+    return std::string(buf);
+  };
+  double needed = 0;
+  for (size_t i = 0; i < exe.output_dims.size(); ++i) {
+    double n = c10::elementSize(from_pjrt_type(exe.output_types[i]));
+    for (int64_t d : exe.output_dims[i]) n *= static_cast<double>(d);
+    needed += n;
+  }
+  return "tpu out of memory: the tpu op " + producer + " needed " + size(needed) + " for its results on tpu:" +
+         std::to_string(device) + " and the device could not allocate them (" + cause + "). Tensors of this "
+         "process hold " + size(static_cast<double>(memory(device).bytes)) + " there (torch.tpu.memory_allocated()). "
+         "Free tensors you no longer need (del; torch.tpu.empty_cache()), or use a smaller batch or a lower precision.";
+}
+
 void Runtime::synchronize(int device) {
   run_hook();
   drain();
@@ -507,12 +533,14 @@ void Runtime::synchronize(int device) {
     try {
       b->await_ready();
     } catch (const pjrt::PjrtError& e) {
-      throw pjrt::PjrtError(std::string(e.what()) + "\n(raised by the asynchronous tpu op " + producer +
-                                "; run with TPU_LAUNCH_BLOCKING=1 to raise it where it is called)",
-                            e.code());
+      std::string msg = std::string(e.what()) + "\n(raised by the asynchronous tpu op " + producer +
+                        "; run with TPU_LAUNCH_BLOCKING=1 to raise it where it is called)";
+      TORCH_CHECK_WITH(OutOfMemoryError, e.code() != PJRT_Error_Code_RESOURCE_EXHAUSTED, "tpu out of memory on tpu:",
+                       device, ": ", msg, "\nFree tensors you no longer need (del; torch.tpu.empty_cache()), or use a "
+                       "smaller batch or a lower precision.");
+      throw pjrt::PjrtError(msg, e.code());
     }
   }
-  (void)device;
 }
 
 }  // namespace torch_tpu::runtime

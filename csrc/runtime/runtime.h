@@ -200,6 +200,11 @@ class Runtime {
   // keep_busy_bytes() (env TORCH_TPU_KEEP_BUSY_BYTES, default 64 MiB); past it, inputs are donated.
   std::vector<int64_t> busy_inputs(const std::vector<pjrt::Buffer*>& args, const std::vector<Cell*>& sinks);
   // The launch queue (see execute) and its thread; `deferred` queues work behind pending launches.
+  // torch.OutOfMemoryError's message for a launch of `exe` that could not allocate its results
+  // (the plugin's std::bad_alloc or PJRT's RESOURCE_EXHAUSTED `cause`): what it needed, what the
+  // process's tensors hold, what to do.
+  std::string out_of_memory_message(const pjrt::Executable& exe, int device, const std::string& producer,
+                                    const std::string& cause);
   void issue(const pjrt::Executable& exe, const std::vector<LaunchArg>& args, const std::vector<Cell*>& sinks,
              int device, const std::string& producer, const std::shared_ptr<trace::Execution>& rec);
   bool defer(std::function<void()> job);

@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import traceback
 
+import torch
+
 from .. import _C, _state, runtime
 from . import fused
 
@@ -52,7 +54,8 @@ def launch(entry, inputs, sinks, device: int, name: str):
             _C._synchronize(device)
         except RuntimeError as e:
             shapes = ", ".join(f"{tuple(t.shape)}:{t.dtype}" for t in inputs if hasattr(t, "shape"))
-            raise RuntimeError(f"tpu op {name} failed (inputs: {shapes}) at {_user_line()}:\n{e}") from None
+            kind = type(e) if isinstance(e, torch.OutOfMemoryError) else RuntimeError  # what callers catch
+            raise kind(f"tpu op {name} failed (inputs: {shapes}) at {_user_line()}:\n{e}") from None
     return new
 
 
