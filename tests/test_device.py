@@ -132,6 +132,19 @@ def test_cpu_platform_warning_once():
     assert r.stdout.strip() == "1", r.stderr
 
 
+def test_plugin_start_prints_no_info_logs_and_other_ranks_no_platform_warning():
+    # The CPU plugin logs at INFO while its client starts ("I0000 ... cpu_device_count set via
+    # create_options") after absl's notice that logging is not initialised: both left out. The
+    # platform warning is said once per job, by rank 0 (or a process that is not part of one).
+    code = "import torch, torch_tpu; print((torch.ones(2, device='tpu') + 1).tolist())"
+    r = _run(code, {})
+    assert r.returncode == 0 and r.stdout.strip() == "[2.0, 2.0]", r.stderr
+    assert "I0000" not in r.stderr and "absl::InitializeLog" not in r.stderr, r.stderr
+    assert r.stderr.count("No TPU here") == 1, r.stderr
+    r = _run(code, {"RANK": "1"})
+    assert r.returncode == 0 and "No TPU here" not in r.stderr and "I0000" not in r.stderr, r.stderr
+
+
 # An op with no lowering (its pooling regions come from random samples; see the closing notes).
 def _unlowered(device):
     x = torch.arange(16.0).reshape(1, 1, 4, 4).to(device)

@@ -98,6 +98,10 @@ def configure() -> None:
     elif path and path == _cuda_plugin():
         _follow_xla_min_max("--xla_gpu_enable_fast_min_max")
     elif path and path == _tpu_plugin():
+        if not _has_tpu():
+            # No TPU chips here: libtpu would ask the cloud metadata server for the VM's TPU before
+            # failing ("No jellyfish device found"), retrying for minutes where none answers.
+            os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
         # A TPU VM: under torchrun, each process tells libtpu which chip it owns before the client
         # starts (distributed/tpu_env.py).
         from .distributed.tpu_env import configure_process

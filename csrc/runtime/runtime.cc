@@ -4,9 +4,12 @@
 #include <c10/util/Exception.h>
 
 #include <pthread.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -64,6 +67,50 @@ void check_not_forked() {
               "(torch.multiprocessing.set_start_method('spawn')), or touch the tpu device only in the "
               "child process.");
 }
+
+// What a plugin prints to stderr while it loads and its client starts, with absl's INFO lines
+// ("I0000 ... cpu_device_count set via create_options: 2") and its notice that logging is not
+// initialised left out: every process of a job printed them at its first tpu op. Warnings and errors
+// are written back as they came; everything is, when the start fails.
+class PluginStartLog {
+ public:
+  PluginStartLog() {
+    std::fflush(stderr);
+    saved_ = dup(STDERR_FILENO);
+    file_ = std::tmpfile();
+    active_ = saved_ >= 0 && file_ && dup2(fileno(file_), STDERR_FILENO) >= 0;
+  }
+  ~PluginStartLog() {
+    finish(/*everything=*/true);
+    if (file_) std::fclose(file_);
+    if (saved_ >= 0) ::close(saved_);
+  }
+  PluginStartLog(const PluginStartLog&) = delete;
+  PluginStartLog& operator=(const PluginStartLog&) = delete;
+
+  // Restores stderr and writes back what was printed (all of it, or less absl's INFO lines).
+  void finish(bool everything) {
+    if (!active_) return;
+    active_ = false;
+    std::fflush(stderr);
+    dup2(saved_, STDERR_FILENO);
+    std::rewind(file_);
+    char line[4096];
+    while (std::fgets(line, sizeof(line), file_)) {
+      bool info = line[0] == 'I' && std::isdigit(static_cast<unsigned char>(line[1])) &&
+                  std::isdigit(static_cast<unsigned char>(line[4])) && line[5] == ' ';
+      static const char kNotice[] = "WARNING: All log messages before absl::InitializeLog()";
+      bool notice = std::strncmp(line, kNotice, sizeof(kNotice) - 1) == 0;
+      if (everything || !(info || notice)) std::fputs(line, stderr);
+    }
+    std::fflush(stderr);
+  }
+
+ private:
+  int saved_ = -1;
+  std::FILE* file_ = nullptr;
+  bool active_ = false;
+};
 }  // namespace
 
 bool Runtime::in_bad_fork() { return forked_after_start.load(std::memory_order_relaxed); }
@@ -90,8 +137,12 @@ pjrt::Client& Runtime::client() {
   std::lock_guard<std::mutex> g(mu_);
   if (client_) return *client_;
   TORCH_CHECK(!plugin_path_.empty(), config_error_);
-  auto plugin = pjrt::Plugin::load(plugin_path_, "TORCH_TPU_PJRT_PLUGIN");
-  client_ = pjrt::Client::create(plugin, options_, key_value_store_ ? key_value_store_() : nullptr);
+  {
+    PluginStartLog log;  // writes everything back if the start throws
+    auto plugin = pjrt::Plugin::load(plugin_path_, "TORCH_TPU_PJRT_PLUGIN");
+    client_ = pjrt::Client::create(plugin, options_, key_value_store_ ? key_value_store_() : nullptr);
+    log.finish(/*everything=*/false);
+  }
   // Around fork(), hold the runtime's locks so that the child's copies are not left locked by a
   // thread (the launcher) that does not exist there; the child may still free and allocate cells.
   pthread_atfork(
@@ -108,7 +159,8 @@ pjrt::Client& Runtime::client() {
         Runtime::get().mu_.unlock();
         Runtime::get().qmu_.unlock();
       });
-  if (client_->platform_name() == "cpu") {
+  const char* rank = std::getenv("RANK");  // a multi-process job: said once, by rank 0
+  if (client_->platform_name() == "cpu" && !(rank && std::string(rank) != "0")) {
     TORCH_WARN("No TPU here: the tpu device runs on OpenXLA's CPU PJRT plugin (", plugin_path_,
                "). Set TORCH_TPU_PJRT_PLUGIN to choose another plugin.");
   }
