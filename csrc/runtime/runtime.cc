@@ -546,6 +546,10 @@ void Runtime::issue(const pjrt::Executable& exe, const std::vector<LaunchArg>& l
   }
 }
 
+// What to do, said by every out-of-memory error (torch.OutOfMemoryError).
+constexpr char kOutOfMemoryAdvice[] =
+    "Free tensors you no longer need (del; torch.tpu.empty_cache()), or use a smaller batch or a lower precision.";
+
 std::string Runtime::out_of_memory_message(const pjrt::Executable& exe, int device, const std::string& producer,
                                            const std::string& cause) {
   auto size = [](double bytes) {
@@ -564,8 +568,8 @@ std::string Runtime::out_of_memory_message(const pjrt::Executable& exe, int devi
   }
   return "tpu out of memory: the tpu op " + producer + " needed " + size(needed) + " for its results on tpu:" +
          std::to_string(device) + " and the device could not allocate them (" + cause + "). Tensors of this "
-         "process hold " + size(static_cast<double>(memory(device).bytes)) + " there (torch.tpu.memory_allocated()). "
-         "Free tensors you no longer need (del; torch.tpu.empty_cache()), or use a smaller batch or a lower precision.";
+         "process hold " + size(static_cast<double>(memory(device).bytes)) + " there (torch.tpu.memory_allocated()). " +
+         kOutOfMemoryAdvice;
 }
 
 void Runtime::synchronize(int device) {
@@ -588,8 +592,7 @@ void Runtime::synchronize(int device) {
       std::string msg = std::string(e.what()) + "\n(raised by the asynchronous tpu op " + producer +
                         "; run with TPU_LAUNCH_BLOCKING=1 to raise it where it is called)";
       TORCH_CHECK_WITH(OutOfMemoryError, e.code() != PJRT_Error_Code_RESOURCE_EXHAUSTED, "tpu out of memory on tpu:",
-                       device, ": ", msg, "\nFree tensors you no longer need (del; torch.tpu.empty_cache()), or use a "
-                       "smaller batch or a lower precision.");
+                       device, ": ", msg, "\n", kOutOfMemoryAdvice);
       throw pjrt::PjrtError(msg, e.code());
     }
   }
