@@ -13,7 +13,8 @@ def counters() -> dict:
     """All counters: compiles, executions, cache_hits, cache_misses, host/device transfers and
     bytes (h2d/d2h), host_syncs, busy_inputs_kept (buffers not donated because a running program
     still read them: TORCH_TPU_KEEP_BUSY_BYTES), fallbacks (total), and for torch.compile(backend="tpu"):
-    compiled_graphs, graph_executions and graph_eager_fallbacks."""
+    compiled_graphs, graph_executions, graph_eager_fallbacks and graph_input_copies (inputs passed as a
+    copy: a view that is not its whole storage, or a storage whose buffer has other dims)."""
     d = dict(_C._counters())
     plans = _C._plan_cache_stats()
     d["cache_hits"], d["cache_misses"] = plans["hits"], plans["misses"]

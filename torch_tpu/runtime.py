@@ -256,7 +256,7 @@ def lowering_for(platform_name: str):
 
 # -- the compilation cache ----------------------------------------------------------------------
 # Bump when what torch_tpu puts into programs or compile options changes meaning.
-_CACHE_FORMAT = "torch_tpu-0.1.0/compile-options-v1/nan-min-max"
+_CACHE_FORMAT = "torch_tpu-0.1.0/compile-options-v1/nan-min-max/shaped-buffers"
 
 
 def _default_cache_dir() -> str:

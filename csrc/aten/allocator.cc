@@ -94,8 +94,33 @@ at::Tensor new_tpu_tensor(c10::IntArrayRef shape, c10::ScalarType dtype, int dev
   c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, device));  // the allocator's device
   auto* alloc = c10::GetAllocator(c10::DeviceType::PrivateUse1);
   c10::DispatchKeySet keys(c10::DispatchKey::PrivateUse1);
-  if (strides) return at::detail::empty_strided_generic(shape, *strides, alloc, keys, dtype);
-  return at::detail::empty_generic(shape, alloc, keys, dtype, std::nullopt);
+  at::Tensor t = strides ? at::detail::empty_strided_generic(shape, *strides, alloc, keys, dtype)
+                         : at::detail::empty_generic(shape, alloc, keys, dtype, std::nullopt);
+  hint_layout(t);
+  return t;
+}
+
+void hint_layout(const at::Tensor& t) {
+  if (t.numel() == 0 || t.storage_offset() != 0) return;
+  runtime::Cell* c = cell_of(t);
+  if (static_cast<size_t>(t.numel()) * t.itemsize() != c->nbytes) return;
+  std::vector<int64_t> dims;
+  if (t.is_contiguous()) {
+    dims = t.sizes().vec();
+  } else {
+    // Outermost to innermost in memory, as torch_tpu/lowering/strided.py's dense_order orders them.
+    std::vector<int64_t> order(t.dim());
+    for (int64_t d = 0; d < t.dim(); ++d) order[d] = d;
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return t.stride(a) > t.stride(b); });
+    int64_t expect = 1;
+    for (auto it = order.rbegin(); it != order.rend(); ++it) {
+      if (t.size(*it) == 1) continue;
+      if (t.stride(*it) != expect) return;  // not a dense permutation: the storage stays 1-D
+      expect *= t.size(*it);
+    }
+    for (int64_t d : order) dims.push_back(t.size(d));
+  }
+  Runtime::hint_layout(*c, t.scalar_type(), std::move(dims));
 }
 
 }  // namespace torch_tpu::aten

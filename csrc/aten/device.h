@@ -20,6 +20,10 @@ runtime::Cell* cell_of(const at::Tensor& t);
 at::Tensor new_tpu_tensor(c10::IntArrayRef shape, c10::ScalarType dtype, int device,
                           const std::vector<int64_t>* strides = nullptr);
 
+// Tells t's storage, before its first typed use, what it was allocated for: t's sizes in memory
+// order when t is a dense tensor covering the whole storage (runtime::Runtime::hint_layout).
+void hint_layout(const at::Tensor& t);
+
 // The thread's current tpu device index (torch.tpu.current_device()).
 c10::DeviceIndex current_device();
 // Sets it; throws a clear error when `index` is not a device of the running plugin.

@@ -36,16 +36,20 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarT
                                std::optional<bool> pin_memory,
                                std::optional<c10::MemoryFormat> memory_format) {
   c10::DeviceGuard guard(target_device(device));
-  return at::detail::empty_generic(size, c10::GetAllocator(c10::DeviceType::PrivateUse1), kTpuKeys,
-                                   c10::dtype_or_default(dtype), memory_format);
+  at::Tensor t = at::detail::empty_generic(size, c10::GetAllocator(c10::DeviceType::PrivateUse1), kTpuKeys,
+                                           c10::dtype_or_default(dtype), memory_format);
+  hint_layout(t);
+  return t;
 }
 
 at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
                          std::optional<c10::ScalarType> dtype, std::optional<c10::Layout> layout,
                          std::optional<c10::Device> device, std::optional<bool> pin_memory) {
   c10::DeviceGuard guard(target_device(device));
-  return at::detail::empty_strided_generic(size, stride, c10::GetAllocator(c10::DeviceType::PrivateUse1),
-                                           kTpuKeys, c10::dtype_or_default(dtype));
+  at::Tensor t = at::detail::empty_strided_generic(size, stride, c10::GetAllocator(c10::DeviceType::PrivateUse1),
+                                                   kTpuKeys, c10::dtype_or_default(dtype));
+  hint_layout(t);
+  return t;
 }
 
 // Grows the storage through the hooks (a new cell holding the old bytes) when the new shape needs

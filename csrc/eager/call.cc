@@ -101,7 +101,10 @@ class Walker {
     words({first ? kWDevice : kWDeviceAgain, static_cast<int64_t>(dtype), t.dim(), t.storage_offset(), slot, bits});
     call_.key.insert(call_.key.end(), t.sizes().begin(), t.sizes().end());
     call_.key.insert(call_.key.end(), t.strides().begin(), t.strides().end());
-    if (first) words({static_cast<int64_t>(*cell->dtype), cell->numel});
+    if (first) {  // the program's parameter type: the storage's buffer as it is
+      words({static_cast<int64_t>(*cell->dtype), static_cast<int64_t>(cell->dims.size())});
+      call_.key.insert(call_.key.end(), cell->dims.begin(), cell->dims.end());
+    }
     if (describe_) {
       auto& p = part();
       p.tag = KeyPart::kDevice;
@@ -113,7 +116,7 @@ class Walker {
       p.bits = bits;
       p.first = first;
       p.storage_dtype = *cell->dtype;
-      p.storage_numel = cell->numel;
+      p.storage_dims = cell->dims;
     }
   }
 

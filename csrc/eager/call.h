@@ -61,9 +61,9 @@ struct KeyPart {
   c10::ScalarType dtype = c10::ScalarType::Undefined;
   std::vector<int64_t> sizes, strides;
   int64_t offset = 0, slot = -1, position = -1, length = 0, bits = 0;
-  bool first = false;  // kDevice: first use of its slot (carries the storage's dtype and numel)
+  bool first = false;  // kDevice: first use of its slot (carries the storage's dtype and dims)
   c10::ScalarType storage_dtype = c10::ScalarType::Undefined;
-  int64_t storage_numel = 0;
+  std::vector<int64_t> storage_dims;
   c10::Scalar baked;
 };
 

@@ -25,6 +25,7 @@ struct Arg {
   int64_t index;                 // the graph input (kTpuInput, kCpuInput) or host pack (kHostPack)
   py::object constant;           // kConstant: a tensor
   std::vector<int64_t> strides;  // kTpuInput: the layout the program reads it in (empty: contiguous)
+  std::vector<int64_t> dims;     // kTpuInput: the dims of the buffer the program takes
 };
 
 // True when t has `strides` (dims of size 1 excepted), or is contiguous when `strides` is empty.
@@ -38,8 +39,9 @@ bool has_layout(const at::Tensor& t, const std::vector<int64_t>& strides) {
 
 // Runs one compiled graph per call:
 // - a tpu input that is its whole storage, in the storage's dtype and the layout the program reads
-//   (contiguous, or the strides its plan entry gives), is passed as that storage's buffer; any other
-//   view, and a storage passed twice where one use is donated, as a copy in that layout, reported in
+//   (contiguous, or the strides its plan entry gives), whose buffer has the dims the program takes,
+//   is passed as that storage's buffer; any other view, and a storage passed twice where one use is
+//   donated, as a copy in that layout (a fresh buffer of those dims), reported in
 //   `copied` so that the caller writes results back into the view;
 // - CPU inputs, host packs and CPU constants are uploaded; the rng operand advances the generator;
 // - result k that replaces input i's value (sink_plan) is written into i's storage unless i was
@@ -61,8 +63,8 @@ class GraphRunner {
       } else if (a.kind != kRngState) {
         a.index = entry[1].cast<int64_t>();
       }
-      if (a.kind == kTpuInput && entry.size() > 2 && !entry[2].is_none())
-        a.strides = entry[2].cast<std::vector<int64_t>>();
+      if (a.kind == kTpuInput && !entry[2].is_none()) a.strides = entry[2].cast<std::vector<int64_t>>();
+      if (a.kind == kTpuInput) a.dims = entry[3].cast<std::vector<int64_t>>();
       if (a.kind == kTpuInput && first_tpu_input_ < 0) first_tpu_input_ = a.index;
       if (a.kind == kTpuInput || a.kind == kCpuInput) num_inputs_ = std::max(num_inputs_, a.index + 1);
       plan_.push_back(std::move(a));
@@ -106,7 +108,7 @@ class GraphRunner {
           Cell* c = cell_of(t);
           rt.ensure_typed(*c, t.scalar_type());
           bool whole = *c->dtype == t.scalar_type() && t.storage_offset() == 0 && t.numel() == c->numel &&
-                       has_layout(t, a.strides);
+                       has_layout(t, a.strides) && c->dims == a.dims;
           bool clash = false;
           if (whole) {
             for (auto& [key, owner] : owners) {
@@ -121,6 +123,7 @@ class GraphRunner {
               copies.back().copy_(t);
             }
             copied.push_back(a.index);
+            runtime::counters().graph_input_copies++;
             c = cell_of(copies.back());
             rt.ensure_typed(*c, copies.back().scalar_type());
           }

@@ -154,8 +154,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_storage_spec", [](const at::Tensor& t) {
     Cell* c = cell_of(t);
     Runtime::get().ensure_typed(*c, t.scalar_type());
-    return std::make_tuple(*c->dtype, c->numel);
-  }, "(dtype, numel) of the storage's 1-D PJRT buffer, fixing it from t on first use.");
+    return std::make_tuple(*c->dtype, py::tuple(py::cast(c->dims)));
+  }, "(dtype, dims) of the storage's PJRT buffer, fixing them from t on first use.");
   m.def("_upload", [](const at::Tensor& dst, const at::Tensor& src) {
     TORCH_CHECK(src.is_cpu() && src.is_contiguous(), "_upload: source must be a contiguous CPU tensor");
     Cell* c = cell_of(dst);
@@ -245,21 +245,6 @@ PYBIND11_MODULE(_C, m) {
      "(number, dtype) scalar operands. sinks: per output, the tensor whose storage receives it, or None "
      "for a new tensor of the next (shape, dtype) or (shape, dtype, strides) in new_specs. Returns the new tensors.");
   torch_tpu::python::bind_graph_runner(m);
-  m.def("_describe", [](const at::Tensor& t) {
-    Cell* c = cell_of(t);
-    Runtime::get().ensure_typed(*c, t.scalar_type());
-    return py::make_tuple(t.device().index(), c->addr, py::cast(t.sizes().vec()), py::cast(t.strides().vec()),
-                          t.storage_offset(), py::reinterpret_borrow<py::object>(
-                              reinterpret_cast<PyObject*>(torch::getTHPDtype(*c->dtype))), c->numel);
-  }, "(device index, storage key, sizes, strides, offset, storage dtype, storage numel) of a tpu tensor.");
-  m.def("_whole_key", [](const at::Tensor& t) -> int64_t {
-    Cell* c = cell_of(t);
-    Runtime::get().ensure_typed(*c, t.scalar_type());
-    bool whole = *c->dtype == t.scalar_type() && t.storage_offset() == 0 && t.numel() == c->numel &&
-                 t.is_contiguous();
-    return whole ? static_cast<int64_t>(c->addr) : -1;
-  }, "The storage key of a tpu tensor that is its whole storage, densely and in the storage's dtype "
-     "(a compiled graph passes it as is); -1 for any other view.");
   m.def("_sole_owner", [](py::handle h) {
     // Unpack without copying: a copy would count as one more owner.
     const at::Tensor& t = THPVariable_Unpack(h.ptr());
@@ -347,12 +332,13 @@ PYBIND11_MODULE(_C, m) {
     d["d2h_bytes"] = c.d2h_bytes.load();
     d["host_syncs"] = c.host_syncs.load();
     d["busy_inputs_kept"] = c.busy_inputs_kept.load();
+    d["graph_input_copies"] = c.graph_input_copies.load();
     return d;
   });
   m.def("_reset_counters", [] {
     auto& c = torch_tpu::runtime::counters();
     for (auto* a : {&c.compiles, &c.executions, &c.h2d_transfers, &c.d2h_transfers, &c.h2d_bytes,
-                    &c.d2h_bytes, &c.host_syncs, &c.busy_inputs_kept})
+                    &c.d2h_bytes, &c.host_syncs, &c.busy_inputs_kept, &c.graph_input_copies})
       a->store(0);
   });
   m.def("_note_fallback", [](const std::string& full) {

@@ -48,7 +48,7 @@ py::list key_of(const Call& call) {
       case KeyPart::kDevice:
         if (p.first)
           out.append(py::make_tuple("T", dtype_obj(p.dtype), ints(p.sizes), ints(p.strides), p.offset, p.slot,
-                                    dtype_obj(p.storage_dtype), p.storage_numel, p.bits));
+                                    dtype_obj(p.storage_dtype), ints(p.storage_dims), p.bits));
         else
           out.append(py::make_tuple("T", dtype_obj(p.dtype), ints(p.sizes), ints(p.strides), p.offset, p.slot, p.bits));
         break;

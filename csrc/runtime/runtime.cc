@@ -140,7 +140,13 @@ pjrt::Client& Runtime::client() {
   {
     PluginStartLog log;  // writes everything back if the start throws
     auto plugin = pjrt::Plugin::load(plugin_path_, "TORCH_TPU_PJRT_PLUGIN");
-    client_ = pjrt::Client::create(plugin, options_, key_value_store_ ? key_value_store_() : nullptr);
+    try {
+      client_ = pjrt::Client::create(plugin, options_, key_value_store_ ? key_value_store_() : nullptr);
+    } catch (const pjrt::PjrtError& e) {  // say which plugin failed (libtpu on a host without TPU chips)
+      throw pjrt::PjrtError(std::string(e.what()) + "\n(the tpu device's PJRT plugin " + plugin_path_ +
+                                " could not start; TORCH_TPU_PJRT_PLUGIN chooses another)",
+                            e.code());
+    }
     log.finish(/*everything=*/false);
   }
   // Around fork(), hold the runtime's locks so that the child's copies are not left locked by a
@@ -251,10 +257,44 @@ Cell* Runtime::cell_at(const void* addr) {
   return (a >= c->addr && a <= c->addr + c->nbytes) ? c : nullptr;
 }
 
+namespace {
+int64_t product(const std::vector<int64_t>& dims) {
+  int64_t n = 1;
+  for (int64_t d : dims) n *= d;
+  return n;
+}
+}  // namespace
+
+// Cell::dims is read without a lock (call keys on the dispatching thread, zero buffers made by the
+// launcher thread, uploads by collectives' threads): it is written only where it changes, which
+// every writer of a storage keeps it from doing (a program writes a storage in its dims, an upload
+// takes the cell's dims), so a reader never sees its vector reallocated under it.
+static void set_dims(Cell& cell, const std::vector<int64_t>& dims) {
+  if (cell.dims != dims) cell.dims = dims;
+}
+
 void Runtime::ensure_typed(Cell& cell, c10::ScalarType dtype) {
   if (cell.dtype) return;
   cell.dtype = dtype;
   cell.numel = static_cast<int64_t>(cell.nbytes / c10::elementSize(dtype));
+  if (cell.hint_dtype == dtype && product(cell.hint) == cell.numel) {
+    cell.dims = cell.hint;
+  } else {
+    cell.dims = {cell.numel};
+  }
+}
+
+void Runtime::hint_layout(Cell& cell, c10::ScalarType dtype, std::vector<int64_t> dims) {
+  if (cell.dtype) return;
+  cell.hint_dtype = dtype;
+  cell.hint = std::move(dims);
+}
+
+// The dims an upload of `numel` elements of `dtype` into `cell` takes: the cell's own where they
+// fit (later programs were keyed on them), else 1-D.
+static std::vector<int64_t> upload_dims(Cell& cell, c10::ScalarType dtype, int64_t numel) {
+  if (cell.dtype == dtype && cell.numel == numel && product(cell.dims) == numel) return cell.dims;
+  return {numel};
 }
 
 pjrt::Buffer& Runtime::materialize(Cell& cell) {
@@ -262,7 +302,7 @@ pjrt::Buffer& Runtime::materialize(Cell& cell) {
   if (cell.error) throw pjrt::PjrtError(*cell.error, PJRT_Error_Code_UNKNOWN);
   if (!cell.dtype) ensure_typed(cell, c10::ScalarType::Byte);
   std::vector<char> zeros(cell.numel * c10::elementSize(*cell.dtype), 0);
-  upload_now(cell, zeros.data(), *cell.dtype, cell.numel);
+  upload_now(cell, zeros.data(), *cell.dtype, cell.numel);  // in the cell's dims
   return *cell.buffer;
 }
 
@@ -272,16 +312,21 @@ void Runtime::upload(Cell& cell, const void* data, c10::ScalarType dtype, int64_
 }
 
 void Runtime::upload_now(Cell& cell, const void* data, c10::ScalarType dtype, int64_t numel) {
-  set_uploaded(cell, client().buffer_from_host(data, to_pjrt_type(dtype), {numel}, cell.device), dtype, numel);
+  ensure_typed(cell, dtype);
+  auto dims = upload_dims(cell, dtype, numel);
+  set_uploaded(cell, client().buffer_from_host(data, to_pjrt_type(dtype), dims, cell.device), dtype, dims);
 }
 
-void Runtime::set_uploaded(Cell& cell, std::shared_ptr<pjrt::Buffer> buf, c10::ScalarType dtype, int64_t numel) {
+void Runtime::set_uploaded(Cell& cell, std::shared_ptr<pjrt::Buffer> buf, c10::ScalarType dtype,
+                           std::vector<int64_t> dims) {
+  int64_t numel = product(dims);
   counters().h2d_transfers++;
   counters().h2d_bytes += numel * c10::elementSize(dtype);
   cell.buffer = std::move(buf);
   cell.error.reset();
   cell.dtype = dtype;
   cell.numel = numel;
+  set_dims(cell, dims);
 }
 
 void Runtime::adopt_host(Cell& cell, const void* data, c10::ScalarType dtype, int64_t numel,
@@ -292,8 +337,10 @@ void Runtime::adopt_host(Cell& cell, const void* data, c10::ScalarType dtype, in
     release();
     throw;
   }
-  set_uploaded(cell, client().buffer_aliasing_host(data, to_pjrt_type(dtype), {numel}, cell.device, std::move(release)),
-               dtype, numel);
+  ensure_typed(cell, dtype);
+  auto dims = upload_dims(cell, dtype, numel);
+  set_uploaded(cell, client().buffer_aliasing_host(data, to_pjrt_type(dtype), dims, cell.device, std::move(release)),
+               dtype, dims);
 }
 
 void Runtime::download(Cell& cell, void* dst, size_t size) {
@@ -373,8 +420,8 @@ void Runtime::execute(std::shared_ptr<const pjrt::Executable> exe, std::vector<L
   TORCH_CHECK(sinks.size() == exe->num_outputs(), "program has ", exe->num_outputs(),
               " outputs but ", sinks.size(), " destinations were given");
   for (size_t i = 0; i < sinks.size(); ++i) {  // known now: later ops read them before the launch runs
-    const auto& dims = exe->output_dims[i];
-    sinks[i]->numel = dims.empty() ? 1 : dims[0];
+    set_dims(*sinks[i], exe->output_dims[i]);
+    sinks[i]->numel = product(sinks[i]->dims);
     sinks[i]->dtype = from_pjrt_type(exe->output_types[i]);
     sinks[i]->producer = producer;
   }

@@ -3,7 +3,10 @@
 //
 // A tpu storage's DataPtr points at a unique *fake* device address (so data_ptr(), offsets and
 // `is_set_to` behave as on CPU) and carries a `Cell` as its context. The cell holds the storage's
-// current PJRT buffer: a 1-D array of `numel` elements of `dtype`. Programs never write a buffer
+// current PJRT buffer: `numel` elements of `dtype` in row-major order, as an array of `dims` (the
+// shape of the tensor the storage was made for, so that programs pass arrays between each other
+// in the shape they compute them: a TPU lays out a 1-D array differently from a 2-D one, and every
+// change between them is a copy on the device). Programs never write a buffer
 // in place; they return a new one, which replaces the cell's (the old one is donated when the
 // program takes it as an argument, so in-place updates do not double memory).
 #pragma once
@@ -37,9 +40,15 @@ struct Cell {
   int device = 0;
   size_t nbytes = 0;
   uintptr_t addr = 0;
-  // Element type and count of `buffer`; fixed by the first typed use of the storage.
+  // Element type, count and dims of `buffer`; fixed by the first typed use of the storage (the
+  // allocation's `hint` where its dtype is that use's, else 1-D). A program's output sets dims to
+  // its own, and every program that writes the cell again keeps them (donation needs equal types).
   std::optional<c10::ScalarType> dtype;
   int64_t numel = 0;
+  std::vector<int64_t> dims;
+  // What the storage was allocated for (empty, empty_strided): a dense tensor's sizes in memory order.
+  std::optional<c10::ScalarType> hint_dtype;
+  std::vector<int64_t> hint;
   std::shared_ptr<pjrt::Buffer> buffer;  // null: never written (reads as zeros)
   std::string producer;                  // the op whose program wrote `buffer` (error messages)
   // Set when the launch that was to give this never-written cell its first value failed: the cell
@@ -59,7 +68,8 @@ struct LaunchArg {
 struct Counters {
   std::atomic<int64_t> compiles{0}, executions{0}, h2d_transfers{0}, d2h_transfers{0},
       h2d_bytes{0}, d2h_bytes{0}, host_syncs{0},
-      busy_inputs_kept{0};  // inputs not donated because an earlier execution still used them
+      busy_inputs_kept{0},  // inputs not donated because an earlier execution still used them
+      graph_input_copies{0};  // compiled-graph inputs passed as copies (not their storage's buffer)
 };
 Counters& counters();
 
@@ -129,13 +139,18 @@ class Runtime {
   void reset_peak_memory(int device);
   void reset_accumulated_memory(int device);
 
-  // Gives `cell` a typed layout if it has none yet (numel = nbytes / itemsize).
+  // Gives `cell` a typed layout if it has none yet (numel = nbytes / itemsize; dims = the
+  // allocation's hint when it is for `dtype` and covers the storage, else {numel}).
   void ensure_typed(Cell& cell, c10::ScalarType dtype);
+  // Records what the cell was allocated for (a dense tensor of `dims` in memory order), before its
+  // first typed use; ignored after it.
+  static void hint_layout(Cell& cell, c10::ScalarType dtype, std::vector<int64_t> dims);
   // The cell's buffer, creating a zero-filled one if it has never been written. Called where no
   // queued launch can write the cell (after drain(), or by the launcher itself). Throws
   // PjrtError when the launch that was to write the cell failed (Cell::error).
   pjrt::Buffer& materialize(Cell& cell);
-  // Replaces the cell's contents with `nbytes` host bytes of `dtype` (dense).
+  // Replaces the cell's contents with `numel` host elements of `dtype` (dense), as an array of the
+  // cell's dims where they hold `numel` elements of `dtype`, else 1-D.
   void upload(Cell& cell, const void* data, c10::ScalarType dtype, int64_t numel);
   // Replaces the cell's contents with host memory the device may read in place (no copy where
   // device memory is host memory, as on the CPU plugin). `data` must stay valid and unchanged until
@@ -209,7 +224,7 @@ class Runtime {
              int device, const std::string& producer, const std::shared_ptr<trace::Execution>& rec);
   bool defer(std::function<void()> job);
   void upload_now(Cell& cell, const void* data, c10::ScalarType dtype, int64_t numel);
-  void set_uploaded(Cell& cell, std::shared_ptr<pjrt::Buffer> buf, c10::ScalarType dtype, int64_t numel);
+  void set_uploaded(Cell& cell, std::shared_ptr<pjrt::Buffer> buf, c10::ScalarType dtype, std::vector<int64_t> dims);
   void launcher_loop();
   std::mutex qmu_;
   std::condition_variable qwork_, qidle_;

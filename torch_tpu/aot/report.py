@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 
+# How libtpu's compiler says a program does not fit in device memory (XLA error E1000).
+_OUT_OF_MEMORY = "CompileTimeHbmOom"
+
 
 @dataclasses.dataclass
 class ProgramReport:
@@ -60,7 +63,8 @@ class Report:
     programs: ProgramReport per program, in the order the step ran them.
     ok: every program compiles for the target.
     peak_bytes: device memory at the busiest program (its peak plus every other tensor alive then).
-    device_memory_bytes: one device's memory (HBM). fits: peak_bytes <= device_memory_bytes.
+    device_memory_bytes: one device's memory (HBM). fits: peak_bytes <= device_memory_bytes, and no
+    program refused by libtpu as too big (a failed program counts by its arguments and outputs).
     headroom_bytes: device_memory_bytes - peak_bytes (negative: short by that much).
     cached: where the executables were written (cache tiers or directories), empty if not asked.
     seconds: the whole aot.compile call (trace, lowering, libtpu compiles)."""
@@ -81,7 +85,10 @@ class Report:
 
     @property
     def fits(self) -> bool:
-        return self.peak_bytes <= self.device_memory_bytes
+        """False where the peak exceeds the device's memory or libtpu found a program too big for it
+        (CompileTimeHbmOom: that program's peak is then only known from below)."""
+        return self.peak_bytes <= self.device_memory_bytes and not any(
+            p.error and _OUT_OF_MEMORY in p.error for p in self.programs)
 
     @property
     def headroom_bytes(self) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import os
+import re
 import time
 
 import torch
@@ -84,6 +85,10 @@ def _compile_one(topo: Topology, r: ProgramReport) -> None:
         c = topo.compile(r.text)
     except (TypeError, RuntimeError) as e:
         r.error = str(e)
+        # What it would hold at least (its arguments and new outputs), so that the step's peak and
+        # fit still count it: a program too big for the device fails here with CompileTimeHbmOom.
+        r.argument_bytes, r.output_bytes, r.alias_bytes = _signature_bytes(r.text)
+        r.peak_bytes = r.argument_bytes + r.output_bytes - r.alias_bytes
         return
     finally:
         r.compile_seconds = time.perf_counter() - t0
@@ -101,3 +106,32 @@ def _compile_one(topo: Topology, r: ProgramReport) -> None:
     own = r.argument_bytes + r.output_bytes - r.alias_bytes + r.temp_bytes
     r.peak_bytes = max(c["peak_bytes"], own)
     r.serialized = c["serialized"]
+
+
+# Bytes per element of the StableHLO element types a program's signature can carry.
+_ELEMENT_BYTES = {"i1": 1, "i8": 1, "ui8": 1, "f8E4M3FN": 1, "f8E5M2": 1, "f8E4M3FNUZ": 1, "f8E5M2FNUZ": 1,
+                  "i16": 2, "ui16": 2, "f16": 2, "bf16": 2, "i32": 4, "ui32": 4, "f32": 4, "i64": 8, "ui64": 8,
+                  "f64": 8, "complex<f32>": 8, "complex<f64>": 16}
+_TENSOR = re.compile(r"tensor<((?:\d+x)*)(complex<\w+>|\w+)>")
+
+
+def _signature_bytes(text: str) -> tuple[int, int, int]:
+    """(argument, output, aliased output) bytes of a program's @main by its types, as dense arrays
+    (without the padding of TPU tiled layouts)."""
+    m = re.search(r"func\.func public @main\((.*?)\)\s*->\s*(\(.*?\)|tensor<[^{]*?>)\s*(?:attributes\b[^{]*)?\{",
+                  text, re.S)
+    if m is None:
+        return 0, 0, 0
+
+    def size(t):
+        dims, elem = t
+        n = 1
+        for d in dims.split("x")[:-1]:
+            n *= int(d)
+        return n * _ELEMENT_BYTES.get(elem, 4)
+    args = [(a, _TENSOR.search(a)) for a in re.split(r",\s*(?=%)", m.group(1))]
+    arg_bytes = sum(size(t.groups()) for _, t in args if t)
+    outs = [size(t) for t in _TENSOR.findall(m.group(2))]
+    aliased = [int(k) for a, t in args if t for k in re.findall(r"tf\.aliasing_output = (\d+)", a)]
+    alias = sum(outs[k] for k in aliased if k < len(outs))
+    return arg_bytes, sum(outs), alias

@@ -49,7 +49,9 @@ def _text(records, outputs):
         operands = []
         for (kind, i), t in zip(wiring, entry.arg_types):
             if kind == "c" and i in current:
-                operands.append(current[i])
+                # The same storage's elements; the dims an op wrote it in may not be those the next
+                # one was keyed with (a new tensor's allocation hint), so they are made to agree.
+                operands.append(b.reshape(current[i], t.shape))
                 continue
             a = b.arg(t)
             ext.append((kind, i))
@@ -58,10 +60,10 @@ def _text(records, outputs):
             operands.append(a)
         for i, r in zip(out_idx, b.call(f"op{entry.uid}", operands, entry.result_types)):
             current[i] = r
-    results = [current[i] for i in outputs]
+    results = [b.reshape(current[i], args[i].shape) if i in args else current[i] for i in outputs]
     for k, i in enumerate(outputs):
         if i in args:
-            b.donate(args[i], k)  # the storage's old buffer
+            b.donate(args[i], k)  # the storage's old buffer, whose dims it keeps
     return b.module(results, list(funcs.values()), name="torch_tpu_fused"), ext
 
 

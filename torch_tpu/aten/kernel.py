@@ -9,10 +9,11 @@ plan cache. In strict eager a hit launches there, with no Python. Everything els
 before anything runs), emits StableHLO through the lowering registry, compiles it, and hands the
 entry back to C++ as the plan; debug and fused eager, per-call checks and the CPU fallback run here.
 
-The program reads each storage it needs as one 1-D buffer, reads the argument views from it
-(lowering/strided.py), computes the op, and returns new outputs as 1-D buffers and written storages as
-whole new buffers, which replace the old ones (donated to the program, so in-place updates do not
-double memory). Execution is asynchronous: nothing waits for the device here.
+The program reads each storage it needs as its buffer (an array of the storage's dims, runtime.h's
+Cell::dims), reads the argument views from its elements in order (lowering/strided.py), computes the
+op, and returns new outputs as buffers of their sizes in memory order and written storages as whole
+new buffers of the dims they had, which replace the old ones (donated to the program, so in-place
+updates do not double memory). Execution is asynchronous: nothing waits for the device here.
 """
 from __future__ import annotations
 
@@ -182,7 +183,7 @@ class _Gen:
 
 class _Call:
     """One call as the C++ front-end (csrc/eager/call.h) describes it: its key parts (per argument
-    in schema order: ("T", dtype, sizes, strides, offset, slot[, storage dtype, storage numel], bits)
+    in schema order: ("T", dtype, sizes, strides, offset, slot[, storage dtype, storage dims], bits)
     for a tpu tensor, ("C", dtype, sizes, operand) for a CPU one, ("S", dtype, operand) for a Scalar
     operand, ("K", dtype, value) for a baked one, ("G", operand), an int for a list's length, ("V",)
     for a value), its operands (tpu tensors one per storage, CPU tensors, (number, dtype) scalars,
@@ -474,20 +475,35 @@ class Kernel:
         plan = []
         arg_of = {}
 
+        flat_of = {}  # storage operand position -> its buffer as a 1-D value
+
         def operand_arg(pos):
-            v = arg_of.get(pos)
+            """The program argument of operand `pos`; for a tpu storage, its elements as a 1-D value
+            (what views are read from and written into)."""
+            v = flat_of.get(pos, arg_of.get(pos))
+            o = call.operands[pos]
+            if isinstance(o, torch.Tensor) and o.device.type != "cpu":
+                if pos not in flat_of:
+                    v = storage_arg(pos)
+                    flat_of[pos] = v if len(v.shape) == 1 else b.reshape(v, [math.prod(v.shape)])
+                return flat_of[pos]
             if v is None:
-                o = call.operands[pos]
-                if isinstance(o, torch.Tensor) and o.device.type != "cpu":
-                    sdt, sn = _C._storage_spec(o)
-                    v = b.arg(TensorType((sn,), sdt))
-                elif isinstance(o, torch.Tensor):
+                if isinstance(o, torch.Tensor):
                     v = b.arg(TensorType(tuple(o.shape), o.dtype))
                 elif isinstance(o, tuple):
                     v = b.arg(TensorType((), o[1]))
                 else:
                     v = b.arg(TensorType((2,), torch.uint64))
                 arg_of[pos] = v
+                plan.append(pos)
+            return v
+
+        def storage_arg(pos):
+            """The argument of a tpu storage as its buffer is: an array of the storage's dims."""
+            v = arg_of.get(pos)
+            if v is None:
+                sdt, dims = _C._storage_spec(call.operands[pos])
+                v = arg_of[pos] = b.arg(TensorType(dims, sdt))
                 plan.append(pos)
             return v
 
@@ -504,8 +520,12 @@ class Kernel:
             slot = kpart[5]
             got = views.get(id(t))
             if got is None:
-                base = operand_arg(slot)
-                got = read_view(b, base, t.storage_offset(), t.shape, t.stride(), t.dtype)
+                raw = storage_arg(slot)
+                if raw.dtype == t.dtype and raw.shape == tuple(t.shape) and \
+                        is_whole(raw.type.numel, t.storage_offset(), t.shape, t.stride()):
+                    got = raw  # the whole storage in its own shape
+                else:
+                    got = read_view(b, operand_arg(slot), t.storage_offset(), t.shape, t.stride(), t.dtype)
                 if kpart[-1]:
                     got = _apply_bits(b, got, kpart[-1])
                 got = Value(got.name, got.type, meta(t))
@@ -557,7 +577,7 @@ class Kernel:
                 spec, order = _fresh_layout(t, st)
                 if order is not None:
                     r = b.transpose(r, order)
-                outputs.append(b.reshape(r, [t.numel]))
+                outputs.append(r)  # the new storage's buffer: the result's sizes in memory order
                 sinks.append(("new", len(new_outputs)))
                 new_outputs.append(spec)
         else:
@@ -574,23 +594,24 @@ class Kernel:
                 if bits:
                     r = _apply_bits(b, r, bits)
                 r = b.broadcast_to(r, tuple(t.shape)) if r.shape != tuple(t.shape) else r
-                sdt, sn = _C._storage_spec(t)
-                if slot not in new_base and sdt == t.dtype and is_whole(sn, t.storage_offset(), t.shape, t.stride()):
-                    new_base[slot] = b.reshape(r, [sn])
+                sdt, dims = _C._storage_spec(t)
+                n = math.prod(dims)
+                # new_base: each written storage's new buffer, in its dims (the storage keeps them)
+                if slot not in new_base and sdt == t.dtype and is_whole(n, t.storage_offset(), t.shape, t.stride()):
+                    new_base[slot] = b.reshape(r, dims)
                 else:
-                    base = new_base.get(slot) or operand_arg(slot)
-                    new_base[slot] = write_view(b, base, t.storage_offset(), t.shape, t.stride(), r)
+                    base = b.reshape(new_base[slot], [n]) if slot in new_base else operand_arg(slot)
+                    new_base[slot] = b.reshape(write_view(b, base, t.storage_offset(), t.shape, t.stride(), r), dims)
             for slot, v in new_base.items():
                 if failed is not None:  # bad indices: the storage keeps its value
-                    old = operand_arg(slot)
-                    v = b.select(b.broadcast_to(failed, v.shape), old, v)
+                    v = b.select(b.broadcast_to(failed, v.shape), storage_arg(slot), v)
                 outputs.append(v)
                 sinks.append(("arg", slot))
                 if slot in arg_of:  # donate the old buffer: the program's result replaces it
                     b.donate(arg_of[slot], len(outputs) - 1)
         if status is not None:  # the device's index-error status, updated in place
             slot = call.key[-1][5]
-            outputs.append(status)
+            outputs.append(b.reshape(status, list(arg_of[slot].shape)))
             sinks.append(("arg", slot))
             b.donate(arg_of[slot], len(outputs) - 1)
         text = b.module(outputs)

@@ -4,13 +4,14 @@ Every call_function node is lowered by the one registry (torch_tpu/lowering; vie
 casts by its graph-only entries, lowering/functional.py), into ONE Builder. Result types come from the
 nodes' FakeTensors (node.meta["val"]), so no meta kernel runs again.
 
-Inputs: each tpu input is passed as its storage's 1-D buffer, as eager does. The program reads it
-in the layout the graph's metadata gives: contiguous, or a permuted dense layout (a transposed
-weight that AOTAutograd saved for the backward) for inputs the graph does not write. An input that
-is not its whole storage in that layout (a slice, a view of another layout) is copied to a fresh
-tensor of that layout first. CPU inputs are uploaded.
+Inputs: each tpu input is passed as its storage's buffer, whose dims are the tensor's sizes in
+memory order (runtime.h's Cell::dims). The program reads it in the layout the graph's metadata
+gives: contiguous, or a permuted dense layout (a transposed weight that AOTAutograd saved for the
+backward) for inputs the graph does not write. An input that is not its whole storage in that
+layout (a slice, a view of another layout, a buffer of other dims) is copied to a fresh tensor of
+that layout first. CPU inputs are uploaded.
 Outputs: fresh tensors, laid out with the strides the graph's metadata says (a permuted layout is
-produced as a permute of a dense buffer). Outputs that ARE inputs, or views of inputs, are returned
+produced as a permute of a dense buffer), each a buffer of its sizes in memory order. Outputs that ARE inputs, or views of inputs, are returned
 as those tensors / real views of them, not copies.
 Input mutation (`copy_` into a placeholder at the end of an inference graph, e.g. an optimizer
 step): the program writes the new value into the input's storage, donating the old buffer.
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import math
 import operator
 
 import torch
@@ -201,6 +201,7 @@ class GraphProgram:
         written = {self.ph_index[n.args[0]] for n in nodes if n.op == "call_function"
                    and n.target is torch.ops.aten.copy_.default and n.args[0].op == "placeholder"}
         self.ph_strides = {}    # placeholder index -> the strides its program argument assumes
+        self.ph_dims = {}       # tpu placeholder index -> the dims of its program argument
         env = {}
         state = [None]
 
@@ -212,18 +213,18 @@ class GraphProgram:
             if val.numel() == 0:
                 c = b.constant(0, val.dtype, tuple(val.shape))
                 return Value(c.name, c.type, _meta(val))
-            if val.device.type == "cpu":
-                a = b.arg(TensorType(tuple(val.shape), val.dtype))
-            else:
-                a = b.arg(TensorType((val.numel(),), val.dtype))
+            perm = _layout_perm(val) if val.device.type != "cpu" and i not in written else None
+            # The storage's buffer as it is: the tensor's sizes in memory order (the runner passes a
+            # storage whose buffer has other dims as a copy).
+            dims = tuple(val.shape) if perm is None else tuple(val.shape[d] for d in perm)
+            a = b.arg(TensorType(dims, val.dtype))
             self.ph_arg[i] = len(self.arg_plan)
             self.arg_plan.append(("in", i))
-            perm = _layout_perm(val) if val.device.type != "cpu" and i not in written else None
-            if perm is None:
-                v = b.reshape(a, tuple(val.shape))
-            else:
+            if val.device.type != "cpu":
+                self.ph_dims[i] = dims
+            v = a
+            if perm is not None:
                 self.ph_strides[i] = tuple(val.stride())
-                v = b.reshape(a, tuple(val.shape[d] for d in perm))
                 v = b.transpose(v, [perm.index(d) for d in range(len(perm))])
             return Value(v.name, v.type, _meta(val))
 
@@ -268,17 +269,13 @@ class GraphProgram:
                 t = getattr(gm, node.target)
                 if not isinstance(t, torch.Tensor):
                     continue
-                if t.device.type == "cpu":
-                    a = b.arg(TensorType(tuple(t.shape), t.dtype))
-                else:
-                    a = b.arg(TensorType((t.numel(),), t.dtype))
+                a = b.arg(TensorType(tuple(t.shape), t.dtype))
                 # AOTAutograd may call the compiler inside its FakeTensorMode: the constant is a
-                # real tensor, copied for real.
+                # real tensor, copied for real (a tpu one by a clone program: its buffer has t's shape).
                 with unset_fake_temporarily():
                     row_major = t.contiguous() if t.device.type == "cpu" else t.clone(memory_format=torch.contiguous_format)
                 self.arg_plan.append(("const", row_major))
-                v = b.reshape(a, tuple(t.shape))
-                env[node] = Value(v.name, v.type, _meta(t))
+                env[node] = Value(a.name, a.type, _meta(t))
                 continue
             if node.op == "output":
                 out_node = node
@@ -336,7 +333,7 @@ class GraphProgram:
                     v = b.transpose(v, perm)
                     spec += (tuple(val.stride()),)
                 k = len(results)
-                results.append(b.reshape(v, [math.prod(val.shape)]))
+                results.append(v)  # in its memory-order shape: the new tensor's buffer
                 self.prog_specs.append(spec)
                 self.prog_to_cpu.append(val.device.type == "cpu")
                 seen[o] = k
@@ -350,11 +347,11 @@ class GraphProgram:
             mutations.append((self.status_ph, self.status))
         for i, v in mutations:
             k = len(results)
-            results.append(b.reshape(v, [v.type.numel]))
+            results.append(v)  # written inputs are read row-major: the result has their argument's type
             self.prog_specs.append((tuple(v.shape), v.dtype))
             self.prog_to_cpu.append(False)
             self.mutations.append((i, k))
-            # Donate the old buffer: the result replaces it (same type: (numel,) of its dtype).
+            # Donate the old buffer: the result replaces it.
             pos = self.ph_arg.get(i)
             if pos is not None and self.ph_devices[i] != "cpu":
                 a, _ = b._args[pos]
@@ -368,7 +365,8 @@ class GraphProgram:
 
     def _plan_run(self):
         """The per-call work as flat lists, for _C.GraphRunner: (kind, payload) per program argument
-        (0 tpu input, with the strides it is read in or None for contiguous; 1 CPU input; 2 rng state;
+        (0 tpu input, with the strides it is read in or None for contiguous and the dims of its
+        buffer; 1 CPU input; 2 rng state;
         3 host pack; 4 constant) and the tpu inputs that receive a result in place (result index,
         placeholder index)."""
         kinds = {"rng": 2, "pack": 3, "const": 4}
@@ -377,7 +375,7 @@ class GraphProgram:
             if entry[0] == "in" and self.ph_devices[entry[1]] == "cpu":
                 self.run_plan.append((1, entry[1]))
             elif entry[0] == "in":
-                self.run_plan.append((0, entry[1], self.ph_strides.get(entry[1])))
+                self.run_plan.append((0, entry[1], self.ph_strides.get(entry[1]), self.ph_dims[entry[1]]))
             else:
                 self.run_plan.append((kinds[entry[0]], entry[1] if len(entry) > 1 else None))
         self.sink_plan = sorted((k, i) for i, k in self.mutations if self.ph_devices[i] != "cpu")
@@ -509,6 +507,7 @@ class GraphProgram:
             self.ph_devices.append("tpu")
             a = b.arg(TensorType((2,), torch.int64))
             self.ph_arg[self.status_ph] = len(self.arg_plan)
+            self.ph_dims[self.status_ph] = (2,)
             self.arg_plan.append(("in", self.status_ph))
             self.status = a
         failed, status = bounds_status(self.b, bounds, lambda t: by_id.get(id(t)), f"aten::{overload_name(node.target)}",

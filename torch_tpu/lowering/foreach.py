@@ -5,28 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from .builder import TensorType, Value
-from .registry import REGISTRY, LoweringContext, fit, register
+from .registry import REGISTRY, LoweringContext, register
 from . import elementwise  # noqa: F401  (the per-tensor lowerings used below)
-
-
-def _flat(b, t, parts):
-    """(1-D result type, parts reshaped to 1-D) when every tensor part has the result's shape or is
-    0-dim, else None. The op is elementwise, so computing it on the flattened tensors is the same;
-    done because the updated tensors are 1-D storage buffers: XLA sees reshapes that cancel, where
-    an N-D computation between them keeps bitcasts inside its fusions, which stops it from updating
-    donated buffers in place (it inserted a copy of each 2-D optimizer state and parameter)."""
-    if len(t.shape) <= 1:
-        return None
-    flat = TensorType((t.numel,), t.dtype)
-    out = []
-    for p in parts:
-        if isinstance(p, Value) and p.shape != ():
-            if p.shape != t.shape:
-                return None
-            p = b.reshape(p, flat.shape)
-        out.append(p)
-    return flat, out
 
 
 def _per_tensor(fn):
@@ -36,12 +16,7 @@ def _per_tensor(fn):
         out = []
         for i, t in enumerate(ctx.out):
             parts = [a[i] if isinstance(a, list) else a for a in args]
-            flat = _flat(ctx.b, t, parts)
-            if flat is None:
-                out.append(fn(LoweringContext(ctx.b, [t]), *parts))
-            else:
-                r = fit(ctx.b, fn(LoweringContext(ctx.b, [flat[0]]), *flat[1]), flat[0])
-                out.append(ctx.b.reshape(r, t.shape))
+            out.append(fn(LoweringContext(ctx.b, [t]), *parts))
         return out
     return lower
 
