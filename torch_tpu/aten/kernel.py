@@ -480,13 +480,13 @@ class Kernel:
         def operand_arg(pos):
             """The program argument of operand `pos`; for a tpu storage, its elements as a 1-D value
             (what views are read from and written into)."""
-            v = flat_of.get(pos, arg_of.get(pos))
             o = call.operands[pos]
             if isinstance(o, torch.Tensor) and o.device.type != "cpu":
                 if pos not in flat_of:
                     v = storage_arg(pos)
                     flat_of[pos] = v if len(v.shape) == 1 else b.reshape(v, [math.prod(v.shape)])
                 return flat_of[pos]
+            v = arg_of.get(pos)
             if v is None:
                 if isinstance(o, torch.Tensor):
                     v = b.arg(TensorType(tuple(o.shape), o.dtype))
