@@ -224,19 +224,16 @@ void run_plan(const std::shared_ptr<Plan>& plan_ptr, const OpFacts& op, Call& ca
     return;
   }
   torch::jit::drop(*stack, call.arg_count);
-  std::vector<at::Tensor> results;
-  results.reserve(fresh.size() + plan.absent.size());
-  size_t next = 0;
-  for (size_t i = 0; i < fresh.size() + plan.absent.size(); ++i) {
-    bool undefined = false;
-    for (int a : plan.absent) undefined = undefined || a == static_cast<int>(i);
-    results.push_back(undefined ? at::Tensor() : std::move(fresh[next++]));
+  if (plan.structure == Plan::kList) {  // a Tensor[] result: every element computed
+    stack->push_back(c10::IValue(c10::List<at::Tensor>(std::move(fresh))));
+    return;
   }
-  switch (plan.structure) {
-    case Plan::kOne: stack->push_back(std::move(results.at(0))); break;
-    case Plan::kList: stack->push_back(c10::IValue(c10::List<at::Tensor>(results))); break;
-    default:
-      for (auto& r : results) stack->push_back(std::move(r));
+  size_t next = 0;
+  for (size_t i = 0; i < fresh.size() + plan.fixed.size(); ++i) {
+    const c10::IValue* value = nullptr;
+    for (const auto& f : plan.fixed)
+      if (f.first == static_cast<int>(i)) value = &f.second;
+    stack->push_back(value != nullptr ? *value : c10::IValue(std::move(fresh[next++])));
   }
 }
 

@@ -32,7 +32,9 @@ struct Plan {
   std::vector<FreshSpec> fresh;                 // new result tensors
   std::vector<std::pair<bool, int>> sinks;      // per program output: (fresh, index) or (false, operand slot)
   enum Structure : uint8_t { kOne, kTuple, kList, kWritten } structure = kOne;
-  std::vector<int> absent;                      // positions of undefined results (output_mask)
+  // results the program does not compute, by position: undefined tensors (an output_mask's
+  // left-out gradients) and ints the shapes fix (fused attention's max_q / max_k)
+  std::vector<std::pair<int, c10::IValue>> fixed;
   uint64_t rng_draws = 0;
   uint64_t uid = 0;                             // the program's identity in fused runs (stable per entry)
   std::string name;                             // the op, for error messages

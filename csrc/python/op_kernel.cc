@@ -176,7 +176,10 @@ std::shared_ptr<Plan> plan_of_entry(const py::object& entry, bool written, bool 
                  : structure == "T"    ? Plan::kOne
                  : structure == "list" ? Plan::kList
                                        : Plan::kTuple;
-  for (auto h : entry.attr("absent")) p->absent.push_back(h.cast<int>());
+  for (auto h : entry.attr("fixed")) {
+    auto f = h.cast<py::tuple>();
+    p->fixed.emplace_back(f[0].cast<int>(), f[1].is_none() ? c10::IValue(at::Tensor()) : c10::IValue(f[1].cast<int64_t>()));
+  }
   p->rng_draws = entry.attr("rng_draws").cast<uint64_t>();
   p->fast = !has_check && py::len(entry.attr("resize")) == 0;
   return p;

@@ -25,7 +25,7 @@ from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_
 
 from .. import _C, _state, runtime
 from ..lowering.builder import Builder, TensorType, Value
-from ..lowering.registry import Lowering, LoweringContext, NotLowered, bounds_status, fit, lower_arguments
+from ..lowering.registry import Lowering, LoweringContext, NotLowered, bounds_status, fit, lower_arguments, rng_draws
 from ..lowering.utils import scalar_type_name
 from ..lowering.strided import _contiguous_strides, dense_order, is_whole, read_view, write_view
 from .launch import compile_entry_text, launch
@@ -125,7 +125,9 @@ class _Entry:
     structure: str      # "T", "tuple", "list", "none" for functional results
     rng_draws: int = 0
     resize: list = field(default_factory=list)  # out= args to resize first: (arg index, shape, strides)
-    absent: tuple = ()  # positions of undefined (None) results, e.g. convolution_backward's output_mask
+    # (position, value) of results the program does not compute: None (an undefined tensor, e.g.
+    # convolution_backward's output_mask) or an int the shapes fix (fused attention's max_q)
+    fixed: tuple = ()
     text: str = ""      # the program (StableHLO), and the op it is for
     name: str = ""
     # For fused eager: the program as a private function "@__OP__", its argument and result types.
@@ -356,10 +358,10 @@ class Kernel:
             inputs.append(o)
         sinks = [None if kind == "new" else call.operands[j] for kind, j in entry.sinks]
         new = launch(entry, inputs, sinks, call.device, self.name)
-        if entry.absent:  # undefined results (output_mask): None, an undefined tensor, as on CPU
+        if entry.fixed:  # results not computed: None (an undefined tensor, as on CPU) or shape ints
             new = list(new)
-            for i in entry.absent:
-                new.insert(i, None)
+            for i, v in entry.fixed:
+                new.insert(i, v)
         sig = self.sig
         if not sig.written:
             if entry.structure == "T":
@@ -386,7 +388,7 @@ class Kernel:
     def _cpu_strides(self, value_meta, f_vals):
         """Per functional result: the strides CPU gives it (the meta kernel's, or the lowering's
         layout hook where the CPU kernel differs); None for an undefined result."""
-        strides = [None if m is None else m.stride() for m in value_meta]
+        strides = [m.stride() if isinstance(m, torch.Tensor) else None for m in value_meta]
         if self.lowering.layout is not None:
             cpu = self.lowering.layout(value_meta, *f_vals)
             strides = [m if c is None else c for m, c in zip(strides, cpu)]
@@ -468,7 +470,7 @@ class Kernel:
                 structure, value_meta = "tuple", list(value_meta)
             if sig.written and not sig.is_out:
                 _check_inplace_cast(vals, sig, value_meta)
-        out_types = [None if m is None else TensorType(tuple(m.shape), m.dtype) for m in value_meta]
+        out_types = [TensorType(tuple(m.shape), m.dtype) if isinstance(m, torch.Tensor) else None for m in value_meta]
 
         # 2. Program arguments, created on first use so that unread storages are not passed.
         b = Builder()
@@ -558,10 +560,10 @@ class Kernel:
         results = [result] if isinstance(result, Value) else list(result)
         if len(results) != len(out_types):
             raise RuntimeError(f"lowering of {fsig.overload} returned {len(results)} values, expected {len(out_types)}")
-        fixed = []
+        fitted = []
         for r, t in zip(results, out_types):
             # an undefined result (the lowering returns None for it) stays None
-            fixed.append(None if t is None else fit(b, r, t))
+            fitted.append(None if t is None else fit(b, r, t))
 
         # 3b. Index bounds checked on the device: a flag (and the first bad index) beside the result.
         failed, status = None, None
@@ -571,7 +573,7 @@ class Kernel:
         # 4. Where results go: fresh tensors, or the storages of written arguments.
         outputs, sinks, new_outputs = [], [], []
         if not sig.written:
-            for r, t, st in zip(fixed, out_types, self._cpu_strides(value_meta, f_vals)):
+            for r, t, st in zip(fitted, out_types, self._cpu_strides(value_meta, f_vals)):
                 if t is None:
                     continue
                 spec, order = _fresh_layout(t, st)
@@ -586,10 +588,10 @@ class Kernel:
                 ts = vals[i] if isinstance(vals[i], list) else [vals[i]]
                 for t, kp in zip(ts, parts[i]):
                     targets.append((t, kp[5], kp[-1]))
-            if len(targets) != len(fixed):
-                raise RuntimeError(f"{self.name}: {len(fixed)} values for {len(targets)} written tensors")
+            if len(targets) != len(fitted):
+                raise RuntimeError(f"{self.name}: {len(fitted)} values for {len(targets)} written tensors")
             new_base = {}
-            for (t, slot, bits), r in zip(targets, fixed):
+            for (t, slot, bits), r in zip(targets, fitted):
                 r = b.convert(r, t.dtype)
                 if bits:
                     r = _apply_bits(b, r, bits)
@@ -618,9 +620,9 @@ class Kernel:
         _state.last_program_text = text
         # Fused eager inlines the op into a bigger program: its own executable is built only if needed.
         exe = None if _state.eager_mode() == "fused" else compile_entry_text(self.name, text)
-        draws = sum(math.prod(t.shape) for t in out_types if t is not None) if self.lowering.rng else 0
-        absent = tuple(i for i, t in enumerate(out_types) if t is None)
-        return _Entry(exe, plan, new_outputs, sinks, structure, rng_draws=draws, absent=absent, text=text,
+        draws = rng_draws(self.lowering, out_types, f_vals)
+        fixed = tuple((i, value_meta[i]) for i, t in enumerate(out_types) if t is None)
+        return _Entry(exe, plan, new_outputs, sinks, structure, rng_draws=draws, fixed=fixed, text=text,
                       name=self.name,
                       fn_text=b.function("__OP__", outputs, public=False), functions=b.functions,
                       arg_types=b.arg_types(),

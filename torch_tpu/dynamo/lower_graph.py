@@ -38,7 +38,7 @@ from ..aten.kernel import _Signature
 from ..lowering.builder import Builder, TensorType, Value
 from ..lowering.overloads import overload_name, resolve
 from ..lowering.precision import matmul_precision
-from ..lowering.registry import LoweringContext, bounds_status, fit, lower_arguments
+from ..lowering.registry import LoweringContext, bounds_status, fit, lower_arguments, rng_draws
 from ..lowering.strided import dense_order
 from .host_part import HostPart
 
@@ -70,7 +70,7 @@ def _tensor_types(val):
     if isinstance(val, torch.Tensor):
         return [TensorType(tuple(val.shape), val.dtype)]
     if isinstance(val, (list, tuple)):
-        return [None if v is None else TensorType(tuple(v.shape), v.dtype) for v in val]
+        return [TensorType(tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else None for v in val]
     return []
 
 
@@ -84,6 +84,15 @@ def _layout_perm(val):
     if val.dim() < 2 or val.is_contiguous():
         return None
     return dense_order(val.shape, val.stride())
+
+
+def _meta_val(v):
+    """A node argument as its traced value (fake tensors for tensor nodes), for rules that read shapes."""
+    if isinstance(v, torch.fx.Node):
+        return v.meta.get("val")
+    if isinstance(v, (list, tuple)):
+        return type(v)(_meta_val(x) for x in v)
+    return v
 
 
 def _has_node(v):
@@ -446,7 +455,8 @@ class GraphProgram:
             by_name = dict(zip(sig.names, vals))
             l_vals, l_kinds = [by_name.get(n) for n in k_sig.names], k_sig.kinds
         types = ctx.out
-        state = (lambda: rng_state(sum(t.numel for t in types if t is not None))) if low.rng else None
+        draws = rng_draws(low, types, [_meta_val(v) for v in vals]) if low.rng else 0
+        state = (lambda: rng_state(draws)) if low.rng else None
         args = lower_arguments(l_vals, l_kinds, tensor=lambda v, i, j: tensor(v),
                                scalar=lambda v, i, j: scalar(v, node),
                                generator=lambda g, i: state() if state is not None else None,

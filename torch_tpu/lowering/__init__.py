@@ -12,3 +12,4 @@ from . import special  # noqa: F401
 from . import complex, fft  # noqa: F401
 from . import bags  # noqa: F401
 from . import amp  # noqa: F401
+from . import attention  # noqa: F401

@@ -12,6 +12,7 @@ kernels), as a single Value, a tuple, or a list (for Tensor[] results).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -33,6 +34,9 @@ class Lowering:
     # Random op: its Generator? argument arrives as the (seed, offset) state, a tensor<2xui64> Value;
     # an op with no Generator argument (native_dropout) gets the default one's as a last argument.
     rng: bool = False
+    # Random op drawing more generator counters than its outputs have elements (fused attention's
+    # dropout mask): (*arguments in schema order, tensors as anything with .shape) -> counters.
+    draws: Callable | None = None
     # Rewrites the real arguments (functional overload's, in schema order) before anything else,
     # for arguments no meta kernel can type (bool masks -> long indices, a host sync). Returns the list.
     prepare: Callable | None = None
@@ -108,6 +112,16 @@ def bounds_status(b: Builder, bounds: list[IndexBound], value_of: Callable, op: 
 REGISTRY: dict[str, Lowering] = {}
 
 
+def rng_draws(low: Lowering, out_types, args) -> int:
+    """Generator counters one call of a random op uses (its offset advances by as many): its
+    `draws` rule, else one per output element. `args` in schema order, tensors with .shape."""
+    if not low.rng:
+        return 0
+    if low.draws is not None:
+        return int(low.draws(*args))
+    return sum(math.prod(t.shape) for t in out_types if t is not None)
+
+
 def in_format(meta, fmt: torch.memory_format):
     """Strides of a result like `meta` (None stays None) in memory format `fmt`: channels_last(_3d)
     for 4-D (5-D) results, row-major otherwise."""
@@ -157,7 +171,7 @@ class NotLowered(NotImplementedError):
 
 def register(*names: str, check: Callable | None = None, rng: bool = False, prepare: Callable | None = None,
              layout: Callable | None = None, bounds: Callable | None = None, prepare_only_for_masks: bool = False,
-             graph_only: bool = False, meta: Callable | None = None):
+             graph_only: bool = False, meta: Callable | None = None, draws: Callable | None = None):
     """Decorator: registers `fn` as the lowering of each named overload ("aten::" omitted).
     Raises RuntimeError for an overload that already has one (one lowering per op)."""
     def deco(fn):
@@ -166,7 +180,7 @@ def register(*names: str, check: Callable | None = None, rng: bool = False, prep
                 raise RuntimeError(f"two lowerings registered for aten::{n}")
             REGISTRY[n] = Lowering(n, fn, check=check, rng=rng, prepare=prepare,
                                    prepare_only_for_masks=prepare_only_for_masks, layout=layout, bounds=bounds,
-                                   graph_only=graph_only, meta=meta)
+                                   graph_only=graph_only, meta=meta, draws=draws)
         return fn
     return deco
 
