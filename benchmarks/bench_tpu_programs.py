@@ -1,7 +1,7 @@
 """Program quality on TPU: the same steps written in PyTorch (ours) and in JAX, compiled for a TPU
 topology by libtpu on this machine (no TPU needed), compared by libtpu's own figures.
 
-    python benchmarks/bench_tpu_programs.py [--topology v5e:1x1] [--gpt2]
+    python benchmarks/bench_tpu_programs.py [--topology v5e:1x1] [--precision highest] [--gpt2]
 
 Ours: torch_tpu.aot.compile of the step (every graph torch.compile(backend="tpu") gives: forward,
 backward, optimizer step), summed over its programs. JAX: benchmarks/jax_reference.py's jax.jit of the
@@ -13,6 +13,12 @@ Cases: the MLP step (Linear 256-512-512-10, batch 64), the GPT-style decoder blo
 training step (examples/tiny_models.py's TinyGPT, 64 wide, 16 x 32 tokens), the digits CNN's training
 step (examples/train_digits.py). --gpt2: also times aot.compile of a GPT-2-small training step (124M
 parameters, batch 8 x 1024, AdamW) built on the meta device, and prints its report.
+
+Both sides compute float32 matmuls at the same precision, --precision (PyTorch's name): `highest`
+(PyTorch's default; HIGHEST, full float32), `high` (HIGH, bfloat16 three-pass) or `medium` (DEFAULT,
+one bfloat16 pass: JAX's own default on TPU), set with torch.set_float32_matmul_precision and
+jax_default_matmul_precision. Left to their defaults the two would differ (JAX's DEFAULT keeps
+attention's intermediates in bfloat16, about 25% fewer bytes for the GPT block).
 """
 from __future__ import annotations
 
@@ -148,18 +154,27 @@ CASES = {"mlp": ("MLP training step", mlp_case), "gpt_forward": ("GPT block forw
          "gpt_step": ("GPT block training step", gpt_step_case), "digits": ("digits CNN training step", digits_case)}
 
 
+# PyTorch's float32 matmul precision -> JAX's name of the same StableHLO precision.
+_JAX_PRECISION = {"highest": "highest", "high": "high", "medium": "default"}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--topology", default="v5e:1x1")
     ap.add_argument("--gpt2", action="store_true")
+    ap.add_argument("--precision", choices=sorted(_JAX_PRECISION), default="highest",
+                    help="float32 matmul precision of both sides (PyTorch's names)")
     ap.add_argument("--case", choices=[*CASES, "gpt2"], help="run only this case")
     a = ap.parse_args()
+    torch.set_float32_matmul_precision(a.precision)
+    import jax
+    jax.config.update("jax_default_matmul_precision", _JAX_PRECISION[a.precision])
     topo = aot.topology(a.topology)
     if a.case == "gpt2":
         return gpt2_small(topo)
     if a.case:
         return compare(*CASES[a.case], topo)
-    print(f"programs compiled by libtpu for {topo!r}")
+    print(f"programs compiled by libtpu for {topo!r}, float32 matmuls at {a.precision!r} on both sides")
     # In this process: libtpu compiles in aot's worker processes, so a libtpu crash fails one program
     # (reported in its case's table), not the run.
     for case in CASES.values():
