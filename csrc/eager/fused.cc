@@ -242,11 +242,6 @@ void FusedRecorder::set_builder(FusedBuilder b, OpExecutable op_executable) {
   op_executable_ = std::move(op_executable);
 }
 
-void FusedRecorder::clear_programs() {
-  std::lock_guard<std::recursive_mutex> g(mu_);
-  programs_.clear();
-}
-
 FusedRecorder& fused() {
   static auto* f = new FusedRecorder();  // never destroyed: programs outlive static destruction order
   return *f;

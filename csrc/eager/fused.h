@@ -81,7 +81,6 @@ class FusedRecorder {
   FusedStats stats();
   void reset_stats();
   void set_builder(FusedBuilder b, OpExecutable op_executable);
-  void clear_programs();
 
  private:
   struct Run {

@@ -156,26 +156,6 @@ PYBIND11_MODULE(_C, m) {
     Runtime::get().ensure_typed(*c, t.scalar_type());
     return std::make_tuple(*c->dtype, py::tuple(py::cast(c->dims)));
   }, "(dtype, dims) of the storage's PJRT buffer, fixing them from t on first use.");
-  m.def("_upload", [](const at::Tensor& dst, const at::Tensor& src) {
-    TORCH_CHECK(src.is_cpu() && src.is_contiguous(), "_upload: source must be a contiguous CPU tensor");
-    Cell* c = cell_of(dst);
-    TORCH_CHECK(static_cast<size_t>(src.nbytes()) == c->nbytes,
-                "_upload: source has ", src.nbytes(), " bytes, storage has ", c->nbytes);
-    py::gil_scoped_release nogil;
-    Runtime::get().upload(*c, src.data_ptr(), src.scalar_type(), src.numel());
-  }, "Replaces the whole storage of dst with the bytes of the contiguous CPU tensor src.");
-  m.def("_download", [](const at::Tensor& src, const at::Tensor& dst) {
-    TORCH_CHECK(dst.is_cpu() && dst.is_contiguous(), "_download: destination must be a contiguous CPU tensor");
-    Cell* c = cell_of(src);
-    Runtime::get().ensure_typed(*c, dst.scalar_type());
-    TORCH_CHECK(c->numel * static_cast<int64_t>(c10::elementSize(*c->dtype)) == dst.nbytes(),
-                "_download: storage holds ", c->numel, " elements of ", *c->dtype, ", destination has ",
-                dst.nbytes(), " bytes");
-    py::gil_scoped_release nogil;
-    Runtime::get().download(*c, dst.data_ptr(), dst.nbytes());
-    torch_tpu::eager::raise_index_errors(c->device);
-  }, "Copies the whole storage of src into the contiguous CPU tensor dst and waits; then raises an index "
-     "error found on its device since the last synchronisation (csrc/eager/index_errors.h).");
 
   // Programs.
   m.def("_compile_cached", [](const std::string& key, const std::string& mlir, const std::string& name) {
@@ -218,7 +198,6 @@ PYBIND11_MODULE(_C, m) {
     return d;
   });
   m.def("_cache_reset_stats", [] { torch_tpu::runtime::compile_cache().reset_stats(); });
-  m.def("_cache_clear_memory", [] { torch_tpu::runtime::compile_cache().clear_memory(); });
   m.def("_launch", [](std::shared_ptr<torch_tpu::pjrt::Executable> exe, py::list inputs, py::list sinks,
                       py::list new_specs, int device, std::string producer) {
     std::vector<torch_tpu::runtime::LaunchArg> args;
@@ -245,16 +224,6 @@ PYBIND11_MODULE(_C, m) {
      "(number, dtype) scalar operands. sinks: per output, the tensor whose storage receives it, or None "
      "for a new tensor of the next (shape, dtype) or (shape, dtype, strides) in new_specs. Returns the new tensors.");
   torch_tpu::python::bind_graph_runner(m);
-  m.def("_sole_owner", [](py::handle h) {
-    // Unpack without copying: a copy would count as one more owner.
-    const at::Tensor& t = THPVariable_Unpack(h.ptr());
-    return t.use_count() == 1 && t.storage().use_count() == 1;
-  }, "True when no other tensor (view, autograd's saved tensors, ...) shares t's TensorImpl or storage.");
-  m.def("_empty_like_specs", [](py::list specs, int device) {
-    std::vector<at::Tensor> out;
-    for (py::handle h : specs) out.push_back(torch_tpu::python::new_tpu_tensor_of_spec(h, device));
-    return out;
-  }, "New tpu tensors (storage not yet written) of the given (shape, dtype) or (shape, dtype, strides) specs.");
   m.def("_content_key", [](const std::vector<at::Tensor>& ts) -> py::object {
     std::vector<int64_t> key;
     for (const auto& t : ts) {

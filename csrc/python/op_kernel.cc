@@ -442,7 +442,6 @@ void bind_op_kernels(py::module& m) {
     return d;
   });
   m.def("_fused_reset_stats", [] { eager::fused().reset_stats(); });
-  m.def("_fused_clear_programs", [] { eager::fused().clear_programs(); });
   m.def("_fused_install", [](py::object build, py::object op_executable) {
     auto b = std::make_shared<py::object>(std::move(build));
     auto e = std::make_shared<py::object>(std::move(op_executable));
