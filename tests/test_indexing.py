@@ -302,3 +302,46 @@ def test_index_reduce(dtype):
         xt.index_reduce_(1, to_tpu(torch.tensor([3, 0, 0, 0, 0])), to_tpu(src), "amax")
         torch.tpu.synchronize()  # checked on the device: raised at the next sync
     assert torch.equal(xt.cpu(), x)
+
+
+# -- masked_fill_ / index_fill_ on an expanded self (CPU: deprecated, but it writes) -----------------
+def _expanded_fill(dev, fill):
+    import warnings
+    x = torch.arange(3., device=dev)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        fill(x.unsqueeze(0).expand(2, 3), dev)
+    return x.cpu(), [str(m.message).split(" on ")[0] for m in w if "expanded" in str(m.message)]
+
+
+@pytest.mark.parametrize("name,fill", [
+    # rows select different columns: an address is written when any of its aliases is selected
+    ("masked_fill_", lambda e, d: e.masked_fill_(torch.tensor([[True, False, False], [False, False, True]],
+                                                               device=d), 5.)),
+    ("masked_fill_", lambda e, d: e.masked_fill_(torch.tensor([False, True, False], device=d),
+                                                 torch.tensor(-0.0, device=d))),
+    ("index_fill_", lambda e, d: e.index_fill_(1, torch.tensor([2, 0], device=d), 7.)),
+    ("index_fill_", lambda e, d: e.index_fill_(0, torch.tensor([1], device=d), 7.)),  # the expanded dim
+    ("index_fill_", lambda e, d: e.index_fill_(0, torch.tensor([], dtype=torch.long, device=d), 7.)),
+])
+def test_fill_of_an_expanded_view_writes_as_cpu_does_with_its_warning(name, fill):
+    want, want_warn = _expanded_fill("cpu", fill)
+    got, got_warn = _expanded_fill("tpu", fill)
+    assert torch.equal(got, want) and torch.equal(got.signbit(), want.signbit()), (got, want)
+    assert got_warn == want_warn == [f"Use of {name}"]
+
+
+@pytest.mark.parametrize("fill,error", [
+    (lambda e, d: e.index_fill_(0, torch.tensor([2], device=d), 7.), IndexError),
+    (lambda e, d: e.masked_fill_(torch.tensor([1, 0, 1], dtype=torch.uint8, device=d), 5.), RuntimeError),
+    (lambda e, d: e.add_(1), RuntimeError),  # other in-place ops refuse an expanded self, as on CPU
+])
+def test_expanded_fill_errors_are_cpus_and_write_nothing(fill, error):
+    msgs = []
+    for dev in ("cpu", "tpu"):
+        x = torch.arange(3., device=dev)
+        with pytest.raises(error) as e:
+            fill(x.unsqueeze(0).expand(2, 3), dev)
+        msgs.append(str(e.value).split(" (Triggered")[0])
+        assert torch.equal(x.cpu(), torch.arange(3.))
+    assert msgs[0] == msgs[1]

@@ -18,6 +18,7 @@ updates do not double memory). Execution is asynchronous: nothing waits for the 
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -26,7 +27,7 @@ from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_
 from .. import _C, _state, runtime
 from ..lowering.builder import Builder, TensorType, Value
 from ..lowering.registry import Lowering, LoweringContext, NotLowered, bounds_status, fit, lower_arguments, rng_draws
-from ..lowering.utils import scalar_type_name
+from ..lowering.utils import cpp_type_name, scalar_type_name
 from ..lowering.strided import _contiguous_strides, dense_order, is_whole, read_view, write_view
 from .launch import compile_entry_text, launch
 
@@ -227,6 +228,55 @@ def _extent(t):
 # turns TensorIterator's overlap check off: every element at one address gets the same value).
 _WRITE_EXPANDED = frozenset({torch.ops.aten.fill_.Scalar, torch.ops.aten.fill_.Tensor, torch.ops.aten.zero_.default})
 
+# Overloads CPU still runs on an expanded self, with a deprecation warning: an element all of whose
+# aliases share one address is written when any alias is selected (the fill value is one value).
+_FILL_EXPANDED = frozenset({torch.ops.aten.masked_fill_.Scalar, torch.ops.aten.masked_fill_.Tensor,
+                            torch.ops.aten.index_fill_.int_Scalar, torch.ops.aten.index_fill_.int_Tensor})
+
+
+def _expanded_dims(t) -> list:
+    return [d for d, (n, st) in enumerate(zip(t.shape, t.stride())) if st == 0 and n > 1]
+
+
+def _fill_expanded(overload, vals):
+    """masked_fill_ / index_fill_ on an expanded self, as CPU runs them: CPU's deprecation warning,
+    then the fill on the compact view (one element per address: the stride-0 dims at size 1), selected
+    where any alias is. None where the arguments are left to the op's own errors (an index that is not
+    int64)."""
+    self_, dims = vals[0], _expanded_dims(vals[0])
+    name = overload._schema.name.split("::")[1]
+    compact_shape = [1 if d in dims else n for d, n in enumerate(self_.shape)]
+    if name == "masked_fill_":
+        mask, value = vals[1], vals[2]
+        if not isinstance(mask, torch.Tensor):
+            return None
+        if mask.dtype != torch.bool:  # CPU checks the mask before the overlap
+            raise RuntimeError("masked_fill_ only supports boolean masks, but got mask with dtype "
+                               f"{cpp_type_name(mask.dtype)}")
+        warnings.warn(_EXPANDED_WARNING.format(name), UserWarning, stacklevel=3)
+        compact = self_.as_strided(compact_shape, self_.stride(), self_.storage_offset())
+        compact.masked_fill_(torch.broadcast_to(mask, self_.shape).any(dim=dims, keepdim=True), value)
+        return self_
+    dim, index, value = vals[1], vals[2], vals[3]
+    if not isinstance(index, torch.Tensor) or index.dtype != torch.int64:
+        return None
+    warnings.warn(_EXPANDED_WARNING.format(name), UserWarning, stacklevel=3)
+    d = dim % max(self_.dim(), 1)
+    compact = self_.as_strided(compact_shape, self_.stride(), self_.storage_offset())
+    if d in dims:  # every index names the one address: bounds checked against the expanded size
+        size = self_.shape[d]
+        host = index.reshape(-1).cpu()
+        bad = host[(host >= size) | (host < -size)]
+        if bad.numel():
+            raise IndexError(f"index {int(bad[0])} is out of bounds for dimension {d} with size {size}")
+        index = torch.zeros_like(index)
+    compact.index_fill_(d, index, value)
+    return self_
+
+
+_EXPANDED_WARNING = ("Use of {} on expanded tensors is deprecated. Please clone() the tensor before performing "
+                     "this operation. This also applies to advanced indexing e.g. tensor[mask] = scalar")
+
 
 def _check_overlap(vals, sig):
     """PyTorch's memory-overlap rules for written tensors (TensorIterator's check_mem_overlap):
@@ -312,6 +362,10 @@ class Kernel:
         debug / fused eager, a per-call check, the CPU fallback. Returns (result, the new entry for
         the plan cache or None)."""
         vals = self.sig.bind(args, kwargs)
+        if self.sig.overload in _FILL_EXPANDED and _expanded_dims(vals[0]):
+            done = _fill_expanded(self.sig.overload, vals)
+            if done is not None:
+                return done, None
         call = _Call(key, operands, device)
         store = None
         if entry is None:

@@ -14,6 +14,7 @@ from .builder import TensorType, Value
 from .elementwise import compute_dtype
 from .precision import precision_config
 from .registry import register
+from .utils import cpp_type_name, scalar_type_name
 
 _NAMES = {"mm": "addmm_impl_cpu_", "addmm": "addmm_impl_cpu_", "mv": "addmv_impl_cpu",
           "addmv": "addmv_impl_cpu", "dot": "dot", "bmm": "bmm", "baddbmm": "baddbmm_cpu"}
@@ -36,16 +37,8 @@ def dot(b, x: Value, y: Value, batch, contract, out_dtype) -> Value:
     return b.op("stablehlo.dot_general", [x, y], [TensorType(tuple(shape), cd)], attrs)[0]
 
 
-_CPP = {torch.float32: ("float", "Float"), torch.float64: ("double", "Double"),
-        torch.float16: ("c10::Half", "Half"), torch.bfloat16: ("c10::BFloat16", "BFloat16"),
-        torch.int64: ("long int", "Long"), torch.int32: ("int", "Int"), torch.int16: ("short int", "Short"),
-        torch.int8: ("signed char", "Char"), torch.uint8: ("unsigned char", "Byte"), torch.bool: ("bool", "Bool"),
-        torch.complex64: ("c10::complex<float>", "ComplexFloat"),
-        torch.complex128: ("c10::complex<double>", "ComplexDouble")}
-
-
 def _name(dt, cpp=False):
-    return _CPP.get(dt, (str(dt), str(dt)))[0 if cpp else 1]
+    return cpp_type_name(dt) if cpp else scalar_type_name(dt)
 
 
 def _check_dtype(op, dt):

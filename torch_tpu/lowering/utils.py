@@ -12,6 +12,20 @@ _DISPATCH_NAMES = {torch.bool: "Bool", torch.uint8: "Byte", torch.int8: "Char", 
                    torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble"}
 
 
+# C++'s names of the element types, as PyTorch's errors print c10::ScalarType through its C++ type
+# ("masked_fill_ only supports boolean masks, but got mask with dtype unsigned char").
+_CPP_NAMES = {torch.float32: "float", torch.float64: "double", torch.float16: "c10::Half",
+              torch.bfloat16: "c10::BFloat16", torch.int64: "long int", torch.int32: "int", torch.int16: "short int",
+              torch.int8: "signed char", torch.uint8: "unsigned char", torch.bool: "bool",
+              torch.complex64: "c10::complex<float>", torch.complex128: "c10::complex<double>"}
+
+
+def cpp_type_name(dtype: torch.dtype) -> str:
+    """The C++ name of `dtype`'s element type ("unsigned char", "c10::Half"), as some of PyTorch's
+    errors spell it."""
+    return _CPP_NAMES.get(dtype, str(dtype))
+
+
 def scalar_type_name(dtype: torch.dtype) -> str:
     """c10's name of `dtype` ("Float", "Long"), as PyTorch's error messages spell it."""
     return _DISPATCH_NAMES.get(dtype, str(dtype))
