@@ -302,54 +302,53 @@ def test_topology_aware_mesh_on_libtpu_topologies(name, num_slices, shape, dcn):
 
 
 # -- collectives across a topology's devices ------------------------------------------------------------
-_SUM = """({
-    ^bb0(%a: tensor<f32>, %b: tensor<f32>):
-      %s = "stablehlo.add"(%a, %b) : (tensor<f32>, tensor<f32>) -> tensor<f32>
-      "stablehlo.return"(%s) : (tensor<f32>) -> ()
-    })"""
+# What each tpu_dist collective becomes on a TPU (torch_tpu.lowering.collectives, the programs that
+# device_collectives runs on the CPU plugin's devices): (kind, dtype, options).
+_COLLECTIVES = [("all_reduce", torch.float32, {}), ("all_reduce", torch.bfloat16, {"op": "avg"}),
+                ("all_reduce", torch.int32, {"op": "max"}), ("all_reduce", torch.int32, {"op": "band"}),
+                ("reduce", torch.float32, {"root": 1}), ("broadcast", torch.float32, {"root": 1}),
+                ("broadcast", torch.bool, {}), ("broadcast", torch.complex64, {}), ("all_gather", torch.float32, {}),
+                ("reduce_scatter", torch.float32, {}), ("all_to_all", torch.bfloat16, {}), ("permute", torch.float32, {})]
 
 
-def _collective(kind: str, n: int) -> str:
-    """One c10d collective over n devices (one replica each, a 4-element shard per device) as StableHLO."""
-    groups = f"replica_groups = dense<[[{', '.join(map(str, range(n)))}]]> : tensor<1x{n}xi64>"
-    x, result = f"tensor<{4 * n}xf32>", f"tensor<{4 * n}xf32>"
-    if kind == "all_reduce":
-        op = f'"stablehlo.all_reduce"(%x) {_SUM} {{{groups}}}'
-    elif kind == "all_gather":
-        result = f"tensor<{4 * n * n}xf32>"
-        op = f'"stablehlo.all_gather"(%x) {{all_gather_dim = 0 : i64, {groups}}}'
-    elif kind == "reduce_scatter":
-        result = "tensor<4xf32>"
-        op = f'"stablehlo.reduce_scatter"(%x) {_SUM} {{scatter_dimension = 0 : i64, {groups}}}'
-    elif kind == "all_to_all":
-        op = (f'"stablehlo.all_to_all"(%x) {{split_dimension = 0 : i64, concat_dimension = 0 : i64, '
-              f'split_count = {n} : i64, {groups}}}')
-    elif kind == "send_recv":  # each device to the next: isend/irecv in a ring
-        pairs = ", ".join(f"[{i}, {(i + 1) % n}]" for i in range(n))
-        op = f'"stablehlo.collective_permute"(%x) {{source_target_pairs = dense<[{pairs}]> : tensor<{n}x2xi64>}}'
-    else:
-        op = f'"stablehlo.collective_broadcast"(%x) {{{groups}}}'
-    return (f"module @collective {{\n  func.func public @main(%x: {x}) -> {result} {{\n"
-            f"    %0 = {op} : ({x}) -> {result}\n    \"func.return\"(%0) : ({result}) -> ()\n  }}\n}}\n")
-
-
-@pytest.mark.parametrize("name, num_slices", [("v5e:2x2", 1), ("v4:2x2x2", 1), ("v5e:2x2", 2)])
-def test_collectives_compile_across_every_device_of_a_topology(name, num_slices):
-    # One replica per device, on the topology's own device ids (multi-slice ids included): what each
-    # tpu_dist collective becomes on a TPU, compiled by libtpu for 4, 16 and 2 x 4 devices.
+@pytest.mark.parametrize("name, num_slices, every", [("v5e:2x2", 1, True), ("v4:2x2x2", 1, False),
+                                                     ("v5e:2x2", 2, False)])
+def test_collectives_compile_across_every_device_of_a_topology(name, num_slices, every):
+    # One replica per device, on the topology's own device ids (multi-slice ids included): 4, 16 and
+    # 2 x 4 devices. Every program on v5e:2x2; one of each kind on the others.
+    from torch_tpu.lowering import collectives
     topo = aot.topology(name, num_slices=num_slices)
     ids = [d.id for d in topo.devices]
-    for kind in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"):
-        c = topo.compile(_collective(kind, len(ids)), devices=ids)
-        assert c["serialized"] and c["cost"]["bytes accessed"] > 0, (name, kind)
-    # TPU has no collective_broadcast: refused, saying what to use instead.
-    with pytest.raises(TypeError, match="all_reduce"):
-        topo.compile(_collective("broadcast", len(ids)), devices=ids)
+    n = len(ids)
+    seen = set()
+    for kind, dtype, kw in _COLLECTIVES:
+        if not every and kind in seen:
+            continue
+        seen.add(kind)
+        if kind == "permute":
+            kw = {"pairs": [(i, (i + 1) % n) for i in range(n)]}
+        text = collectives.program(kind, (4 * n, 2), dtype, n, **kw)
+        c = topo.compile(text, devices=ids)
+        assert c["serialized"] and c["cost"]["bytes accessed"] > 0, (name, kind, dtype, kw)
+    if every:  # two groups of two: the groups' devices need not be the program's all
+        text = collectives.program("all_reduce", (8,), torch.float32, n, groups=[[0, 2], [1, 3]])
+        assert topo.compile(text, devices=ids)["serialized"]
     # Replica groups beyond the devices given are refused before libtpu sees them.
-    with pytest.raises(TypeError, match=f"names device {len(ids) - 1}"):
-        topo.compile(_collective("all_reduce", len(ids)), devices=ids[:-1])
+    text = collectives.program("all_reduce", (8,), torch.float32, n)
+    with pytest.raises(TypeError, match=f"names device {n - 1}"):
+        topo.compile(text, devices=ids[:-1])
     with pytest.raises(ValueError, match="distinct device ids"):
-        topo.compile(_collective("all_reduce", 2), devices=[ids[0], ids[0]])
+        topo.compile(collectives.program("all_reduce", (8,), torch.float32, 2), devices=[ids[0], ids[0]])
+
+
+def test_collective_broadcast_is_refused_for_tpu():
+    # TPU has no collective_broadcast; tpu_dist's broadcast is an all_reduce (lowering/collectives.py).
+    text = ('module @b {\n  func.func public @main(%x: tensor<4xf32>) -> tensor<4xf32> {\n    %0 = '
+            '"stablehlo.collective_broadcast"(%x) {replica_groups = dense<[[0, 1]]> : tensor<1x2xi64>} : '
+            '(tensor<4xf32>) -> tensor<4xf32>\n    "func.return"(%0) : (tensor<4xf32>) -> ()\n  }\n}\n')
+    topo = aot.topology("v5e:2x2")
+    with pytest.raises(TypeError, match="all_reduce"):
+        topo.compile(text, devices=[d.id for d in topo.devices][:2])
 
 
 # -- shadow mode ----------------------------------------------------------------------------------------

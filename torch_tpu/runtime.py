@@ -18,6 +18,7 @@ import pwd
 import re
 import sys
 import warnings
+from typing import Sequence
 
 from . import _C
 
@@ -343,7 +344,7 @@ def program_key(identity: str, program: str) -> str:
     return hashlib.sha256((identity + "\0" + program).encode()).hexdigest()
 
 
-def compile(program: str, name: str = "program"):
+def compile(program: str, name: str = "program", devices: Sequence[int] | None = None):
     """The executable of a StableHLO program (text with a public @main), through the cache shared
     by eager and torch.compile. Its key (program_key) covers the program text, the plugin's identity
     (target_identity: platform, version, API version, and its path except for libtpu), the compile
@@ -351,22 +352,28 @@ def compile(program: str, name: str = "program"):
     (an op overload, a fused run, a compiled graph) in profiler traces and errors: a compile is the span
     "compile <name>", a disk-cache hit "load <name> from the disk cache". On a TPU, a program that
     TPU's compiler cannot build (lowering/target.py) raises a TypeError naming the op and dtype;
-    under shadow mode (TORCH_TPU_SHADOW_TOPOLOGY) the program is also compiled for that topology."""
+    under shadow mode (TORCH_TPU_SHADOW_TOPOLOGY) the program is also compiled for that topology.
+    `devices`: local device indices to compile one replica on each of (a collective program, run with
+    _C._launch_replicas); None: one replica, one partition, runnable on any device."""
     global _identity, _on_tpu
     if _identity is None:
         start()
         _on_tpu = _C._platform_name() == "tpu"
         _identity = target_identity(_C._platform_name(), _C._platform_version(), tuple(_C._api_version()),
                                     _C._plugin_path())
+    options, key = b"", program
+    if devices is not None:  # the options name the devices: the key covers them
+        options = _C._replica_compile_options([_C._describe_device(d)["id"] for d in devices])
+        key = program + "\0" + options.hex()
     if _on_tpu:
         from .lowering import target
-        why = target.refusal(program)
+        why = target.refusal(program, num_devices=1 if devices is None else len(devices))
         if why:
             raise TypeError(f"tpu: {name}: {why}")
-    if _SHADOW is not None:
+    if _SHADOW is not None and devices is None:  # shadow mode compiles for one device
         _SHADOW(program, name)
     try:
-        return _C._compile_cached(program_key(_identity, program), program, name)
+        return _C._compile_cached(program_key(_identity, key), program, name, options)
     except RuntimeError as e:
         if "Failed to parse" in str(e) and _KERNEL_FUNCTION.search(program):
             jax = sys.modules.get("jax")

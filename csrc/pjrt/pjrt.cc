@@ -497,14 +497,15 @@ DeviceDescription Client::describe(int64_t index) const {
   return read_description(*plugin_, g.device_description);
 }
 
-std::shared_ptr<Executable> Client::compile(const std::string& mlir) const {
+std::shared_ptr<Executable> Client::compile(const std::string& mlir, const std::string& options) const {
   const PJRT_Api* api = plugin_->api();
   PJRT_Program prog = mlir_program(mlir);
+  const std::string& opts = options.empty() ? default_compile_options() : options;
   auto a = PJRT_ARGS(PJRT_Client_Compile_Args);
   a.client = client_;
   a.program = &prog;
-  a.compile_options = default_compile_options().data();
-  a.compile_options_size = default_compile_options().size();
+  a.compile_options = opts.data();
+  a.compile_options_size = opts.size();
   plugin_->check(api->PJRT_Client_Compile(&a), "PJRT_Client_Compile");
   return wrap_loaded(a.executable);
 }
@@ -648,6 +649,38 @@ std::vector<std::shared_ptr<Buffer>> Client::execute(const Executable& exe,
   std::vector<std::shared_ptr<Buffer>> result;
   result.reserve(outs.size());
   for (PJRT_Buffer* b : outs) result.push_back(std::make_shared<Buffer>(shared_from_this(), b));
+  return result;
+}
+
+std::vector<std::vector<std::shared_ptr<Buffer>>> Client::execute_replicas(
+    const Executable& exe, const std::vector<std::vector<PJRT_Buffer*>>& args, std::vector<std::shared_ptr<Event>>* done) {
+  const PJRT_Api* api = plugin_->api();
+  const size_t n = args.size();
+  auto opts = PJRT_ARGS(PJRT_ExecuteOptions);
+  std::vector<PJRT_Buffer* const*> arg_lists(n);
+  std::vector<std::vector<PJRT_Buffer*>> outs(n, std::vector<PJRT_Buffer*>(exe.num_outputs(), nullptr));
+  std::vector<PJRT_Buffer**> out_lists(n);
+  std::vector<PJRT_Event*> complete(n, nullptr);
+  for (size_t k = 0; k < n; ++k) {
+    if (args[k].size() != args[0].size()) throw PjrtError("execute_replicas: devices given different argument counts", 3);
+    arg_lists[k] = args[k].data();
+    out_lists[k] = outs[k].data();
+  }
+  auto a = PJRT_ARGS(PJRT_LoadedExecutable_Execute_Args);
+  a.executable = exe.get();
+  a.options = &opts;
+  a.argument_lists = arg_lists.data();
+  a.num_devices = n;
+  a.num_args = n ? args[0].size() : 0;
+  a.output_lists = out_lists.data();
+  a.execute_device = nullptr;  // the executable's own device assignment
+  a.device_complete_events = done ? complete.data() : nullptr;
+  plugin_->check(api->PJRT_LoadedExecutable_Execute(&a), "PJRT_LoadedExecutable_Execute");
+  std::vector<std::vector<std::shared_ptr<Buffer>>> result(n);
+  for (size_t k = 0; k < n; ++k) {
+    for (PJRT_Buffer* b : outs[k]) result[k].push_back(std::make_shared<Buffer>(shared_from_this(), b));
+    if (done) done->push_back(complete[k] ? std::make_shared<Event>(shared_from_this(), complete[k]) : nullptr);
+  }
   return result;
 }
 

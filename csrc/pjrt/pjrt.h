@@ -204,9 +204,11 @@ class Client : public std::enable_shared_from_this<Client> {
   MemoryStats memory_stats(int64_t index) const;
   DeviceDescription describe(int64_t index) const;
 
-  // Compiles StableHLO (MLIR text or bytecode, format "mlir") for one replica and one partition,
-  // as a portable executable that runs on any addressable device.
-  std::shared_ptr<Executable> compile(const std::string& mlir) const;
+  // Compiles StableHLO (MLIR text or bytecode, format "mlir") with a serialized
+  // xla.CompileOptionsProto; empty: default_compile_options(), one replica and one partition, a
+  // portable executable that runs on any addressable device. With replica_compile_options(ids) the
+  // executable runs one replica on each of those devices (execute_replicas).
+  std::shared_ptr<Executable> compile(const std::string& mlir, const std::string& options = {}) const;
   // The plugin's serialized form of `exe` (loads only on the same plugin build), and back.
   std::string serialize(const Executable& exe) const;
   std::shared_ptr<Executable> deserialize(const std::string& bytes) const;
@@ -233,6 +235,14 @@ class Client : public std::enable_shared_from_this<Client> {
                                                int64_t index,
                                                const std::vector<int64_t>& non_donatable = {},
                                                std::shared_ptr<Event>* done = nullptr);
+  // Runs `exe`, compiled for one replica on each of several devices (replica_compile_options), on
+  // the addressable ones among them: args[k] are the arguments of the k-th addressable device of its
+  // device assignment, in assignment order (all of them in one process on the CPU plugin; one per
+  // process on a multi-process TPU or GPU job). Returns each device's outputs and, where `done` is
+  // given, fills it with each device's completion event. No argument is donated.
+  std::vector<std::vector<std::shared_ptr<Buffer>>> execute_replicas(
+      const Executable& exe, const std::vector<std::vector<PJRT_Buffer*>>& args,
+      std::vector<std::shared_ptr<Event>>* done = nullptr);
   // PJRT_Buffer_OnDeviceSizeInBytes of a buffer not owned here.
   size_t on_device_size(PJRT_Buffer* buf) const;
 

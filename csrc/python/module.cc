@@ -67,6 +67,27 @@ void drain_autograd_threads() {
   }
 }
 
+// One device's part of a launch, from _launch's arguments (see its docstring): fills part.args and
+// part.sinks, and returns the new tensors that receive the outputs given no sink.
+std::vector<at::Tensor> launch_part(py::handle inputs, py::handle sinks, py::handle new_specs, int device,
+                                    Runtime::ReplicaPart& part) {
+  part.device = device;
+  for (py::handle h : inputs) part.args.push_back(torch_tpu::python::launch_arg(h, device));
+  std::vector<at::Tensor> fresh;
+  for (py::handle h : new_specs) fresh.push_back(torch_tpu::python::new_tpu_tensor_of_spec(h, device));
+  size_t next_new = 0;
+  for (py::handle h : sinks) {
+    if (h.is_none()) {
+      part.sinks.push_back(cell_of(fresh.at(next_new++)));
+    } else if (PyLong_Check(h.ptr())) {
+      part.sinks.push_back(cell_by_key(h.cast<uintptr_t>()));
+    } else {
+      part.sinks.push_back(cell_of(THPVariable_Unpack(h.ptr())));
+    }
+  }
+  return fresh;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -158,17 +179,20 @@ PYBIND11_MODULE(_C, m) {
   }, "(dtype, dims) of the storage's PJRT buffer, fixing them from t on first use.");
 
   // Programs.
-  m.def("_compile_cached", [](const std::string& key, const std::string& mlir, const std::string& name) {
+  m.def("_compile_cached", [](const std::string& key, const std::string& mlir, const std::string& name,
+                              const py::bytes& options) {
     torch::PyWarningHandler warnings;  // e.g. "ignoring compilation cache entry": a Python warning
     std::shared_ptr<torch_tpu::pjrt::Executable> exe;
+    std::string opts = options;
     {
       py::gil_scoped_release nogil;
-      exe = torch_tpu::runtime::compile_cache().get_or_compile(Runtime::get().client(), key, mlir, name);
+      exe = torch_tpu::runtime::compile_cache().get_or_compile(Runtime::get().client(), key, mlir, name, opts);
     }
     return exe;
-  }, py::arg("key"), py::arg("mlir"), py::arg("name"),
+  }, py::arg("key"), py::arg("mlir"), py::arg("name"), py::arg("options") = py::bytes(),
      "The executable of `mlir` from the compilation cache (memory, then its directory tiers), compiling "
-     "on a miss. `key` must be a hex digest covering everything the executable depends on; `name` names "
+     "on a miss, with `options` (a serialized xla.CompileOptionsProto; empty: one replica, one partition). "
+     "`key` must be a hex digest covering everything the executable depends on, options included; `name` names "
      "the program in profiler traces (\"compile <name>\", \"load <name> from the <tier> cache\").");
   m.def("_trace_recording", &torch_tpu::runtime::trace::recording,
         "True while a profiler session records tpu executions (csrc/runtime/trace.h); launches check it.");
@@ -200,29 +224,25 @@ PYBIND11_MODULE(_C, m) {
   m.def("_cache_reset_stats", [] { torch_tpu::runtime::compile_cache().reset_stats(); });
   m.def("_launch", [](std::shared_ptr<torch_tpu::pjrt::Executable> exe, py::list inputs, py::list sinks,
                       py::list new_specs, int device, std::string producer) {
-    std::vector<torch_tpu::runtime::LaunchArg> args;
-    args.reserve(inputs.size());
-    for (py::handle h : inputs) args.push_back(torch_tpu::python::launch_arg(h, device));
-    std::vector<at::Tensor> fresh;
-    fresh.reserve(new_specs.size());
-    for (py::handle h : new_specs) fresh.push_back(torch_tpu::python::new_tpu_tensor_of_spec(h, device));
-    std::vector<Cell*> out_cells;
-    out_cells.reserve(sinks.size());
-    size_t next_new = 0;
-    for (py::handle h : sinks) {
-      if (h.is_none()) {
-        out_cells.push_back(cell_of(fresh.at(next_new++)));
-      } else if (PyLong_Check(h.ptr())) {
-        out_cells.push_back(cell_by_key(h.cast<uintptr_t>()));
-      } else {
-        out_cells.push_back(cell_of(THPVariable_Unpack(h.ptr())));
-      }
-    }
-    Runtime::get().execute(std::move(exe), std::move(args), std::move(out_cells), device, std::move(producer));
+    torch_tpu::runtime::Runtime::ReplicaPart part;
+    auto fresh = launch_part(inputs, sinks, new_specs, device, part);
+    Runtime::get().execute(std::move(exe), std::move(part.args), std::move(part.sinks), device, std::move(producer));
     return fresh;
   }, "Runs exe on tpu:device. inputs: tpu tensors (their storages' buffers), CPU tensors (uploaded) or "
      "(number, dtype) scalar operands. sinks: per output, the tensor whose storage receives it, or None "
      "for a new tensor of the next (shape, dtype) or (shape, dtype, strides) in new_specs. Returns the new tensors.");
+  m.def("_launch_replicas", [](std::shared_ptr<torch_tpu::pjrt::Executable> exe, py::list parts, std::string producer) {
+    std::vector<torch_tpu::runtime::Runtime::ReplicaPart> rparts(parts.size());
+    py::list fresh;
+    for (size_t k = 0; k < parts.size(); ++k) {
+      auto p = parts[k].cast<py::tuple>();
+      fresh.append(py::cast(launch_part(p[0], p[1], p[2], p[3].cast<int>(), rparts[k])));
+    }
+    Runtime::get().execute_replicas(std::move(exe), std::move(rparts), std::move(producer));
+    return fresh;
+  }, "Runs exe, compiled for one replica on each of several local devices (_replica_compile_options of "
+     "their ids), once on each. parts: per device in the executable's device order, (inputs, sinks, "
+     "new_specs, device) as _launch takes them. Returns each part's new tensors.");
   torch_tpu::python::bind_graph_runner(m);
   m.def("_content_key", [](const std::vector<at::Tensor>& ts) -> py::object {
     std::vector<int64_t> key;

@@ -178,7 +178,8 @@ std::vector<std::shared_ptr<CompileCache::Tier>> CompileCache::usable_tiers() {
 }
 
 std::shared_ptr<pjrt::Executable> CompileCache::get_or_compile(pjrt::Client& client, const std::string& key,
-                                                               const std::string& mlir, const std::string& name) {
+                                                               const std::string& mlir, const std::string& name,
+                                                               const std::string& options) {
   {
     std::lock_guard<std::mutex> g(mu_);
     auto it = memory_.find(key);
@@ -206,7 +207,7 @@ std::shared_ptr<pjrt::Executable> CompileCache::get_or_compile(pjrt::Client& cli
   std::shared_ptr<pjrt::Executable> exe;
   {
     trace::HostSpan span([&] { return "compile " + name; });
-    exe = client.compile(mlir);
+    exe = client.compile(mlir, options);
   }
   counters().compiles++;
   seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

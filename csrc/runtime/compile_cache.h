@@ -65,8 +65,11 @@ class CompileCache {
   // `name` says what the program is (an op overload, "fused run (N ops)", a compiled graph) in
   // profiler traces: a compile is the span "compile <name>", a tier hit "load <name> from the <tier>
   // cache" (trace::HostSpan); a memory hit shows nothing.
+  // `options`: the serialized xla.CompileOptionsProto (empty: pjrt::default_compile_options()),
+  // which `key` must cover too.
   std::shared_ptr<pjrt::Executable> get_or_compile(pjrt::Client& client, const std::string& key,
-                                                   const std::string& mlir, const std::string& name = "program");
+                                                   const std::string& mlir, const std::string& name = "program",
+                                                   const std::string& options = {});
   // Writes an executable compiled elsewhere (a compile-only target's serialized executable, from
   // torch_tpu.aot) under `key` into every usable directory tier, as a compile would, or, when `dirs`
   // is not empty, into those directories instead (created if needed; e.g. the tier-3 directory a TPU

@@ -415,16 +415,20 @@ bool async_launch() {
   return on;
 }
 
-void Runtime::execute(std::shared_ptr<const pjrt::Executable> exe, std::vector<LaunchArg> args,
-                      std::vector<Cell*> sinks, int device, std::string producer, std::string trace_name) {
-  TORCH_CHECK(sinks.size() == exe->num_outputs(), "program has ", exe->num_outputs(),
+void Runtime::prepare_sinks(const pjrt::Executable& exe, const std::vector<Cell*>& sinks, const std::string& producer) {
+  TORCH_CHECK(sinks.size() == exe.num_outputs(), "program has ", exe.num_outputs(),
               " outputs but ", sinks.size(), " destinations were given");
   for (size_t i = 0; i < sinks.size(); ++i) {  // known now: later ops read them before the launch runs
-    set_dims(*sinks[i], exe->output_dims[i]);
+    set_dims(*sinks[i], exe.output_dims[i]);
     sinks[i]->numel = product(sinks[i]->dims);
-    sinks[i]->dtype = from_pjrt_type(exe->output_types[i]);
+    sinks[i]->dtype = from_pjrt_type(exe.output_types[i]);
     sinks[i]->producer = producer;
   }
+}
+
+void Runtime::execute(std::shared_ptr<const pjrt::Executable> exe, std::vector<LaunchArg> args,
+                      std::vector<Cell*> sinks, int device, std::string producer, std::string trace_name) {
+  prepare_sinks(*exe, sinks, producer);
   check_not_forked();
   counters().executions++;
   std::shared_ptr<trace::Execution> rec;
@@ -529,10 +533,7 @@ void Runtime::issue(const pjrt::Executable& exe, const std::vector<LaunchArg>& l
   args.reserve(largs.size());
   std::shared_ptr<pjrt::Event> done;
   std::vector<std::shared_ptr<pjrt::Buffer>> outs;
-  std::vector<Cell*> fresh;  // sinks without a value before this launch (materialize gives them zeros)
-  for (Cell* c : sinks) {
-    if (!c->buffer) fresh.push_back(c);
-  }
+  std::vector<Cell*> fresh = unwritten(sinks);
   try {
     for (const auto& a : largs) {
       bufs.push_back(a.cell ? &materialize(*a.cell) : a.buffer.get());
@@ -546,23 +547,7 @@ void Runtime::issue(const pjrt::Executable& exe, const std::vector<LaunchArg>& l
       throw pjrt::PjrtError(std::string(e.what()) + "\n(raised launching the tpu op " + producer + ")", e.code());
     }
   } catch (const std::exception& e) {
-    // The op did not run: outputs that had a value keep it; fresh ones have none, so reading them
-    // (or anything computed from them) raises this instead of silently reading zeros.
-    std::string what = e.what();
-    const auto* pe = dynamic_cast<const pjrt::PjrtError*>(&e);
-    bool oom = dynamic_cast<const std::bad_alloc*>(&e) || (pe && pe->code() == PJRT_Error_Code_RESOURCE_EXHAUSTED);
-    if (oom) what = out_of_memory_message(exe, device, producer, what);
-    auto error = std::make_shared<const std::string>(
-        what.rfind("tpu tensor without a value", 0) == 0
-            ? what
-            : "tpu tensor without a value: the tpu op " + producer + " that was to compute it failed, so it "
-              "cannot be read or used (compute it again into a new tensor). The failure: " + what);
-    for (Cell* c : fresh) {
-      c->buffer.reset();
-      c->error = error;
-    }
-    if (oom) TORCH_CHECK_WITH(OutOfMemoryError, false, what);
-    throw;
+    launch_failed(exe, device, producer, fresh, e);
   }
 
   if (rec) {
@@ -574,6 +559,41 @@ void Runtime::issue(const pjrt::Executable& exe, const std::vector<LaunchArg>& l
     }
   }
   std::lock_guard<std::mutex> g(mu_);
+  launched(done, bufs, outs, sinks, device, producer);
+}
+
+std::vector<Cell*> Runtime::unwritten(const std::vector<Cell*>& sinks) {
+  std::vector<Cell*> fresh;  // sinks without a value before this launch (materialize gives them zeros)
+  for (Cell* c : sinks) {
+    if (!c->buffer) fresh.push_back(c);
+  }
+  return fresh;
+}
+
+void Runtime::launch_failed(const pjrt::Executable& exe, int device, const std::string& producer,
+                            const std::vector<Cell*>& fresh, const std::exception& e) {
+  // The op did not run: outputs that had a value keep it; fresh ones have none, so reading them
+  // (or anything computed from them) raises this instead of silently reading zeros.
+  std::string what = e.what();
+  const auto* pe = dynamic_cast<const pjrt::PjrtError*>(&e);
+  bool oom = dynamic_cast<const std::bad_alloc*>(&e) || (pe && pe->code() == PJRT_Error_Code_RESOURCE_EXHAUSTED);
+  if (oom) what = out_of_memory_message(exe, device, producer, what);
+  auto error = std::make_shared<const std::string>(
+      what.rfind("tpu tensor without a value", 0) == 0
+          ? what
+          : "tpu tensor without a value: the tpu op " + producer + " that was to compute it failed, so it "
+            "cannot be read or used (compute it again into a new tensor). The failure: " + what);
+  for (Cell* c : fresh) {
+    c->buffer.reset();
+    c->error = error;
+  }
+  if (oom) TORCH_CHECK_WITH(OutOfMemoryError, false, what);
+  throw;  // the exception being handled by the caller
+}
+
+void Runtime::launched(const std::shared_ptr<pjrt::Event>& done, const std::vector<pjrt::Buffer*>& bufs,
+                       const std::vector<std::shared_ptr<pjrt::Buffer>>& outs, const std::vector<Cell*>& sinks,
+                       int device, const std::string& producer) {
   if (done) {
     for (pjrt::Buffer* b : bufs) b->last_use = done;
     for (auto& b : outs) b->last_use = done;
@@ -591,6 +611,55 @@ void Runtime::issue(const pjrt::Executable& exe, const std::vector<LaunchArg>& l
     sinks[i]->error.reset();
     pending_.emplace_back(outs[i], producer);
   }
+}
+
+void Runtime::execute_replicas(std::shared_ptr<const pjrt::Executable> exe, std::vector<ReplicaPart> parts,
+                               std::string producer) {
+  for (auto& p : parts) prepare_sinks(*exe, p.sinks, producer);
+  check_not_forked();
+  counters().executions++;
+  auto job = [this, exe = std::move(exe), parts = std::move(parts), producer = std::move(producer)] {
+    issue_replicas(*exe, parts, producer);
+  };
+  if (!async_launch()) return job();
+  std::lock_guard<std::mutex> g(qmu_);
+  if (!launcher_started_) {
+    std::thread([this] { launcher_loop(); }).detach();  // lives as long as the process
+    launcher_started_ = true;
+  }
+  queue_.push_back(std::move(job));
+  qwork_.notify_one();
+}
+
+void Runtime::issue_replicas(const pjrt::Executable& exe, const std::vector<ReplicaPart>& parts,
+                             const std::string& producer) {
+  std::vector<std::vector<pjrt::Buffer*>> bufs(parts.size());
+  std::vector<std::vector<PJRT_Buffer*>> args(parts.size());
+  std::vector<std::vector<Cell*>> fresh;
+  for (const auto& p : parts) fresh.push_back(unwritten(p.sinks));
+  std::vector<std::shared_ptr<pjrt::Event>> done;
+  std::vector<std::vector<std::shared_ptr<pjrt::Buffer>>> outs;
+  size_t at = 0;  // the part whose failure is reported (materialize fails per device)
+  try {
+    for (at = 0; at < parts.size(); ++at) {
+      for (const auto& a : parts[at].args) {
+        bufs[at].push_back(a.cell ? &materialize(*a.cell) : a.buffer.get());
+        args[at].push_back(bufs[at].back()->get());
+      }
+    }
+    at = 0;
+    try {
+      outs = client().execute_replicas(exe, args, &done);
+    } catch (const pjrt::PjrtError& e) {
+      throw pjrt::PjrtError(std::string(e.what()) + "\n(raised launching the tpu op " + producer + ")", e.code());
+    }
+  } catch (const std::exception& e) {
+    std::vector<Cell*> all;  // every device's fresh outputs: none of them was written
+    for (const auto& f : fresh) all.insert(all.end(), f.begin(), f.end());
+    launch_failed(exe, parts[std::min(at, parts.size() - 1)].device, producer, all, e);
+  }
+  std::lock_guard<std::mutex> g(mu_);
+  for (size_t k = 0; k < parts.size(); ++k) launched(done[k], bufs[k], outs[k], parts[k].sinks, parts[k].device, producer);
 }
 
 // What to do, said by every out-of-memory error (torch.OutOfMemoryError).

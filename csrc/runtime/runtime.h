@@ -172,6 +172,17 @@ class Runtime {
   // with `producer` as its detail, or under `producer` when `trace_name` is empty.
   void execute(std::shared_ptr<const pjrt::Executable> exe, std::vector<LaunchArg> args,
                std::vector<Cell*> sinks, int device, std::string producer, std::string trace_name = {});
+  // One device's part of a replicated launch: its arguments, the cells its outputs replace, the device.
+  struct ReplicaPart {
+    std::vector<LaunchArg> args;
+    std::vector<Cell*> sinks;
+    int device = 0;
+  };
+  // Runs `exe`, compiled for one replica on each of the parts' devices (pjrt::replica_compile_options
+  // with their ids, in this order: a collective program across local devices), as one queued launch:
+  // every part's outputs replace its sinks' buffers. A failed launch writes no sink on any device.
+  void execute_replicas(std::shared_ptr<const pjrt::Executable> exe, std::vector<ReplicaPart> parts,
+                        std::string producer);
   // Waits until every queued launch has been issued; raises the first error one of them met.
   void drain();
   // Raises (once) the first error a launch met when it was issued, without waiting for the queue.
@@ -222,6 +233,18 @@ class Runtime {
                                     const std::string& cause);
   void issue(const pjrt::Executable& exe, const std::vector<LaunchArg>& args, const std::vector<Cell*>& sinks,
              int device, const std::string& producer, const std::shared_ptr<trace::Execution>& rec);
+  void issue_replicas(const pjrt::Executable& exe, const std::vector<ReplicaPart>& parts, const std::string& producer);
+  // The pieces of a launch both issue paths share: the sinks' element type and dims, set when the
+  // launch is queued; the sinks without a value yet; what a failed launch leaves (called from a catch
+  // block: marks `fresh` as failed and rethrows, as torch.OutOfMemoryError where the device ran out);
+  // what an issued one records (mu_ held).
+  void prepare_sinks(const pjrt::Executable& exe, const std::vector<Cell*>& sinks, const std::string& producer);
+  static std::vector<Cell*> unwritten(const std::vector<Cell*>& sinks);
+  [[noreturn]] void launch_failed(const pjrt::Executable& exe, int device, const std::string& producer,
+                                  const std::vector<Cell*>& fresh, const std::exception& e);
+  void launched(const std::shared_ptr<pjrt::Event>& done, const std::vector<pjrt::Buffer*>& bufs,
+                const std::vector<std::shared_ptr<pjrt::Buffer>>& outs, const std::vector<Cell*>& sinks, int device,
+                const std::string& producer);
   bool defer(std::function<void()> job);
   void upload_now(Cell& cell, const void* data, c10::ScalarType dtype, int64_t numel);
   void set_uploaded(Cell& cell, std::shared_ptr<pjrt::Buffer> buf, c10::ScalarType dtype, std::vector<int64_t> dims);

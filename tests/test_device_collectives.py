@@ -1,0 +1,276 @@
+"""Device collectives (torch_tpu.distributed.device_collectives, programs from
+torch_tpu.lowering.collectives) across the CPU plugin's devices of one process, against Gloo on CPU
+tensors (the reference), run as one ProcessGroupGloo per rank in threads of this process."""
+import datetime
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import torch_tpu
+from torch_tpu.distributed import device_collectives as dc
+
+N = 2  # the CPU plugin's devices in a test process
+ReduceOp = dist.ReduceOp
+
+
+def _gloo(call, n=N):
+    """Runs call(pg, rank) on n ranks of a fresh Gloo group (threads, loopback); raises a rank's error."""
+    store, errors = dist.HashStore(), []
+
+    def rank(r):
+        try:
+            opts = dist.ProcessGroupGloo._Options()
+            opts._devices = [dist.ProcessGroupGloo.create_device(interface="lo")]
+            opts._timeout = datetime.timedelta(seconds=30)
+            call(dist.ProcessGroupGloo(store, r, n, opts), r)
+        except BaseException as e:  # noqa: BLE001 - re-raised below
+            errors.append(e)
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a Gloo reference rank hung"
+    if errors:
+        raise errors[0]
+
+
+def _values(shape, dtype, n=N, seed=0):
+    """One CPU tensor per rank: small integers (sums and products exact in every order), signed where
+    the dtype is."""
+    g = torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        return [torch.randint(0, 2, shape, generator=g).bool() for _ in range(n)]
+    low = 0 if dtype == torch.uint8 else -4
+    return [torch.randint(low, 5, shape, generator=g).to(dtype) for _ in range(n)]
+
+
+def _on_devices(xs):
+    return [x.to(f"tpu:{k}") for k, x in enumerate(xs)]
+
+
+def _equal(tpu, ref, what):
+    got = tpu.cpu()
+    assert got.dtype == ref.dtype and got.shape == ref.shape, (what, got.dtype, got.shape, ref.dtype, ref.shape)
+    assert torch.equal(got, ref), f"{what}: device {got} != gloo {ref}"
+
+
+CASES = [(torch.float32, [ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX]),
+         (torch.bfloat16, [ReduceOp.SUM, ReduceOp.MAX]),
+         (torch.float64, [ReduceOp.SUM]),
+         (torch.int32, [ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.BAND, ReduceOp.BOR,
+                        ReduceOp.BXOR]),
+         (torch.int64, [ReduceOp.SUM, ReduceOp.BXOR]),
+         (torch.uint8, [ReduceOp.SUM, ReduceOp.MAX, ReduceOp.BOR]),
+         (torch.bool, [ReduceOp.MIN, ReduceOp.MAX, ReduceOp.BAND, ReduceOp.BOR])]
+
+
+@pytest.mark.parametrize("dtype, ops", CASES, ids=[str(c[0]).split(".")[1] for c in CASES])
+def test_all_reduce_equals_gloo(dtype, ops):
+    for op in ops:
+        for shape in [(), (3, 5)]:
+            xs = _values(shape, dtype, seed=hash((str(dtype), str(op))) % 1000)
+            ref = [x.clone() for x in xs]
+            _gloo(lambda pg, r: pg.allreduce([ref[r]], _opts(op)).wait())
+            ts = _on_devices(xs)
+            dc.all_reduce(ts, op=op)
+            for k in range(N):
+                _equal(ts[k], ref[k], f"all_reduce {op} {dtype} {shape} rank {k}")
+
+
+def _opts(op):
+    o = dist.AllreduceOptions()
+    o.reduceOp = op
+    return o
+
+
+def test_all_reduce_avg_is_the_sum_divided_truncating_for_integers():
+    # Gloo has no AVG; NCCL's (and tpu_dist's host path): the sum over the group size.
+    for dtype in (torch.float32, torch.int32):
+        xs = _values((7,), dtype, seed=3)
+        ts = _on_devices(xs)
+        dc.all_reduce(ts, op=ReduceOp.AVG)
+        total = xs[0] + xs[1]
+        ref = total / N if dtype.is_floating_point else torch.div(total, N, rounding_mode="trunc")
+        for t in ts:
+            _equal(t, ref.to(dtype), f"avg {dtype}")
+
+
+def test_all_reduce_into_outputs_leaves_inputs():
+    xs = _values((4,), torch.float32)
+    ts = _on_devices(xs)
+    outs = [torch.empty(4, device=f"tpu:{k}") for k in range(N)]
+    dc.all_reduce(ts, outs)
+    for k in range(N):
+        _equal(ts[k], xs[k], "input")
+        _equal(outs[k], xs[0] + xs[1], "output")
+
+
+def test_reduce_writes_the_root_only():
+    xs = _values((2, 3), torch.int32, seed=5)
+    ref = [x.clone() for x in xs]
+
+    def call(pg, r):
+        o = dist.ReduceOptions()
+        o.reduceOp, o.rootRank = ReduceOp.SUM, 1
+        pg.reduce([ref[r]], o).wait()
+    _gloo(call)
+    ts = _on_devices(xs)
+    dc.reduce(ts, root=1)
+    _equal(ts[1], ref[1], "root")
+    _equal(ts[0], xs[0], "non-root keeps its value")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.int64, torch.int8, torch.bool,
+                                   torch.complex64])
+def test_broadcast_is_bit_exact(dtype):
+    if dtype.is_floating_point or dtype.is_complex:
+        special = torch.tensor([-0.0, float("nan"), float("inf"), -float("inf"), 1e-30, -3.5])
+        root = special.to(dtype) if not dtype.is_complex else torch.complex(special, special.flip(0))
+    else:
+        root = _values((6,), dtype, seed=1)[0]
+    xs = [torch.zeros_like(root), root]
+    ts = _on_devices(xs)
+    dc.broadcast(ts, root=1)
+    bits = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float64: torch.int64,
+            torch.complex64: torch.int64}.get(dtype)
+    for t in ts:
+        got = t.cpu()
+        if bits is not None:  # NaN and -0.0: compare the bit patterns
+            assert torch.equal(got.view(bits), root.view(bits)), (dtype, got, root)
+        else:
+            assert torch.equal(got, root), (dtype, got, root)
+
+
+@pytest.mark.parametrize("shape", [(), (3,), (2, 4)])
+def test_all_gather_equals_gloo(shape):
+    xs = _values(shape, torch.float32, seed=7)
+    whole = (max(1, shape[0] if shape else 1) * N, *shape[1:])
+    ref = [torch.empty(whole) for _ in range(N)]
+    _gloo(lambda pg, r: pg._allgather_base(ref[r], xs[r].reshape(-1, *shape[1:])).wait())
+    outs = [torch.empty(whole, device=f"tpu:{k}") for k in range(N)]
+    dc.all_gather(_on_devices(xs), outs)
+    for k in range(N):
+        _equal(outs[k], ref[k], f"all_gather {shape}")
+
+
+@pytest.mark.parametrize("op", [ReduceOp.SUM, ReduceOp.MAX])
+def test_reduce_scatter_equals_gloo(op):
+    xs = _values((4, 3), torch.int32, seed=11)
+    ref = [torch.empty(2, 3, dtype=torch.int32) for _ in range(N)]
+
+    def call(pg, r):
+        o = dist.ReduceScatterOptions()
+        o.reduceOp = op
+        pg.reduce_scatter([ref[r]], [list(xs[r].chunk(N))], o).wait()
+    _gloo(call)
+    outs = [torch.empty(2, 3, dtype=torch.int32, device=f"tpu:{k}") for k in range(N)]
+    dc.reduce_scatter(_on_devices(xs), outs, op=op)
+    for k in range(N):
+        _equal(outs[k], ref[k], f"reduce_scatter {op}")
+
+
+def test_all_to_all_equals_gloo():
+    xs = [torch.arange(6.).reshape(6, 1) + 10 * r for r in range(N)]
+    ref = [torch.empty(6, 1) for _ in range(N)]
+    _gloo(lambda pg, r: pg.alltoall_base(ref[r], xs[r], [], [], dist.AllToAllOptions()).wait())
+    outs = [torch.empty(6, 1, device=f"tpu:{k}") for k in range(N)]
+    dc.all_to_all(_on_devices(xs), outs)
+    for k in range(N):
+        _equal(outs[k], ref[k], "all_to_all")
+
+
+def test_send_recv_equals_gloo():
+    xs = _values((5,), torch.float32, seed=13)
+    ref = [x.clone() for x in xs]
+
+    def call(pg, r):
+        (pg.send([ref[0]], 1, 0) if r == 0 else pg.recv([ref[1]], 0, 0)).wait()
+    _gloo(call)
+    ts = _on_devices(xs)
+    dc.send_recv(ts, [(0, 1)])
+    for k in range(N):
+        _equal(ts[k], ref[k], f"send/recv rank {k}")
+
+
+def test_views_are_read_and_written_through_their_base():
+    bases = [torch.arange(12.).reshape(3, 4) * (k + 1) for k in range(N)]
+    ts = [b.to(f"tpu:{k}") for k, b in enumerate(bases)]
+    cols = [t[:, 1] for t in ts]
+    dc.all_reduce(cols)
+    for k in range(N):
+        expect = bases[k].clone()
+        expect[:, 1] = bases[0][:, 1] + bases[1][:, 1]
+        _equal(ts[k], expect, "base of the column view")
+
+
+def test_a_second_call_compiles_nothing():
+    xs = _on_devices(_values((9,), torch.float32, seed=17))
+    dc.all_reduce(xs)
+    misses = torch_tpu._C._cache_stats()["misses"]
+    dc.all_reduce(xs)
+    torch.tpu.synchronize()
+    assert torch_tpu._C._cache_stats()["misses"] == misses
+
+
+def test_errors_say_what_was_wrong_and_change_nothing():
+    xs = _on_devices(_values((4,), torch.float32))
+    keep = [x.cpu() for x in xs]
+    with pytest.raises(ValueError, match="distinct tpu devices"):
+        dc.all_reduce([xs[0], xs[0].clone()])
+    with pytest.raises(ValueError, match="one shape and dtype"):
+        dc.all_reduce([xs[0], torch.zeros(5, device="tpu:1")])
+    with pytest.raises(TypeError, match="BAND"):
+        dc.all_reduce(xs, op=ReduceOp.BAND)
+    with pytest.raises(ValueError, match="PREMUL_SUM"):
+        dc.all_reduce(xs, op="premul_sum")
+    with pytest.raises(ValueError, match="equal blocks"):
+        dc.reduce_scatter([torch.zeros(3, device=f"tpu:{k}") for k in range(N)],
+                          [torch.zeros(1, device=f"tpu:{k}") for k in range(N)])
+    with pytest.raises(ValueError, match="tpu:1"):
+        dc.all_gather(xs, [torch.zeros(8, device="tpu:0"), torch.zeros(8, device="tpu:0")])
+    with pytest.raises(ValueError, match="root 2"):
+        dc.broadcast(xs, root=2)
+    for x, k in zip(xs, keep):
+        _equal(x, k, "unchanged after the errors")
+
+
+_FOUR = r"""
+import torch, torch_tpu
+from torch_tpu.distributed import device_collectives as dc
+n = torch.tpu.device_count()
+assert n == 4, n
+xs = [torch.arange(8.).reshape(4, 2) + 100 * k for k in range(n)]
+on = lambda ts: [t.to(f"tpu:{k}") for k, t in enumerate(ts)]
+t = on(xs); dc.all_reduce(t)
+assert all(torch.equal(a.cpu(), sum(xs)) for a in t)
+outs = [torch.empty(16, 2, device=f"tpu:{k}") for k in range(n)]
+dc.all_gather(on(xs), outs)
+assert all(torch.equal(o.cpu(), torch.cat(xs)) for o in outs)
+outs = [torch.empty(4, 2, device=f"tpu:{k}") for k in range(n)]
+dc.all_to_all(on(xs), outs)
+for j in range(n):
+    assert torch.equal(outs[j].cpu(), torch.cat([xs[i][j:j + 1] for i in range(n)])), j
+outs = [torch.empty(1, 2, device=f"tpu:{k}") for k in range(n)]
+dc.reduce_scatter(on(xs), outs)
+for j in range(n):
+    assert torch.equal(outs[j].cpu(), sum(xs)[j:j + 1]), j
+t = on(xs); dc.broadcast(t, root=2)
+assert all(torch.equal(a.cpu(), xs[2]) for a in t)
+t = on(xs); dc.send_recv(t, [(k, (k + 1) % n) for k in range(n)])
+assert all(torch.equal(t[(k + 1) % n].cpu(), xs[k]) for k in range(n))
+t = on(xs); dc.all_reduce(t[1:3])  # a group of two of the four devices
+assert torch.equal(t[1].cpu(), xs[1] + xs[2]) and torch.equal(t[0].cpu(), xs[0])
+print("OK")
+"""
+
+
+def test_four_devices_in_rank_order():
+    env = dict(os.environ, TORCH_TPU_CPU_DEVICE_COUNT="4")
+    p = subprocess.run([sys.executable, "-c", _FOUR], env=env, capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0 and "OK" in p.stdout, p.stdout + p.stderr

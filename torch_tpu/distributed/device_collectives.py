@@ -1,0 +1,142 @@
+"""Collectives across the tpu devices of one process, as one device program (`torch.cuda.nccl`'s API
+for tpu): each call runs one StableHLO collective (torch_tpu.lowering.collectives) compiled as one
+replica on each of the inputs' devices, and launched on all of them at once.
+
+This is what every tpu_dist collective becomes on a plugin with device collectives (the same
+programs, over the group's devices); here it runs wherever the plugin runs collectives across its
+local devices, the CPU plugin included (its devices are threads of one process), so the programs'
+numbers are checked against Gloo's. Programs are cached like any other (memory, then the
+executable cache's tiers), keyed by the program text and its devices.
+
+    from torch_tpu.distributed import device_collectives as dc
+    xs = [torch.ones(4, device=f"tpu:{i}") for i in range(2)]
+    dc.all_reduce(xs)                       # in place: every xs[i] is 2.0 now
+    outs = [torch.empty(8, device=f"tpu:{i}") for i in range(2)]
+    dc.all_gather(xs, outs)                 # outs[i] = cat(xs) on every device
+
+Every function takes `inputs`, one tpu tensor per device (distinct devices, one shape and dtype),
+in rank order: inputs[k] plays group rank k. `op` is a torch.distributed.ReduceOp (or its lower-case
+name). Errors (ValueError / TypeError) are raised before anything runs; a failed launch writes no
+tensor on any device. Results are asynchronous like any tpu op.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from .. import _C, runtime
+from ..lowering import collectives as programs
+
+
+def _op_name(op) -> str:
+    if isinstance(op, str):
+        return op.lower()
+    name = getattr(op, "name", None) or str(op).split(".")[-1]  # RedOpType, or ReduceOp wrapping one
+    if not isinstance(name, str) or name == "ReduceOp":
+        name = str(getattr(op, "op", op)).split(".")[-1]
+    return name.lower()
+
+
+def _check_inputs(name: str, inputs: Sequence[torch.Tensor]) -> list[int]:
+    inputs = list(inputs)
+    if not inputs or not all(isinstance(t, torch.Tensor) and t.device.type == "tpu" for t in inputs):
+        raise ValueError(f"{name}: inputs must be a non-empty list of tpu tensors, one per device")
+    devices = [t.device.index for t in inputs]
+    if len(set(devices)) != len(devices):
+        raise ValueError(f"{name}: inputs must be on distinct tpu devices, got {['tpu:%d' % d for d in devices]}")
+    first = inputs[0]
+    for t in inputs[1:]:
+        if t.shape != first.shape or t.dtype != first.dtype:
+            raise ValueError(f"{name}: every input must have one shape and dtype; got {tuple(first.shape)} "
+                             f"{first.dtype} on tpu:{first.device.index} and {tuple(t.shape)} {t.dtype} on "
+                             f"tpu:{t.device.index}")
+    return devices
+
+
+def _check_outputs(name: str, outputs, devices: list[int], shape: tuple, dtype: torch.dtype) -> list:
+    outputs = list(outputs)
+    if len(outputs) != len(devices):
+        raise ValueError(f"{name}: {len(devices)} inputs but {len(outputs)} outputs")
+    for t, d in zip(outputs, devices):
+        if not isinstance(t, torch.Tensor) or t.device != torch.device("tpu", d):
+            raise ValueError(f"{name}: outputs[k] must be a tpu tensor on inputs[k]'s device (tpu:{d})")
+        if t.dtype != dtype or t.numel() != torch.Size(shape).numel():
+            raise ValueError(f"{name}: each output must hold {torch.Size(shape).numel()} elements of {dtype} "
+                             f"(shape {tuple(shape)}), got {tuple(t.shape)} {t.dtype}")
+    return outputs
+
+
+def _whole(t: torch.Tensor) -> bool:
+    """True when `t` is its storage, densely: the program may take and replace the storage's buffer."""
+    return t.is_contiguous() and t.storage_offset() == 0 and t.untyped_storage().nbytes() == t.numel() * t.element_size()
+
+
+def _run(name: str, kind: str, inputs, outputs, out_shape: tuple, **kw) -> None:
+    """Runs collective `kind` over the inputs' devices; writes its results into `outputs`."""
+    devices = _check_inputs(name, inputs)
+    _check_outputs(name, outputs, devices, out_shape, inputs[0].dtype)
+    srcs = [t if _whole(t) else t.contiguous().clone() for t in inputs]
+    # The program takes each storage's buffer as it is laid out ((dtype, dims) of its PJRT buffer).
+    dims = tuple(_C._storage_spec(srcs[0])[1])
+    if any(tuple(_C._storage_spec(s)[1]) != dims for s in srcs[1:]):
+        srcs = [s.clone() for s in srcs]  # copies made by one program: one layout
+        dims = tuple(_C._storage_spec(srcs[0])[1])
+    text = programs.program(kind, tuple(inputs[0].shape), inputs[0].dtype, len(devices), buffer_shape=dims, **kw)
+    exe = runtime.compile(text, f"{name} over tpu:{','.join(map(str, devices))}", devices=devices)
+    sinks = [o if _whole(o) else None for o in outputs]
+    _C._fused_flush()  # ops fused eager recorded on these tensors run first
+    parts = [([s], [o], [] if o is not None else [(tuple(out_shape), inputs[0].dtype)], d)
+             for s, o, d in zip(srcs, sinks, devices)]
+    fresh = _C._launch_replicas(exe, parts, name)
+    for o, new in zip(outputs, fresh):
+        if new:  # a view (or a strided tensor) receives its result through a copy
+            o.copy_(new[0].view(o.shape))
+
+
+def all_reduce(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor] | None = None, op="sum") -> None:
+    """Every outputs[k] (default: inputs[k], in place) becomes the reduction of all inputs under `op`."""
+    _run("all_reduce", "all_reduce", inputs, inputs if outputs is None else outputs, tuple(inputs[0].shape),
+         op=_op_name(op))
+
+
+def reduce(inputs: Sequence[torch.Tensor], output: torch.Tensor | None = None, root: int = 0, op="sum") -> None:
+    """inputs[root] (or `output`, on its device) becomes the reduction of all inputs; the others keep
+    their values."""
+    outs = list(inputs)
+    if output is not None:
+        outs[root] = output
+    _run("reduce", "reduce", inputs, outs, tuple(inputs[0].shape), root=root, op=_op_name(op))
+
+
+def broadcast(inputs: Sequence[torch.Tensor], root: int = 0) -> None:
+    """Every inputs[k] becomes inputs[root], bit for bit."""
+    _run("broadcast", "broadcast", inputs, inputs, tuple(inputs[0].shape), root=root)
+
+
+def all_gather(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+    """Every outputs[k] becomes the inputs concatenated along dim 0 (len(inputs) x inputs[0]'s elements)."""
+    shape = tuple(inputs[0].shape) or (1,)
+    _run("all_gather", "all_gather", inputs, outputs, (shape[0] * len(inputs), *shape[1:]))
+
+
+def reduce_scatter(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor], op="sum") -> None:
+    """outputs[k] becomes block k (along dim 0) of the reduction of all inputs under `op`."""
+    shape = tuple(inputs[0].shape)
+    n = len(inputs)
+    if not shape or shape[0] % n:
+        raise ValueError(f"reduce_scatter: dim 0 of the inputs ({shape}) must divide into {n} equal blocks")
+    _run("reduce_scatter", "reduce_scatter", inputs, outputs, (shape[0] // n, *shape[1:]), op=_op_name(op))
+
+
+def all_to_all(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+    """Block j (along dim 0) of inputs[i] becomes block i of outputs[j] (all_to_all_single, equal splits)."""
+    _run("all_to_all", "all_to_all", inputs, outputs, tuple(inputs[0].shape))
+
+
+def send_recv(inputs: Sequence[torch.Tensor], pairs: Sequence[tuple[int, int]]) -> None:
+    """For each (source, target) pair of ranks, inputs[target] becomes inputs[source] (what a matched
+    send/recv does); a rank that is no target keeps its value."""
+    targets = {int(t) for _, t in pairs}
+    outs = [t if k in targets else torch.empty_like(t) for k, t in enumerate(inputs)]
+    _run("send_recv", "permute", inputs, outs, tuple(inputs[0].shape), pairs=pairs)
