@@ -34,6 +34,11 @@ def compile(fn, *args, topology: str | Topology = "v5e:1x1", cache=None, **kwarg
         the key the runtime on a TPU with the same libtpu computes (runtime.program_key), so the job's
         first step compiles nothing.
 
+    Collectives: a graph with functional collectives (DTensor, tensor parallelism, funcol calls) is
+    lowered with them inside, as one program over the job's devices: the process group (e.g.
+    dist.init_process_group("fake", ...) with the job's world size) gives the ranks, and rank k runs
+    on the topology's k-th device (ProgramReport.replicas). Such programs are not written to `cache`.
+
     Returns a Report (print it for a table). Raises what `fn` raises while tracing, ValueError for an
     unknown topology, RuntimeError when libtpu is not installed. A graph that cannot be lowered or
     compiled is not raised: its ProgramReport carries the error (Report.ok is False)."""
@@ -62,7 +67,7 @@ def compile(fn, *args, topology: str | Topology = "v5e:1x1", cache=None, **kwarg
     if cache is not None and cache is not False:
         written = set()
         for r in report.programs:
-            if r.ok and r.serialized:
+            if r.ok and r.serialized and r.replicas == 1:  # the runtime has no key for replicated programs yet
                 written.update(_C._cache_store(r.key, r.serialized, r.compile_seconds, dirs))
         report.cached = sorted(written)
     report.seconds = time.perf_counter() - t0
@@ -82,8 +87,12 @@ def _compile_one(topo: Topology, r: ProgramReport) -> None:
     r.key = topo.key(r.text)
     t0 = time.perf_counter()
     try:
-        c = topo.compile(r.text)
-    except (TypeError, RuntimeError) as e:
+        if r.replicas > len(topo.devices):
+            raise ValueError(f"{r.name} runs collectives across {r.replicas} ranks, but {topo.name} (x{topo.num_slices}) "
+                             f"has {len(topo.devices)} devices: compile for a topology with one device per rank")
+        devices = None if r.replicas == 1 else [d.id for d in topo.devices[:r.replicas]]
+        c = topo.compile(r.text, devices=devices)
+    except (TypeError, ValueError, RuntimeError) as e:
         r.error = str(e)
         # What it would hold at least (its arguments and new outputs), so that the step's peak and
         # fit still count it: a program too big for the device fails here with CompileTimeHbmOom.

@@ -103,15 +103,14 @@ def backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
 
 
 def _graph(gm, example_inputs, name):
-    if collectives.has_collectives(gm):
-        error = (f"the {name} graph calls collectives ({', '.join(sorted(_collective_names(gm)))}): torch_tpu.aot "
-                 "compiles one device's programs, without collectives, for now")
-        return _boxed(_Unlowered(ProgramReport(f"{name} graph", error=error), gm))
+    # A graph with functional collectives is one program over the job's devices (replica k runs rank
+    # k; lowering/collectives.py), as on a plugin with device collectives.
+    replicas = torch.distributed.get_world_size() if collectives.has_collectives(gm) else 1
     try:
         prog = GraphProgram.lowered(gm, name)
     except Exception as e:  # noqa: BLE001  (an op without a lowering: a failed program in the report)
         return _boxed(_Unlowered(ProgramReport(f"{name} graph", error=f"{type(e).__name__}: {e}"), gm))
-    return _boxed(_StandIn(prog))
+    return _boxed(_StandIn(prog, replicas))
 
 
 def _boxed(runner):
@@ -123,15 +122,11 @@ def _boxed(runner):
     return run
 
 
-def _collective_names(gm):
-    return {str(n.target) for n in gm.graph.nodes if collectives.is_collective(n)}
-
-
 class _StandIn:
     """A lowered graph's place in the step: returns its outputs' shapes without computing them."""
 
-    def __init__(self, prog: GraphProgram):
-        self.prog = prog
+    def __init__(self, prog: GraphProgram, replicas: int):
+        self.prog, self.replicas = prog, replicas
         # Mosaic kernels: custom calls to tpu_custom_call (JAX's printed form, or generic syntax).
         self.mosaic = len(re.findall(r'@tpu_custom_call\b|call_target_name = "tpu_custom_call"', prog.text))
 
@@ -142,7 +137,7 @@ class _StandIn:
         session = _current()
         device = _default_device(real)  # meta or tpu: the graph's fakes say tpu either way
         report = ProgramReport(prog.label, text=prog.text, mosaic_kernels=self.mosaic,
-                               live_bytes=_live_bytes(device, real))
+                               live_bytes=_live_bytes(device, real), replicas=self.replicas)
         session.reached.append((report, prog))
         host = prog.host.run(real)  # the CPU part (step counts): PyTorch's CPU kernels, tiny
 

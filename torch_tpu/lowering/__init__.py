@@ -13,3 +13,4 @@ from . import complex, fft  # noqa: F401
 from . import bags  # noqa: F401
 from . import amp  # noqa: F401
 from . import attention  # noqa: F401
+from . import collectives  # noqa: F401

@@ -30,6 +30,7 @@ from typing import Sequence
 import torch
 
 from .builder import Builder, TensorType, Value
+from .registry import NotLowered, register
 
 REDUCE_OPS = ("sum", "avg", "product", "min", "max", "band", "bor", "bxor")
 _BITWISE = {"band": "and", "bor": "or", "bxor": "xor"}
@@ -240,3 +241,93 @@ def program(kind: str, shape: Sequence[int], dtype: torch.dtype, num_replicas: i
     else:
         r = permute(b, x, pairs or [])
     return b.module([r], name=kind)
+
+
+# -- functional collectives inside compiled graphs -----------------------------------------------------
+# PyTorch's functional collectives (`_c10d_functional`, what DTensor, tensor parallelism and user code
+# emit under torch.compile) lowered into the graph's own module, for a TPU target (torch_tpu.aot): the
+# graph becomes one program over the job's devices, replica k running rank k, and XLA schedules its
+# collectives with its compute. Graph-only: eager calls go through tpu_dist. On a plugin without
+# device collectives the graph is cut at them instead (dynamo/collectives.py).
+
+def group_replicas(group_name: str) -> tuple[list[list[int]], int]:
+    """(replica groups, world size) of the process group `group_name` (c10d's registry): the group's
+    global ranks and the groups that tile the world as it does (a DeviceMesh dimension's groups are
+    translations of one another; rank r runs replica r). Raises ValueError for a group that tiles
+    the world otherwise, or when no process group is initialized."""
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _resolve_process_group
+    if not dist.is_initialized():
+        raise ValueError("a graph with collectives needs an initialized process group (for a TPU target on one "
+                         "machine: dist.init_process_group('fake', ...) with the job's world size)")
+    ranks = sorted(dist.get_process_group_ranks(_resolve_process_group(group_name)))
+    world = dist.get_world_size()
+    left, groups = set(range(world)), []
+    while left:
+        first = min(left)
+        g = [first - ranks[0] + r for r in ranks]
+        if not set(g) <= left:
+            raise ValueError(f"process group {group_name} (ranks {ranks} of {world}) does not tile the world as a "
+                             "DeviceMesh dimension does: its collectives cannot be compiled into one program")
+        groups.append(g)
+        left -= set(g)
+    return groups, world
+
+
+def _split_even(sizes, n: int, length: int) -> bool:
+    return not sizes or (len(sizes) == n and all(int(s) == length // n for s in sizes))
+
+
+@register("_c10d_functional::all_reduce", graph_only=True)
+def _all_reduce(ctx, x, reduce_op, group_name):
+    return all_reduce(ctx.b, x, group_replicas(group_name)[0], reduce_op)
+
+
+@register("_c10d_functional::all_reduce_coalesced", graph_only=True)
+def _all_reduce_coalesced(ctx, xs, reduce_op, group_name):
+    groups = group_replicas(group_name)[0]
+    return [all_reduce(ctx.b, x, groups, reduce_op) for x in xs]
+
+
+@register("_c10d_functional::all_gather_into_tensor", "_c10d_functional_autograd::all_gather_into_tensor",
+          graph_only=True)
+def _all_gather(ctx, x, group_size, group_name):
+    return all_gather(ctx.b, x, group_replicas(group_name)[0])
+
+
+@register("_c10d_functional::all_gather_into_tensor_coalesced", graph_only=True)
+def _all_gather_coalesced(ctx, xs, group_size, group_name):
+    groups = group_replicas(group_name)[0]
+    return [all_gather(ctx.b, x, groups) for x in xs]
+
+
+@register("_c10d_functional::reduce_scatter_tensor", "_c10d_functional_autograd::reduce_scatter_tensor",
+          graph_only=True)
+def _reduce_scatter(ctx, x, reduce_op, group_size, group_name):
+    return reduce_scatter(ctx.b, x, group_replicas(group_name)[0], reduce_op)
+
+
+@register("_c10d_functional::reduce_scatter_tensor_coalesced", graph_only=True)
+def _reduce_scatter_coalesced(ctx, xs, reduce_op, group_size, group_name):
+    groups = group_replicas(group_name)[0]
+    return [reduce_scatter(ctx.b, x, groups, reduce_op) for x in xs]
+
+
+@register("_c10d_functional::all_to_all_single", "_c10d_functional_autograd::all_to_all_single",
+          graph_only=True)
+def _all_to_all(ctx, x, output_split_sizes, input_split_sizes, group_name):
+    groups = group_replicas(group_name)[0]
+    n, length = len(groups[0]), (x.shape[0] if x.rank else 0)
+    if not (_split_even(output_split_sizes, n, length) and _split_even(input_split_sizes, n, length)):
+        raise NotLowered("all_to_all_single with uneven splits inside a graph is not lowered for TPU yet")
+    return all_to_all(ctx.b, x, groups)
+
+
+@register("_c10d_functional::broadcast", graph_only=True)
+def _broadcast(ctx, x, src, group_name):
+    return broadcast(ctx.b, x, group_replicas(group_name)[0], int(src))
+
+
+@register("_c10d_functional::wait_tensor", graph_only=True)
+def _wait(ctx, x):  # the program orders its collectives itself
+    return x
