@@ -274,3 +274,103 @@ def test_four_devices_in_rank_order():
     env = dict(os.environ, TORCH_TPU_CPU_DEVICE_COUNT="4")
     p = subprocess.run([sys.executable, "-c", _FOUR], env=env, capture_output=True, text=True, timeout=240)
     assert p.returncode == 0 and "OK" in p.stdout, p.stdout + p.stderr
+
+
+# -- tpu_dist's device path, ranks as threads of this process ----------------------------------------
+def _tpu_dist_ranks(call, n=N):
+    """Runs call(backend, gloo, rank) on n tpu_dist ranks in threads, rank r driving tpu:r, each with
+    the device path on (device_collectives.backend_device_path, mode "1") and a Gloo group beside it
+    for the reference."""
+    store, errors = dist.HashStore(), []
+
+    def rank(r):
+        try:
+            opts = dist.ProcessGroupGloo._Options()
+            opts._devices = [dist.ProcessGroupGloo.create_device(interface="lo")]
+            opts._timeout = datetime.timedelta(seconds=30)
+            host = dist.ProcessGroupGloo(dist.PrefixStore("host", store), r, n, opts)
+            gloo = dist.ProcessGroupGloo(dist.PrefixStore("ref", store), r, n, opts)
+            path = dc.backend_device_path(dist.PrefixStore("device", store), r, n, r, "test", mode="1")
+            backend = torch_tpu._C._TpuBackend(host, r, n, datetime.timedelta(seconds=30), path)
+            call(backend, gloo, r)
+        except BaseException as e:  # noqa: BLE001 - re-raised below
+            errors.append(e)
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads), "a tpu_dist rank hung"
+    if errors:
+        raise errors[0]
+
+
+def test_tpu_dist_device_path_equals_gloo_without_host_copies():
+    results = {}
+
+    def call(backend, gloo, r):
+        x = _values((4, 3), torch.int32, seed=21)[r]
+        ref = x.clone()
+        gloo.allreduce([ref], _opts(ReduceOp.MAX)).wait()
+        t = x.to(f"tpu:{r}")
+        torch.tpu.synchronize()
+        gloo.barrier().wait()  # both ranks count over the same window, with no download in it
+        before = torch_tpu._C._counters()["d2h_transfers"]
+        backend.allreduce([t], _opts(ReduceOp.MAX)).wait()
+        bcast = x.to(f"tpu:{r}").float()
+        o = dist.BroadcastOptions()
+        o.rootRank = 1
+        backend.broadcast([bcast], o).wait()
+        gathered = torch.empty(8, 3, device=f"tpu:{r}")
+        backend._allgather_base(gathered, x.float().to(f"tpu:{r}")).wait()
+        scattered = torch.empty(2, 3, device=f"tpu:{r}")
+        backend._reduce_scatter_base(scattered, x.float().to(f"tpu:{r}"), dist.ReduceScatterOptions()).wait()
+        swapped = torch.empty(4, 3, device=f"tpu:{r}")
+        backend.alltoall_base(swapped, x.float().to(f"tpu:{r}"), [], [], dist.AllToAllOptions()).wait()
+        torch.tpu.synchronize()
+        copies = torch_tpu._C._counters()["d2h_transfers"] - before
+        gloo.barrier().wait()
+        results[r] = dict(copies=copies, all_reduce=(t.cpu(), ref),
+                          broadcast=bcast.cpu(), all_gather=gathered.cpu(), reduce_scatter=scattered.cpu(),
+                          all_to_all=swapped.cpu(), x=x)
+    _tpu_dist_ranks(call)
+    xs = [results[r]["x"].float() for r in range(N)]
+    for r in range(N):
+        got = results[r]
+        _equal(*got["all_reduce"], f"all_reduce rank {r}")
+        _equal(got["broadcast"], xs[1], f"broadcast rank {r}")
+        _equal(got["all_gather"], torch.cat(xs), f"all_gather rank {r}")
+        _equal(got["reduce_scatter"], (xs[0] + xs[1])[2 * r:2 * r + 2], f"reduce_scatter rank {r}")
+        _equal(got["all_to_all"], torch.cat([xs[i][2 * r:2 * r + 2] for i in range(N)]), f"all_to_all rank {r}")
+        # Only the agreement check crossed the host, on CPU tensors: no device-to-host copy.
+        assert got["copies"] == 0, got["copies"]
+
+
+def test_tpu_dist_device_path_writes_views_and_refuses_what_c10d_refuses():
+    def call(backend, gloo, r):
+        base = torch.arange(12.).reshape(3, 4).to(f"tpu:{r}") * (r + 1)
+        col = base[:, 1]
+        backend.allreduce([col], _opts(ReduceOp.SUM)).wait()
+        expect = torch.arange(12.).reshape(3, 4) * (r + 1)
+        expect[:, 1] = torch.arange(12.).reshape(3, 4)[:, 1] * 3
+        _equal(base, expect, f"base of the view, rank {r}")
+        keep = base.cpu()
+        with pytest.raises(RuntimeError, match="PREMUL_SUM"):
+            o = dist.AllreduceOptions()
+            o.reduceOp = dist._make_nccl_premul_sum(2.0)
+            backend.allreduce([base], o).wait()
+        with pytest.raises(dist.DistBackendError, match="BAND"):
+            backend.allreduce([base], _opts(ReduceOp.BAND)).wait()
+        _equal(base, keep, "unchanged after refused calls")
+    _tpu_dist_ranks(call)
+
+
+def test_device_path_choice():
+    # The CPU plugin has no cross-process collectives: off by default, refused when forced across processes.
+    assert dc.backend_device_path(dist.HashStore(), 0, 2, 0, "g") is None
+    store = dist.HashStore()
+    store.set("rank1", "another-host:1|0|0")
+    with pytest.raises(RuntimeError, match="no cross-process collectives"):
+        dc.backend_device_path(store, 0, 2, 0, "g", mode="1")
+    with pytest.raises(ValueError, match="auto, 0 or 1"):
+        dc.backend_device_path(dist.HashStore(), 0, 2, 0, "g", mode="yes")

@@ -344,7 +344,7 @@ def program_key(identity: str, program: str) -> str:
     return hashlib.sha256((identity + "\0" + program).encode()).hexdigest()
 
 
-def compile(program: str, name: str = "program", devices: Sequence[int] | None = None):
+def compile(program: str, name: str = "program", device_ids: Sequence[int] | None = None):
     """The executable of a StableHLO program (text with a public @main), through the cache shared
     by eager and torch.compile. Its key (program_key) covers the program text, the plugin's identity
     (target_identity: platform, version, API version, and its path except for libtpu), the compile
@@ -353,8 +353,9 @@ def compile(program: str, name: str = "program", devices: Sequence[int] | None =
     "compile <name>", a disk-cache hit "load <name> from the disk cache". On a TPU, a program that
     TPU's compiler cannot build (lowering/target.py) raises a TypeError naming the op and dtype;
     under shadow mode (TORCH_TPU_SHADOW_TOPOLOGY) the program is also compiled for that topology.
-    `devices`: local device indices to compile one replica on each of (a collective program, run with
-    _C._launch_replicas); None: one replica, one partition, runnable on any device."""
+    `device_ids`: PJRT device ids (global: a multi-process job's other devices included) to compile one
+    replica on each of, in replica order (a collective program, run with _C._launch_replicas or
+    tpu_dist's device path); None: one replica, one partition, runnable on any device."""
     global _identity, _on_tpu
     if _identity is None:
         start()
@@ -362,15 +363,15 @@ def compile(program: str, name: str = "program", devices: Sequence[int] | None =
         _identity = target_identity(_C._platform_name(), _C._platform_version(), tuple(_C._api_version()),
                                     _C._plugin_path())
     options, key = b"", program
-    if devices is not None:  # the options name the devices: the key covers them
-        options = _C._replica_compile_options([_C._describe_device(d)["id"] for d in devices])
+    if device_ids is not None:  # the options name the devices: the key covers them
+        options = _C._replica_compile_options([int(d) for d in device_ids])
         key = program + "\0" + options.hex()
     if _on_tpu:
         from .lowering import target
-        why = target.refusal(program, num_devices=1 if devices is None else len(devices))
+        why = target.refusal(program, num_devices=1 if device_ids is None else len(device_ids))
         if why:
             raise TypeError(f"tpu: {name}: {why}")
-    if _SHADOW is not None and devices is None:  # shadow mode compiles for one device
+    if _SHADOW is not None and device_ids is None:  # shadow mode compiles for one device
         _SHADOW(program, name)
     try:
         return _C._compile_cached(program_key(_identity, key), program, name, options)

@@ -59,8 +59,9 @@ bool TpuWork::wait(std::chrono::milliseconds) {
 }
 
 // ---------------------------------------------------------------------------------------------
-TpuBackend::TpuBackend(c10::intrusive_ptr<c10d::Backend> host, int rank, int size, std::chrono::milliseconds timeout)
-    : c10d::Backend(rank, size), host_(std::move(host)), timeout_(timeout) {
+TpuBackend::TpuBackend(c10::intrusive_ptr<c10d::Backend> host, int rank, int size, std::chrono::milliseconds timeout,
+                       std::shared_ptr<DeviceCollectives> device)
+    : c10d::Backend(rank, size), host_(std::move(host)), device_(std::move(device)), timeout_(timeout) {
   TORCH_CHECK(host_, "tpu_dist needs a host backend to stage collectives through");
   const char* v = std::getenv("TORCH_TPU_DIST_VERIFY");
   verify_ = !(v && std::string(v) == "0");
@@ -339,6 +340,45 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::run(Call call, const std::function<c1
 }
 
 // ---------------------------------------------------------------------------------------------
+std::string TpuBackend::device_op(const c10d::ReduceOp& op, const char* name) const {
+  switch (op.op_) {
+    case c10d::ReduceOp::SUM: return "sum";
+    case c10d::ReduceOp::AVG: return "avg";
+    case c10d::ReduceOp::PRODUCT: return "product";
+    case c10d::ReduceOp::MIN: return "min";
+    case c10d::ReduceOp::MAX: return "max";
+    case c10d::ReduceOp::BAND: return "band";
+    case c10d::ReduceOp::BOR: return "bor";
+    case c10d::ReduceOp::BXOR: return "bxor";
+    default:
+      TORCH_CHECK(false, describe(name), ": ReduceOp.PREMUL_SUM is not supported; scale the tensor, then use ReduceOp.SUM");
+  }
+}
+
+c10::intrusive_ptr<c10d::Work> TpuBackend::on_device(Call call, CollectiveSignature sig, const at::Tensor& input,
+                                                     const at::Tensor& output, bool flat) {
+  std::string what = describe(call.name);
+  // In place on a whole storage: the program's result replaces the buffer it read.
+  at::Tensor src = whole(input) ? input : input.contiguous().clone();
+  at::Tensor dst = input.is_same(output) ? src : whole(output) ? output : at::empty(output.sizes(), output.options());
+  auto& rt = runtime::Runtime::get();
+  runtime::Cell* cell = aten::cell_of(src);
+  rt.ensure_typed(*cell, src.scalar_type());
+  sig.dtype = src.scalar_type();
+  sig.dims = cell->dims;
+  sig.shape = flat ? std::vector<int64_t>{src.numel()} : src.sizes().vec();
+  try {
+    device_->run(sig, src, dst, timeout_, what);
+    if (!dst.is_same(output)) output.copy_(dst.view(output.sizes()));
+  } catch (const std::exception& e) {
+    std::rethrow_exception(backend_error(what + " failed: " + message(e) +
+                                         "\n(the tensors it would have written keep their values)"));
+  }
+  auto future = tensor_list_future();
+  future->markCompleted(c10::IValue(call.outputs));
+  return c10::make_intrusive<TpuWork>(rank_, call.op, call.outputs, future, nullptr);
+}
+
 std::vector<at::Tensor> TpuBackend::stage_all(const std::vector<at::Tensor>& ts, const char* name,
                                               const char* what) const {
   std::vector<at::Tensor> host;
@@ -379,6 +419,10 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::broadcast(std::vector<at::Tensor>& te
   check_root(opts.rootRank, call.name);
   for (const auto& t : tensors) check(t, call.name, "tensor");
   agree(call.name, call.op, tensors, true);
+  if (device_ && tensors.size() == 1) {
+    call.outputs = tensors;
+    return on_device(std::move(call), {"broadcast", {}, {}, {}, "", opts.rootRank}, tensors[0], tensors[0], false);
+  }
   // The root's tensor is only read; the others' only written.
   std::vector<at::Tensor> host = rank_ == opts.rootRank ? stage_all(tensors, call.name, "tensor")
                                                         : receive_all(tensors, call, "tensor");
@@ -388,6 +432,13 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::broadcast(std::vector<at::Tensor>& te
 
 c10::intrusive_ptr<c10d::Work> TpuBackend::allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
   Call call{c10d::OpType::ALLREDUCE, "all_reduce"};
+  if (device_ && tensors.size() == 1) {
+    check(tensors[0], call.name, "tensor");
+    agree(call.name, call.op, tensors, true);
+    call.outputs = tensors;
+    return on_device(std::move(call), {"all_reduce", {}, {}, {}, device_op(opts.reduceOp, call.name)}, tensors[0],
+                     tensors[0], false);
+  }
   c10d::AllreduceOptions o = opts;
   o.reduceOp = host_op(opts.reduceOp, call.name);
   std::vector<at::Tensor> host = reduced(tensors, call, opts.reduceOp);
@@ -415,6 +466,13 @@ std::vector<at::Tensor> TpuBackend::reduced(const std::vector<at::Tensor>& tenso
 c10::intrusive_ptr<c10d::Work> TpuBackend::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
   Call call{c10d::OpType::REDUCE, "reduce"};
   check_root(opts.rootRank, call.name);
+  if (device_ && tensors.size() == 1) {
+    check(tensors[0], call.name, "tensor");
+    agree(call.name, call.op, tensors, true);
+    call.outputs = tensors;
+    return on_device(std::move(call), {"reduce", {}, {}, {}, device_op(opts.reduceOp, call.name), opts.rootRank},
+                     tensors[0], tensors[0], false);
+  }
   c10d::ReduceOptions o = opts;
   o.reduceOp = host_op(opts.reduceOp, call.name);
   std::vector<at::Tensor> host;
@@ -444,6 +502,12 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::_allgather_base(at::Tensor& output, a
   Call call{c10d::OpType::_ALLGATHER_BASE, "all_gather_into_tensor"};
   check(output, call.name, "output");
   check_sizes(call.name, output, input, size_);
+  if (device_) {
+    check(input, call.name, "input");
+    agree(call.name, call.op, {input, output}, true);
+    call.outputs = {output};
+    return on_device(std::move(call), {"all_gather"}, input, output, true);
+  }
   at::Tensor host_in = stage_all({input}, call.name, "input")[0].view({-1});
   agree(call.name, call.op, {input, output}, true);
   // Flat views for Gloo, which wants (world x n,) for an (n,) input; the output's own shape is the
@@ -515,6 +579,13 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::_reduce_scatter_base(at::Tensor& outp
   o.reduceOp = host_op(opts.reduceOp, call.name);
   check(output, call.name, "output");
   check_sizes(call.name, input, output, size_);
+  if (device_) {
+    check(input, call.name, "input");
+    agree(call.name, call.op, {input, output}, true);
+    call.outputs = {output};
+    return on_device(std::move(call), {"reduce_scatter", {}, {}, {}, device_op(opts.reduceOp, call.name)}, input,
+                     output, true);
+  }
   at::Tensor host_in = stage_all({input}, call.name, "input")[0].view({-1});
   agree(call.name, call.op, {input, output}, true);
   at::Tensor host_out = receive_all({output}, call, "output")[0].view({-1});  // flat, as above
@@ -541,6 +612,18 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::alltoall_base(at::Tensor& output, at:
                                                          const c10d::AllToAllOptions& opts) {
   Call call{c10d::OpType::ALLTOALL_BASE, "all_to_all_single"};
   check(output, call.name, "output");
+  auto even = [&](const std::vector<int64_t>& splits, const at::Tensor& t) {
+    return splits.empty() || std::all_of(splits.begin(), splits.end(), [&](int64_t v) {
+      return t.dim() > 0 && v * size_ == t.size(0);
+    });
+  };
+  if (device_ && input.dim() > 0 && input.size(0) % size_ == 0 && even(input_splits, input) && even(output_splits, output) &&
+      input.sizes() == output.sizes()) {
+    check(input, call.name, "input");
+    agree(call.name, call.op, {input, output}, true);
+    call.outputs = {output};
+    return on_device(std::move(call), {"all_to_all"}, input, output, true);
+  }
   at::Tensor host_in = stage_all({input}, call.name, "input")[0];
   agree(call.name, call.op, {input, output}, false);  // split sizes may differ by rank
   at::Tensor host_out = receive_all({output}, call, "output")[0];

@@ -7,11 +7,12 @@
 //     CPU plugin), so each collective copies its inputs device -> host once (into pooled staging
 //     buffers), runs on a CPU c10d Backend (PyTorch's ProcessGroupGloo, created on the same store),
 //     and hands the results to the device (no copy where device memory is host memory).
-//   - Device collectives (not built: libtpu over ICI, NCCL inside the CUDA plugin) would run the
-//     same calls as StableHLO collectives (stablehlo.all_reduce etc. with the group's ranks as
-//     replica groups) on the device buffers, behind these same Backend methods, and compiled
-//     graphs would keep their functional collectives inside the module instead of being cut at them
-//     (torch_tpu/dynamo/collectives.py).
+//   - On the device (`device_`, device_collectives.h; where the plugin has cross-process collectives:
+//     libtpu over ICI, NCCL inside the CUDA plugin): all_reduce, broadcast, reduce,
+//     all_gather_into_tensor, reduce_scatter_tensor and all_to_all_single with even splits run as one
+//     StableHLO collective program over the group's devices, with no host copy; the other calls
+//     stage through the host as above. Compiled graphs are still cut at their functional
+//     collectives (torch_tpu/dynamo/collectives.py); torch_tpu.aot lowers them into the module.
 //
 // Ordering: inputs are read when the collective is called (the copy to the host waits for their
 // pending writes, fused eager runs included); results are written back, in call order, by the
@@ -21,6 +22,8 @@
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include "distributed/device_collectives.h"
 
 #include <chrono>
 #include <condition_variable>
@@ -47,7 +50,7 @@ class TpuWork : public c10d::Work {
   // DistBackendError naming the collective and the group). `timeout` 0: the group's timeout.
   bool wait(std::chrono::milliseconds timeout) override;
   void synchronize() override {}
-  int sourceRank() const override { return host_->sourceRank(); }  // recv from any source
+  int sourceRank() const override { return host_ ? host_->sourceRank() : -1; }  // recv from any source
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
 
  private:
@@ -60,7 +63,9 @@ class TpuBackend : public c10d::Backend {
  public:
   // `host`: the CPU backend collectives are staged through (ProcessGroupGloo on the same store,
   // same rank and size). `timeout`: the group's; a collective that has not finished by then raises.
-  TpuBackend(c10::intrusive_ptr<c10d::Backend> host, int rank, int size, std::chrono::milliseconds timeout);
+  // `device`: the group's device path (null: every collective stages through `host`).
+  TpuBackend(c10::intrusive_ptr<c10d::Backend> host, int rank, int size, std::chrono::milliseconds timeout,
+             std::shared_ptr<DeviceCollectives> device = nullptr);
   ~TpuBackend() override;
 
   const std::string getBackendName() const override { return "tpu_dist"; }
@@ -164,12 +169,20 @@ class TpuBackend : public c10d::Backend {
   // Runs `start` (which calls the host backend) and queues the completion: wait for the host
   // work, after_host, write back, complete the future.
   c10::intrusive_ptr<c10d::Work> run(Call call, const std::function<c10::intrusive_ptr<c10d::Work>()>& start);
+  // The device path of a one-tensor collective: `sig` (kind, op, root; shape and dims filled here)
+  // reads `input` and writes `output` (either may be a view: staged through a dense copy). The Work
+  // is complete once the program is queued (see device_collectives.h).
+  c10::intrusive_ptr<c10d::Work> on_device(Call call, CollectiveSignature sig, const at::Tensor& input,
+                                           const at::Tensor& output, bool flat);
+  // c10d's reduce op as lowering/collectives.py names it; PREMUL_SUM refused as on the host path.
+  std::string device_op(const c10d::ReduceOp& op, const char* name) const;
   std::string describe(const char* name) const;
   // AVG has no Gloo counterpart: SUM, then divide on the host (integers: truncating, as NCCL).
   c10d::ReduceOp host_op(const c10d::ReduceOp& op, const char* name) const;
   std::function<void()> averaging(const c10d::ReduceOp& op, std::vector<at::Tensor> host) const;
 
   c10::intrusive_ptr<c10d::Backend> host_;
+  std::shared_ptr<DeviceCollectives> device_;
   std::chrono::milliseconds timeout_;
   bool verify_ = true;
   mutable std::mutex pool_mu_;

@@ -69,6 +69,21 @@ struct KeyValueCallbacksHandle {
   }
 };
 
+// A ProgramBuilder calling the Python function `fn` (with the GIL). The function object is released
+// with the GIL too, whichever thread drops the last backend holding it.
+distributed::ProgramBuilder program_builder(py::object fn) {
+  std::shared_ptr<py::object> held(new py::object(std::move(fn)), [](py::object* p) {
+    if (!Py_IsInitialized()) return;  // interpreter gone: leaked, not touched
+    py::gil_scoped_acquire gil;
+    delete p;
+  });
+  return [held](const distributed::CollectiveSignature& s) {
+    py::gil_scoped_acquire gil;
+    py::object exe = (*held)(s.kind, py::tuple(py::cast(s.shape)), s.dtype, py::tuple(py::cast(s.dims)), s.op, s.root);
+    return exe.cast<std::shared_ptr<pjrt::Executable>>();
+  };
+}
+
 }  // namespace
 
 void init_distributed(py::module& m) {
@@ -78,10 +93,19 @@ void init_distributed(py::module& m) {
       m, "_TpuBackend",
       "tpu_dist's c10d Backend; built by torch_tpu.distributed's backend creator, not by hand.")
       .def(py::init([](const c10::intrusive_ptr<c10d::Backend>& host, int rank, int size,
-                       std::chrono::milliseconds timeout) {
-             return c10::make_intrusive<distributed::TpuBackend>(host, rank, size, timeout);
+                       std::chrono::milliseconds timeout, py::object device) {
+             std::shared_ptr<distributed::DeviceCollectives> path;
+             if (!device.is_none()) {
+               auto d = device.cast<py::tuple>();
+               path = std::make_shared<distributed::DeviceCollectives>(
+                   d[0].cast<std::string>(), d[1].cast<std::vector<int>>(), rank, program_builder(d[2]));
+             }
+             return c10::make_intrusive<distributed::TpuBackend>(host, rank, size, timeout, std::move(path));
            }),
-           py::arg("host"), py::arg("rank"), py::arg("size"), py::arg("timeout"))
+           py::arg("host"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("device") = py::none(),
+           "device: None (every collective through `host`), or (group_key, local_devices, build) for the device "
+           "path (csrc/distributed/device_collectives.h): build(kind, shape, dtype, dims, op, root) returns the "
+           "executable of one collective over the group's devices.")
       // new_group() calls this on the ranks left out of a group split from a device-bound default
       // group (NCCL needs every rank in ncclCommSplit). A split host group is made by its members
       // alone, so the others have nothing to do.

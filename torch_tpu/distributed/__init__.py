@@ -13,6 +13,9 @@ without cross-process collectives (the CPU plugin), each collective is staged th
 and run by PyTorch's ProcessGroupGloo, created here on the same store: one device -> host and one
 host -> device copy per collective. The group's `timeout` bounds every collective: a rank that died
 or never joined makes the others raise torch.distributed.DistBackendError within it.
+On a plugin with cross-process collectives (libtpu, a multi-node CUDA client) the one-tensor
+collectives run on the device instead, as StableHLO collective programs over the group's devices
+(.device_collectives.backend_device_path; TORCH_TPU_DIST_DEVICE_COLLECTIVES=auto|1|0).
 
 Device convention (Google's TorchTPU): under torchrun each process drives one device, and sees it
 as `tpu:0` (`torch.device("tpu")`); see torch_tpu.runtime for how the CPU plugin is sized per process.
@@ -27,6 +30,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from .. import _C
+from .device_collectives import backend_device_path
 from .mesh import topology_aware_device_mesh, topology_aware_mesh  # noqa: F401
 from .tpu_env import tpu_process_env  # noqa: F401
 
@@ -61,7 +65,9 @@ def _create_backend(dist_backend_opts, backend_options=None):
     if not isinstance(timeout, timedelta):
         timeout = timedelta(seconds=float(timeout))
     opts = _HostOptions.make(timeout)
-    backend = _C._TpuBackend(dist.ProcessGroupGloo(store, rank, size, opts), rank, size, timeout)
+    device = backend_device_path(dist.PrefixStore("tpu_dist/device/", dist_backend_opts.store), rank, size,
+                                 _C._current_device(), str(dist_backend_opts.group_id))
+    backend = _C._TpuBackend(dist.ProcessGroupGloo(store, rank, size, opts), rank, size, timeout, device)
     # pybind hands back this Python object for the C++ options only while it is alive; the backend's
     # Python wrapper is dropped after creation, so the options are kept here (one per group).
     _HOST_OPTIONS.append(opts)

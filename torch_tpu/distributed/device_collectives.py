@@ -18,9 +18,15 @@ Every function takes `inputs`, one tpu tensor per device (distinct devices, one 
 in rank order: inputs[k] plays group rank k. `op` is a torch.distributed.ReduceOp (or its lower-case
 name). Errors (ValueError / TypeError) are raised before anything runs; a failed launch writes no
 tensor on any device. Results are asynchronous like any tpu op.
+
+backend_device_path() sets up tpu_dist's device path for a group (csrc/distributed/
+device_collectives.h): the same programs, compiled over the group's devices by their global ids.
 """
 from __future__ import annotations
 
+import os
+import socket
+import uuid
 from typing import Sequence
 
 import torch
@@ -83,7 +89,8 @@ def _run(name: str, kind: str, inputs, outputs, out_shape: tuple, **kw) -> None:
         srcs = [s.clone() for s in srcs]  # copies made by one program: one layout
         dims = tuple(_C._storage_spec(srcs[0])[1])
     text = programs.program(kind, tuple(inputs[0].shape), inputs[0].dtype, len(devices), buffer_shape=dims, **kw)
-    exe = runtime.compile(text, f"{name} over tpu:{','.join(map(str, devices))}", devices=devices)
+    exe = runtime.compile(text, f"{name} over tpu:{','.join(map(str, devices))}",
+                          device_ids=[_C._describe_device(d)["id"] for d in devices])
     sinks = [o if _whole(o) else None for o in outputs]
     _C._fused_flush()  # ops fused eager recorded on these tensors run first
     parts = [([s], [o], [] if o is not None else [(tuple(out_shape), inputs[0].dtype)], d)
@@ -140,3 +147,46 @@ def send_recv(inputs: Sequence[torch.Tensor], pairs: Sequence[tuple[int, int]]) 
     targets = {int(t) for _, t in pairs}
     outs = [t if k in targets else torch.empty_like(t) for k, t in enumerate(inputs)]
     _run("send_recv", "permute", inputs, outs, tuple(inputs[0].shape), pairs=pairs)
+
+
+# -- tpu_dist's device path -------------------------------------------------------------------------
+
+def _has_cross_process_collectives() -> bool:
+    """libtpu (ICI/DCN), or the CUDA plugin started with a job's key-value store (NCCL across nodes)."""
+    path = runtime.resolve_plugin()[0]
+    if not path or path == runtime._cpu_plugin():  # decided without starting the client
+        return False
+    platform = _C._platform_name()
+    return platform == "tpu" or (platform == "cuda" and _C._KeyValueCallbacks.of_runtime() is not None)
+
+
+def backend_device_path(store, rank: int, size: int, device: int, group_name: str, mode: str | None = None):
+    """The device path of one tpu_dist group for its rank `rank` driving local device `device`, as
+    _C._TpuBackend takes it: (group_key, local_devices, build), or None for the host path.
+
+    `mode` (default: env TORCH_TPU_DIST_DEVICE_COLLECTIVES): "auto" (on where the plugin has
+    cross-process collectives), "1" (on; on the CPU plugin only when every rank of the group is in
+    this process, e.g. ranks as threads), "0" (off). Every rank of the group calls this at the same
+    time: the ranks exchange (process, local device, device id) through `store`. Raises
+    RuntimeError for "1" where the group spans processes of a plugin without cross-process collectives."""
+    mode = (mode or os.environ.get("TORCH_TPU_DIST_DEVICE_COLLECTIVES", "auto")).strip().lower()
+    if mode not in ("auto", "0", "1"):
+        raise ValueError(f"TORCH_TPU_DIST_DEVICE_COLLECTIVES must be auto, 0 or 1, got {mode!r}")
+    if mode == "0" or (mode == "auto" and not _has_cross_process_collectives()):
+        return None
+    me = f"{socket.gethostname()}:{os.getpid()}"
+    store.set(f"rank{rank}", f"{me}|{device}|{_C._describe_device(device)['id']}")
+    if rank == 0:
+        store.set("token", uuid.uuid4().hex)
+    peers = [store.get(f"rank{r}").decode().split("|") for r in range(size)]
+    local = [int(d) if p == me else -1 for p, d, _ in peers]
+    ids = [int(i) for _, _, i in peers]
+    if -1 in local and not _has_cross_process_collectives():
+        raise RuntimeError(f"TORCH_TPU_DIST_DEVICE_COLLECTIVES=1: this group spans processes, but the {_C._platform_name()} "
+                           "plugin has no cross-process collectives; unset it (the host path runs them)")
+    key = f"{group_name}:{store.get('token').decode()}"
+
+    def build(kind, shape, dtype, dims, op, root):
+        text = programs.program(kind, shape, dtype, size, op=op or "sum", root=root, buffer_shape=dims)
+        return runtime.compile(text, f"tpu_dist {kind} over {size} devices", device_ids=ids)
+    return key, local, build

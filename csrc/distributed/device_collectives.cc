@@ -1,0 +1,113 @@
+// tpu_dist's device path (see device_collectives.h).
+#include "distributed/device_collectives.h"
+
+#include "aten/device.h"
+#include "runtime/runtime.h"
+
+#include <c10/util/Exception.h>
+
+#include <condition_variable>
+#include <map>
+
+namespace torch_tpu::distributed {
+
+namespace {
+
+// Where the parts of one group's n-th collective meet, when this process drives several of its ranks.
+struct Meeting {
+  std::vector<runtime::Runtime::ReplicaPart> parts;
+  std::shared_ptr<pjrt::Executable> exe;
+  int arrived = 0, left = 0;
+  bool launched = false;
+  std::exception_ptr error;
+};
+
+struct Rendezvous {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<uint64_t, Meeting> meetings;  // by collective sequence number
+};
+
+Rendezvous& rendezvous(const std::string& group_key) {
+  static std::mutex mu;
+  static std::map<std::string, std::unique_ptr<Rendezvous>> all;  // one per group; never freed (small)
+  std::lock_guard<std::mutex> g(mu);
+  auto& r = all[group_key];
+  if (!r) r = std::make_unique<Rendezvous>();
+  return *r;
+}
+
+}  // namespace
+
+std::string CollectiveSignature::key() const {
+  std::string k = kind + "|" + std::to_string(static_cast<int>(dtype)) + "|" + op + "|" + std::to_string(root) + "|";
+  for (int64_t d : shape) k += std::to_string(d) + ",";
+  k += "|";
+  for (int64_t d : dims) k += std::to_string(d) + ",";
+  return k;
+}
+
+DeviceCollectives::DeviceCollectives(std::string group_key, std::vector<int> local_devices, int rank,
+                                     ProgramBuilder build)
+    : group_key_(std::move(group_key)), local_devices_(std::move(local_devices)), rank_(rank), build_(std::move(build)) {
+  TORCH_CHECK(rank_ >= 0 && rank_ < static_cast<int>(local_devices_.size()) && local_devices_[rank_] >= 0,
+              "tpu_dist device collectives: rank ", rank_, " is not driven by this process");
+  for (int r = 0; r < static_cast<int>(local_devices_.size()); ++r) {
+    if (local_devices_[r] < 0) continue;
+    if (r < rank_) part_++;
+    locals_++;
+  }
+}
+
+std::shared_ptr<pjrt::Executable> DeviceCollectives::executable(const CollectiveSignature& sig) {
+  std::string key = sig.key();
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = programs_.find(key);
+    if (it != programs_.end()) return it->second;
+  }
+  auto exe = build_(sig);  // outside the lock: it takes the GIL and may compile for seconds
+  std::lock_guard<std::mutex> g(mu_);
+  programs_.emplace(key, exe);
+  return exe;
+}
+
+void DeviceCollectives::run(const CollectiveSignature& sig, const at::Tensor& input, const at::Tensor& output,
+                            std::chrono::milliseconds timeout, const std::string& name) {
+  auto exe = executable(sig);
+  auto& rt = runtime::Runtime::get();
+  rt.flush_recorded();  // fused eager's recorded writes to the inputs are issued first
+  runtime::Runtime::ReplicaPart part;
+  part.device = device();
+  part.args.push_back(runtime::LaunchArg{aten::cell_of(input), nullptr});
+  part.sinks.push_back(aten::cell_of(output));
+  if (locals_ == 1) {  // one device of the group here (a process per device): launch alone
+    rt.execute_replicas(std::move(exe), {std::move(part)}, name);
+    return;
+  }
+  uint64_t seq = sequence_++;
+  Rendezvous& rv = rendezvous(group_key_);
+  std::unique_lock<std::mutex> lk(rv.mu);
+  Meeting& m = rv.meetings[seq];
+  if (m.parts.empty()) m.parts.resize(locals_);
+  m.parts[part_] = std::move(part);
+  m.exe = exe;
+  if (++m.arrived == locals_) {
+    try {
+      rt.execute_replicas(m.exe, std::move(m.parts), name);
+    } catch (...) {
+      m.error = std::current_exception();
+    }
+    m.launched = true;
+    rv.cv.notify_all();
+  } else if (!rv.cv.wait_for(lk, timeout, [&] { return m.launched; })) {
+    TORCH_CHECK(false, name, ": the other ranks of this process did not call it within the group's timeout (",
+                timeout.count(), " ms)");
+  }
+  std::exception_ptr error = m.error;
+  if (++m.left == locals_) rv.meetings.erase(seq);
+  lk.unlock();
+  if (error) std::rethrow_exception(error);
+}
+
+}  // namespace torch_tpu::distributed
