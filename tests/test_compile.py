@@ -138,6 +138,42 @@ def test_tpu_kernels_run_between_graphs_are_not_traced():
     assert after["graph_executions"] - before["graph_executions"] == 9
 
 
+@pytest.mark.parametrize("kind", ["autograd_grad", "backward_then_step"])
+def test_same_graphs_and_breaks_as_cpu_whatever_the_backend(kind):
+    """torch._dynamo.explain (its own backend, not "tpu") sees the graphs and breaks CPU has: the
+    eager code between graphs runs our kernels as they are (_state.run_as_is), whichever backend
+    compiled the function."""
+    def explain(device):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1)).to(device)
+        params = list(model.parameters())
+        opt = torch.optim.SGD(params, lr=0.1)
+        x, y = torch.randn(4, 8).to(device), torch.randn(4, 1).to(device)
+
+        def grad_step(x, y):
+            loss = (model(x) - y).square().mean()
+            grads = torch.autograd.grad(loss, params)
+            with torch.no_grad():
+                for p, g in zip(params, grads):
+                    p.sub_(0.1 * g)
+            return loss
+
+        def backward_step(x, y):  # the peers' compiled step
+            opt.zero_grad()
+            loss = (model(x) - y).square().mean()
+            loss.backward()
+            loss = loss.detach()
+            opt.step()
+            return loss
+        torch._dynamo.reset()
+        e = torch._dynamo.explain(grad_step if kind == "autograd_grad" else backward_step)(x, y)
+        return e.graph_count, e.graph_break_count, [r.reason.split("\n")[0] for r in e.break_reasons]
+    with warnings.catch_warnings():  # what tracing into our kernels said
+        warnings.filterwarnings("error", message=".*Dynamo does not know how to trace", category=UserWarning)
+        tpu = explain(TPU)
+    assert tpu == explain("cpu")
+
+
 def test_traced_backward_gives_one_forward_backward_graph():
     """With PyTorch's torch._dynamo.config.trace_autograd_ops, loss.backward() is traced into the
     graph: forward and backward become one inference graph (no autograd-engine backward graph), and

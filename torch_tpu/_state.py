@@ -19,3 +19,19 @@ def eager_mode() -> str:
 
 def count(name: str, n: int = 1) -> None:
     counts[name] += n
+
+
+def run_as_is(*fns) -> None:
+    """Marks Python functions that PyTorch's dispatcher or our C++ call (kernels, their slow paths,
+    fused eager's builders) so that torch.compile never traces them. Dynamo evaluates every Python
+    frame that starts while a compiled function runs, whatever its backend, and so would trace the
+    kernels that the eager code between graphs (after a graph break) calls into graphs of their own,
+    guarded on our internals: extra graphs and breaks that CPU does not have. Each function's code
+    gets a recursive SKIP frame strategy (torch._C._dynamo's, which needs no Dynamo import), so it and
+    everything it calls run as they are. `fns`: functions, bound methods or callable objects."""
+    from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
+    skip = _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP)
+    for fn in fns:
+        fn = getattr(fn, "__func__", fn)
+        code = getattr(fn, "__code__", None) or type(fn).__call__.__code__
+        set_code_exec_strategy(code, skip)

@@ -62,3 +62,4 @@ def launch(entry, inputs, sinks, device: int, name: str):
 # Fused eager builds new run signatures with fused.py and, if such a program cannot be built,
 # replays the run op by op with each op's own executable.
 _C._fused_install(fused._build, executable)
+_state.run_as_is(fused._build, executable)  # called by the C++ flush

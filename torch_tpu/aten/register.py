@@ -14,22 +14,18 @@ import threading
 import torch
 from torch._decomp import core_aten_decompositions
 
-from .. import _C
+from .. import _C, _state
 from ..lowering import registry
 from ..lowering.overloads import overload, overload_name, variants
 from .kernel import Kernel, _Signature
 
 _registered: dict[str, object] = {}
 _LIBRARY = torch.library.Library("aten", "IMPL")
-# Every Python kernel registered with the dispatcher for tpu tensors (PrivateUse1): torch.compile
-# must never trace them as user code when it meets them running eagerly (dynamo/__init__.py).
-KERNELS: list = []
 
 
 def _register_fn(name: str, fn, dispatch_key: str = "PrivateUse1") -> None:
     _LIBRARY.impl(name, fn, dispatch_key)
-    if dispatch_key == "PrivateUse1":
-        KERNELS.append(fn)
+    _state.run_as_is(fn)  # torch.compile must never trace a kernel it meets running eagerly
 
 
 def _impl(op, fn):
@@ -37,8 +33,7 @@ def _impl(op, fn):
     if name in _registered:
         return
     if isinstance(fn, Kernel):
-        fn.register()
-        KERNELS.append(fn)
+        fn.register()  # its Python entries run as they are (kernel.py)
     else:
         _register_fn(name, fn)
     _registered[name] = fn
@@ -68,7 +63,6 @@ def register_lowering(name: str, low) -> None:
             # copy_, _copy_from, _copy_from_and_resize and _local_scalar_dense are C++ kernels
             # (csrc/python/copies.cc) that run this lowered copy for the device side.
             kern.register(dispatch=False)
-            KERNELS.append(kern)
             _C._register_copy_ops(kern.id)
             _registered[overload_name(k)] = kern
         else:

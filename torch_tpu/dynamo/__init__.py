@@ -17,29 +17,7 @@ _REGISTRY_MODULE = "torch._dynamo.backends.registry"
 def tpu_backend(gm, example_inputs, **kwargs):
     """The Dynamo backend "tpu" (torch.compile(model, backend="tpu"))."""
     from .backend import tpu_backend as compile_fx
-    _run_kernels_as_is()
     return compile_fx(gm, example_inputs, **kwargs)
-
-
-_kernels_marked = 0
-
-
-def _run_kernels_as_is() -> None:
-    """Dynamo evaluates every Python frame that starts while a compiled function runs, including
-    our dispatcher kernels when the eager code between graphs (after a graph break) calls tpu ops:
-    it would trace each kernel into a graph of its own, with guards on our internals. Their code,
-    and all they call, is marked to run as is (a recursive SKIP frame strategy)."""
-    global _kernels_marked
-    from ..aten.register import KERNELS
-    if _kernels_marked == len(KERNELS):
-        return
-    from torch._dynamo.eval_frame import set_code_exec_strategy
-    from torch._dynamo.types import FrameAction, FrameExecStrategy
-    skip = FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP)
-    for fn in KERNELS[_kernels_marked:]:
-        code = getattr(fn, "__code__", None) or type(fn).__call__.__code__
-        set_code_exec_strategy(code, skip)
-    _kernels_marked = len(KERNELS)
 
 
 def last_stablehlo() -> str | None:

@@ -26,7 +26,7 @@ import threading
 
 import torch
 
-from .. import _C
+from .. import _C, _state
 from ..aten import register
 from ..lowering import registry
 from ..lowering.builder import TensorType
@@ -88,6 +88,7 @@ class JaxOp:
         self._function = _autograd_function(self)
         if not self.donate:
             _C._register_custom_autograd(name, self._with_grad)
+            _state.run_as_is(self._with_grad)
 
     # -- calling ---------------------------------------------------------------------------------
     def __call__(self, *args):
