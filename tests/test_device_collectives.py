@@ -327,12 +327,20 @@ def test_tpu_dist_device_path_equals_gloo_without_host_copies():
         backend._reduce_scatter_base(scattered, x.float().to(f"tpu:{r}"), dist.ReduceScatterOptions()).wait()
         swapped = torch.empty(4, 3, device=f"tpu:{r}")
         backend.alltoall_base(swapped, x.float().to(f"tpu:{r}"), [], [], dist.AllToAllOptions()).wait()
+        # send/recv, rank 0 -> rank 1, of a 2-D tensor into a 1-D one (c10d only matches sizes)
+        if r == 0:
+            sent = x.float().to("tpu:0")
+            backend.send([sent], 1, 0).wait()
+            received = sent
+        else:
+            received = torch.full((12,), -1.0, device="tpu:1")
+            backend.recv([received], 0, 0).wait()
         torch.tpu.synchronize()
         copies = torch_tpu._C._counters()["d2h_transfers"] - before
         gloo.barrier().wait()
         results[r] = dict(copies=copies, all_reduce=(t.cpu(), ref),
                           broadcast=bcast.cpu(), all_gather=gathered.cpu(), reduce_scatter=scattered.cpu(),
-                          all_to_all=swapped.cpu(), x=x)
+                          all_to_all=swapped.cpu(), received=received.cpu(), x=x)
     _tpu_dist_ranks(call)
     xs = [results[r]["x"].float() for r in range(N)]
     for r in range(N):
@@ -342,6 +350,7 @@ def test_tpu_dist_device_path_equals_gloo_without_host_copies():
         _equal(got["all_gather"], torch.cat(xs), f"all_gather rank {r}")
         _equal(got["reduce_scatter"], (xs[0] + xs[1])[2 * r:2 * r + 2], f"reduce_scatter rank {r}")
         _equal(got["all_to_all"], torch.cat([xs[i][2 * r:2 * r + 2] for i in range(N)]), f"all_to_all rank {r}")
+        _equal(got["received"], xs[0] if r == 0 else xs[0].flatten(), f"send/recv rank {r}")
         # Only the agreement check crossed the host, on CPU tensors: no device-to-host copy.
         assert got["copies"] == 0, got["copies"]
 

@@ -356,17 +356,27 @@ std::string TpuBackend::device_op(const c10d::ReduceOp& op, const char* name) co
 }
 
 c10::intrusive_ptr<c10d::Work> TpuBackend::on_device(Call call, CollectiveSignature sig, const at::Tensor& input,
-                                                     const at::Tensor& output, bool flat) {
+                                                     const at::Tensor& output, bool flat, bool peer) {
   std::string what = describe(call.name);
-  // In place on a whole storage: the program's result replaces the buffer it read.
-  at::Tensor src = whole(input) ? input : input.contiguous().clone();
-  at::Tensor dst = input.is_same(output) ? src : whole(output) ? output : at::empty(output.sizes(), output.options());
   auto& rt = runtime::Runtime::get();
+  // The program's parameter is the input's storage buffer, which must be laid out as on every other
+  // rank (the ranks' programs must be the same program): as the tensor's shape, which the ranks
+  // agreed on, or flat for send/recv (the peers' shapes may differ). Else the input is copied so.
+  std::vector<int64_t> dims = peer ? std::vector<int64_t>{input.numel()} : input.sizes().vec();
+  auto laid_out = [&](const at::Tensor& t) {
+    if (!whole(t)) return false;
+    runtime::Cell* c = aten::cell_of(t);
+    rt.ensure_typed(*c, t.scalar_type());
+    return c->dims == dims;
+  };
+  at::Tensor src = laid_out(input) ? input : input.contiguous().view(dims).clone();
+  // In place: the program's result replaces the buffer it read (copied back where src is a copy).
+  at::Tensor dst = input.is_same(output) ? src : whole(output) ? output : at::empty(output.sizes(), output.options());
   runtime::Cell* cell = aten::cell_of(src);
   rt.ensure_typed(*cell, src.scalar_type());
   sig.dtype = src.scalar_type();
   sig.dims = cell->dims;
-  sig.shape = flat ? std::vector<int64_t>{src.numel()} : src.sizes().vec();
+  sig.shape = flat || peer ? std::vector<int64_t>{src.numel()} : src.sizes().vec();
   try {
     device_->run(sig, src, dst, timeout_, what);
     if (!dst.is_same(output)) output.copy_(dst.view(output.sizes()));
@@ -643,6 +653,14 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::alltoall(std::vector<at::Tensor>& out
 c10::intrusive_ptr<c10d::Work> TpuBackend::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
   Call call{c10d::OpType::SEND, "send"};
   check_peer(dst, call.name);
+  if (device_ && tensors.size() == 1) {  // a program over (this rank, dst); this rank's result is dropped
+    check(tensors[0], call.name, "tensor");
+    call.outputs = tensors;
+    CollectiveSignature sig{"permute"};
+    sig.ranks = {rank_, dst};
+    return on_device(std::move(call), sig, tensors[0], at::empty({tensors[0].numel()}, tensors[0].options()), true,
+                     true);
+  }
   std::vector<at::Tensor> host = stage_all(tensors, call.name, "tensor");
   call.outputs = tensors;
   return run(std::move(call), [&] { return host_->send(host, dst, tag); });
@@ -651,6 +669,13 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::send(std::vector<at::Tensor>& tensors
 c10::intrusive_ptr<c10d::Work> TpuBackend::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
   Call call{c10d::OpType::RECV, "recv"};
   check_peer(src, call.name);
+  if (device_ && tensors.size() == 1) {  // the sender's program: its tensor arrives in this one's
+    check(tensors[0], call.name, "tensor");
+    call.outputs = tensors;
+    CollectiveSignature sig{"permute"};
+    sig.ranks = {src, rank_};
+    return on_device(std::move(call), sig, tensors[0], tensors[0], true, true);
+  }
   std::vector<at::Tensor> host = receive_all(tensors, call, "tensor");
   return run(std::move(call), [&] { return host_->recv(host, src, tag); });
 }

@@ -9,8 +9,9 @@
 //     and hands the results to the device (no copy where device memory is host memory).
 //   - On the device (`device_`, device_collectives.h; where the plugin has cross-process collectives:
 //     libtpu over ICI, NCCL inside the CUDA plugin): all_reduce, broadcast, reduce,
-//     all_gather_into_tensor, reduce_scatter_tensor and all_to_all_single with even splits run as one
-//     StableHLO collective program over the group's devices, with no host copy; the other calls
+//     all_gather_into_tensor, reduce_scatter_tensor, all_to_all_single with even splits, send and
+//     recv (from a given rank) run as one StableHLO collective program over the group's devices
+//     (send/recv: the two peers'), with no host copy; the other calls
 //     stage through the host as above. Compiled graphs are still cut at their functional
 //     collectives (torch_tpu/dynamo/collectives.py); torch_tpu.aot lowers them into the module.
 //
@@ -172,8 +173,10 @@ class TpuBackend : public c10d::Backend {
   // The device path of a one-tensor collective: `sig` (kind, op, root; shape and dims filled here)
   // reads `input` and writes `output` (either may be a view: staged through a dense copy). The Work
   // is complete once the program is queued (see device_collectives.h).
+  // `flat`: the program sees the tensors as 1-D (all_gather, reduce_scatter, all_to_all, which c10d
+  // defines on element counts); `peer`: send/recv, over the sender and the receiver only.
   c10::intrusive_ptr<c10d::Work> on_device(Call call, CollectiveSignature sig, const at::Tensor& input,
-                                           const at::Tensor& output, bool flat);
+                                           const at::Tensor& output, bool flat, bool peer = false);
   // c10d's reduce op as lowering/collectives.py names it; PREMUL_SUM refused as on the host path.
   std::string device_op(const c10d::ReduceOp& op, const char* name) const;
   std::string describe(const char* name) const;

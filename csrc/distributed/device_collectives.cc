@@ -44,6 +44,8 @@ std::string CollectiveSignature::key() const {
   for (int64_t d : shape) k += std::to_string(d) + ",";
   k += "|";
   for (int64_t d : dims) k += std::to_string(d) + ",";
+  k += "|";
+  for (int64_t r : ranks) k += std::to_string(r) + ",";
   return k;
 }
 
@@ -52,11 +54,6 @@ DeviceCollectives::DeviceCollectives(std::string group_key, std::vector<int> loc
     : group_key_(std::move(group_key)), local_devices_(std::move(local_devices)), rank_(rank), build_(std::move(build)) {
   TORCH_CHECK(rank_ >= 0 && rank_ < static_cast<int>(local_devices_.size()) && local_devices_[rank_] >= 0,
               "tpu_dist device collectives: rank ", rank_, " is not driven by this process");
-  for (int r = 0; r < static_cast<int>(local_devices_.size()); ++r) {
-    if (local_devices_[r] < 0) continue;
-    if (r < rank_) part_++;
-    locals_++;
-  }
 }
 
 std::shared_ptr<pjrt::Executable> DeviceCollectives::executable(const CollectiveSignature& sig) {
@@ -81,18 +78,32 @@ void DeviceCollectives::run(const CollectiveSignature& sig, const at::Tensor& in
   part.device = device();
   part.args.push_back(runtime::LaunchArg{aten::cell_of(input), nullptr});
   part.sinks.push_back(aten::cell_of(output));
-  if (locals_ == 1) {  // one device of the group here (a process per device): launch alone
+  // The span's ranks this process drives, and this rank's place among them (its part of the launch).
+  std::vector<int64_t> span = sig.ranks;
+  if (span.empty()) {
+    for (int64_t r = 0; r < static_cast<int64_t>(local_devices_.size()); ++r) span.push_back(r);
+  }
+  int locals = 0, mine = -1;
+  for (int64_t r : span) {
+    if (local_devices_.at(r) < 0) continue;
+    if (r == rank_) mine = locals;
+    locals++;
+  }
+  TORCH_CHECK(mine >= 0, name, ": rank ", rank_, " is not among the ranks the program spans");
+  if (locals == 1) {  // one device of the span here (a process per device): launch alone
     rt.execute_replicas(std::move(exe), {std::move(part)}, name);
     return;
   }
-  uint64_t seq = sequence_++;
-  Rendezvous& rv = rendezvous(group_key_);
+  uint64_t seq = sequences_[sig.ranks]++;
+  std::string where = group_key_;
+  for (int64_t r : sig.ranks) where += "/" + std::to_string(r);
+  Rendezvous& rv = rendezvous(where);
   std::unique_lock<std::mutex> lk(rv.mu);
   Meeting& m = rv.meetings[seq];
-  if (m.parts.empty()) m.parts.resize(locals_);
-  m.parts[part_] = std::move(part);
+  if (m.parts.empty()) m.parts.resize(locals);
+  m.parts[mine] = std::move(part);
   m.exe = exe;
-  if (++m.arrived == locals_) {
+  if (++m.arrived == locals) {
     try {
       rt.execute_replicas(m.exe, std::move(m.parts), name);
     } catch (...) {
@@ -105,7 +116,7 @@ void DeviceCollectives::run(const CollectiveSignature& sig, const at::Tensor& in
                 timeout.count(), " ms)");
   }
   std::exception_ptr error = m.error;
-  if (++m.left == locals_) rv.meetings.erase(seq);
+  if (++m.left == locals) rv.meetings.erase(seq);
   lk.unlock();
   if (error) std::rethrow_exception(error);
 }

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -34,6 +35,9 @@ struct CollectiveSignature {
   std::vector<int64_t> dims;    // its storage buffer's: the program's parameter, reshaped to `shape`
   std::string op;               // reduce op, lower case ("sum", "avg", ...); "" where none
   int64_t root = 0;             // broadcast / reduce: the group rank
+  // The group ranks the program spans, in replica order; empty: all of them. send/recv span the
+  // sender and the receiver: ("permute", ranks {src, dst}), replica 0's tensor arriving at replica 1.
+  std::vector<int64_t> ranks;
   std::string key() const;
 };
 
@@ -61,10 +65,10 @@ class DeviceCollectives {
   std::string group_key_;
   std::vector<int> local_devices_;
   int rank_;
-  int part_ = 0;    // this rank's place among the local ranks (its part of a launch)
-  int locals_ = 0;  // ranks of the group this process drives
   ProgramBuilder build_;
-  uint64_t sequence_ = 0;  // device collectives this rank has called: the ranks' n-th calls meet
+  // Calls this rank has made per span of ranks (the whole group: {}): the ranks' n-th calls over
+  // one span meet.
+  std::map<std::vector<int64_t>, uint64_t> sequences_;
   std::mutex mu_;
   std::unordered_map<std::string, std::shared_ptr<pjrt::Executable>> programs_;
 };

@@ -79,7 +79,8 @@ distributed::ProgramBuilder program_builder(py::object fn) {
   });
   return [held](const distributed::CollectiveSignature& s) {
     py::gil_scoped_acquire gil;
-    py::object exe = (*held)(s.kind, py::tuple(py::cast(s.shape)), s.dtype, py::tuple(py::cast(s.dims)), s.op, s.root);
+    py::object exe = (*held)(s.kind, py::tuple(py::cast(s.shape)), s.dtype, py::tuple(py::cast(s.dims)), s.op, s.root,
+                             py::tuple(py::cast(s.ranks)));
     return exe.cast<std::shared_ptr<pjrt::Executable>>();
   };
 }
@@ -104,8 +105,8 @@ void init_distributed(py::module& m) {
            }),
            py::arg("host"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("device") = py::none(),
            "device: None (every collective through `host`), or (group_key, local_devices, build) for the device "
-           "path (csrc/distributed/device_collectives.h): build(kind, shape, dtype, dims, op, root) returns the "
-           "executable of one collective over the group's devices.")
+           "path (csrc/distributed/device_collectives.h): build(kind, shape, dtype, dims, op, root, ranks) returns the "
+           "executable of one collective over the devices of the group's `ranks` (empty: all).")
       // new_group() calls this on the ranks left out of a group split from a device-bound default
       // group (NCCL needs every rank in ncclCommSplit). A split host group is made by its members
       // alone, so the others have nothing to do.

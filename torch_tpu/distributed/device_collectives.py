@@ -186,7 +186,10 @@ def backend_device_path(store, rank: int, size: int, device: int, group_name: st
                            "plugin has no cross-process collectives; unset it (the host path runs them)")
     key = f"{group_name}:{store.get('token').decode()}"
 
-    def build(kind, shape, dtype, dims, op, root):
-        text = programs.program(kind, shape, dtype, size, op=op or "sum", root=root, buffer_shape=dims)
-        return runtime.compile(text, f"tpu_dist {kind} over {size} devices", device_ids=ids)
+    def build(kind, shape, dtype, dims, op, root, ranks):
+        span = [ids[r] for r in ranks] if ranks else ids
+        pairs = [(0, 1)] if kind == "permute" else None  # send/recv: ranks (src, dst)
+        text = programs.program(kind, shape, dtype, len(span), op=op or "sum", root=root, pairs=pairs,
+                                buffer_shape=dims)
+        return runtime.compile(text, f"tpu_dist {kind} over {len(span)} devices", device_ids=span)
     return key, local, build
