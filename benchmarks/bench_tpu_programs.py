@@ -1,10 +1,13 @@
 """Program quality on TPU: the same steps written in PyTorch (ours) and in JAX, compiled for a TPU
 topology by libtpu on this machine (no TPU needed), compared by libtpu's own figures.
 
-    python benchmarks/bench_tpu_programs.py [--topology v5e:1x1] [--precision highest] [--gpt2]
+    python benchmarks/bench_tpu_programs.py [--topology v5e:1x1] [--precision highest] [--backward both] [--gpt2]
 
 Ours: torch_tpu.aot.compile of the step (every graph torch.compile(backend="tpu") gives: forward,
-backward, optimizer step), summed over its programs. JAX: benchmarks/jax_reference.py's jax.jit of the
+backward, optimizer step), summed over its programs. Each training step is compiled twice
+(--backward): as Dynamo does by default (the backward a graph of its own), and with
+torch._dynamo.config.trace_autograd_ops (loss.backward() traced: one forward-backward program and
+the optimizer's). JAX: benchmarks/jax_reference.py's jax.jit of the
 same step (value_and_grad and the same AdamW update, parameters and moments donated), lowered for TPU
 and compiled by the same libtpu with the same options. Printed per step: flops, bytes accessed,
 temporaries, peak memory (ours: the busiest program plus what is alive across programs; JAX: its one
@@ -42,15 +45,23 @@ from tiny_models import TinyGPT  # noqa: E402
 from train_digits import DigitsCNN  # noqa: E402
 
 
+# Whether Dynamo traces loss.backward() (torch._dynamo.config.trace_autograd_ops, README's
+# "torch.compile"): "traced" gives two programs per step (forward+backward, and the optimizer's, as
+# PyTorch breaks the graph around opt.step on purpose); "default" (Dynamo's default) three or more
+# (forward, backward run by the autograd engine, optimizer).
+BACKWARD = "default"
+
+
 def _train(model, loss_of):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
     def step(*inputs):
+        opt.zero_grad()
         loss = loss_of(model, *inputs)
         loss.backward()
+        loss = loss.detach()  # what crosses opt.step()'s graph break must not need grad
         opt.step()
-        opt.zero_grad()
-        return loss.detach()
+        return loss
     return step
 
 
@@ -109,6 +120,8 @@ def _ratio(a, b):
 
 def compare(name, case, topo):
     (fn, args), jax_text = case()
+    torch._dynamo.reset()  # the config is not among Dynamo's guards: the same step's code recompiles
+    torch._dynamo.config.trace_autograd_ops = BACKWARD == "traced"
     report = aot.compile(fn, *args, topology=topo)
     if not report.ok:
         print(report)
@@ -122,7 +135,9 @@ def compare(name, case, topo):
             ("bytes accessed", report.bytes_accessed, jc.get("bytes accessed", 0)),
             ("temp bytes", sum(p.temp_bytes for p in report.programs), j["temp_bytes"]),
             ("peak bytes", report.peak_bytes, j_peak)]
-    print(f"\n{name}: ours {len(report.programs)} program(s), JAX 1")
+    form = f", backward {'traced (trace_autograd_ops)' if BACKWARD == 'traced' else 'not traced'}" \
+        if "step" in name else ""
+    print(f"\n{name}: ours {len(report.programs)} program(s){form}, JAX 1")
     print(f"  {'':16}{'ours':>14}{'JAX':>14}{'ours/JAX':>10}")
     for label, o, x in rows:
         print(f"  {label:16}{o:14.4g}{x:14.4g}{_ratio(o, x):>10}")
@@ -165,22 +180,30 @@ def main():
     ap.add_argument("--precision", choices=sorted(_JAX_PRECISION), default="highest",
                     help="float32 matmul precision of both sides (PyTorch's names)")
     ap.add_argument("--case", choices=[*CASES, "gpt2"], help="run only this case")
+    ap.add_argument("--backward", choices=["default", "traced", "both"], default="both",
+                    help="whether Dynamo traces loss.backward() (BACKWARD); both: each step case twice")
     a = ap.parse_args()
     torch.set_float32_matmul_precision(a.precision)
     import jax
     jax.config.update("jax_default_matmul_precision", _JAX_PRECISION[a.precision])
     topo = aot.topology(a.topology)
+    global BACKWARD
+    forms = ["default", "traced"] if a.backward == "both" else [a.backward]
     if a.case == "gpt2":
-        return gpt2_small(topo)
-    if a.case:
-        return compare(*CASES[a.case], topo)
+        for BACKWARD in forms:
+            gpt2_small(topo)
+        return
     print(f"programs compiled by libtpu for {topo!r}, float32 matmuls at {a.precision!r} on both sides")
     # In this process: libtpu compiles in aot's worker processes, so a libtpu crash fails one program
     # (reported in its case's table), not the run.
-    for case in CASES.values():
-        compare(*case, topo)
+    for key, case in CASES.items():
+        if a.case and key != a.case:
+            continue
+        for BACKWARD in forms if "step" in case[0] else forms[:1]:
+            compare(*case, topo)
     if a.gpt2:
-        gpt2_small(topo)
+        for BACKWARD in forms:
+            gpt2_small(topo)
 
 
 if __name__ == "__main__":

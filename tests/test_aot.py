@@ -89,6 +89,36 @@ def test_meta_training_step_compiles_every_graph_and_runs_nothing():
     assert "forward graph" in table and "backward graph" in table and "fits" in table
 
 
+def test_traced_backward_compiles_forward_and_backward_as_one_program():
+    # torch._dynamo.config.trace_autograd_ops (README, "torch.compile"): the step's forward and
+    # backward are one TPU program, the optimizer's another; XLA keeps the activations between them
+    # inside one program (fewer bytes than three programs).
+    def report_of(traced):
+        model = _mlp("meta")
+        opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+        x, y = torch.randn(64, 256, device="meta"), torch.randint(0, 10, (64,), device="meta")
+
+        def step(x, y):
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            loss = loss.detach()
+            opt.step()
+            return loss
+        torch._dynamo.reset()  # the config is not among Dynamo's guards
+        torch._dynamo.config.trace_autograd_ops = traced
+        try:
+            return aot.compile(step, x, y, topology="v5e:1x1")
+        finally:
+            torch._dynamo.config.trace_autograd_ops = False
+            torch._dynamo.reset()
+    fused, usual = report_of(True), report_of(False)
+    assert fused.ok and usual.ok, (fused, usual)
+    assert len(fused.programs) == 2 and len(usual.programs) > 2, (fused, usual)
+    assert fused.flops == pytest.approx(usual.flops, rel=0.05)
+    assert fused.bytes_accessed < usual.bytes_accessed
+
+
 def test_tpu_training_step_writes_nothing():
     model = _mlp("tpu")
     before = [p.detach().cpu().clone() for p in model.parameters()]

@@ -36,17 +36,17 @@ def _grid(b, shape, lead, dim, values):
     return b.broadcast_in_dim(values, shape, [lead + dim])
 
 
-def _starts(b, n, stride, pad):
-    """Window starts o*stride - pad for o in [0, n), as an i64 vector."""
-    o = b.iota((n,), 0)
-    return b.subtract(b.multiply(o, b.constant(stride, torch.int64, (n,))), b.constant(pad, torch.int64, (n,)))
+def _starts(b, n, stride, pad, dtype=torch.int64):
+    """Window starts o*stride - pad for o in [0, n), as a vector of `dtype`."""
+    o = b.iota((n,), 0, dtype)
+    return b.subtract(b.multiply(o, b.constant(stride, dtype, (n,))), b.constant(pad, dtype, (n,)))
 
 
 def _clip(b, v, lo=None, hi=None):
     if lo is not None:
-        v = b.maximum(v, b.constant(lo, torch.int64, v.shape))
+        v = b.maximum(v, b.constant(lo, v.dtype, v.shape))
     if hi is not None:
-        v = b.minimum(v, b.constant(hi, torch.int64, v.shape))
+        v = b.minimum(v, b.constant(hi, v.dtype, v.shape))
     return v
 
 
@@ -81,19 +81,22 @@ def _max_pool(ctx, x, n, kernel_size, stride=(), padding=(0,), dilation=(1,), ce
     lowest = _lowest(dt)
     hi = [max(0, (o - 1) * st + dd * (kk - 1) + 1 - m - pp) for o, st, dd, kk, m, pp in zip(n_out, s, d, k, size, p)]
     xp = b.pad(x, b.constant(lowest, dt), [0] * lead + p, [0] * lead + hi)
-    starts = [_starts(b, n_out[i], s[i], p[i]) for i in range(n)]
+    # Positions in 32 bits where a plane allows (TPUs emulate 64-bit integers, at about twice the
+    # bytes); the indices are int64 only at the end, which the backward's narrowing cancels in one graph.
+    it = torch.int32 if math.prod(size) + max(p) < 2 ** 31 else torch.int64
+    starts = [_starts(b, n_out[i], s[i], p[i], it) for i in range(n)]
     strides = _strides(size)
 
     def first_valid(v, dd):
         # The index CPU reports when no element beats -inf: the window's first position inside the input.
         neg = _clip(b, b.negate(v), lo=0)
-        steps = b.divide(b.add(neg, b.constant(dd - 1, torch.int64, v.shape)), b.constant(dd, torch.int64, v.shape))
-        return b.add(v, b.multiply(steps, b.constant(dd, torch.int64, v.shape)))
+        steps = b.divide(b.add(neg, b.constant(dd - 1, it, v.shape)), b.constant(dd, it, v.shape))
+        return b.add(v, b.multiply(steps, b.constant(dd, it, v.shape)))
 
     def flat(pos):
         acc = None
         for i, v in enumerate(pos):
-            t = _grid(b, out_shape, lead, i, b.multiply(v, b.constant(strides[i], torch.int64, v.shape)))
+            t = _grid(b, out_shape, lead, i, b.multiply(v, b.constant(strides[i], it, v.shape)))
             acc = t if acc is None else b.add(acc, t)
         return acc
 
@@ -106,10 +109,10 @@ def _max_pool(ctx, x, n, kernel_size, stride=(), padding=(0,), dilation=(1,), ce
         upd = b.compare(v, best, "GT")
         if dt.is_floating_point:
             upd = b.or_(upd, b.is_nan(v))
-        pos = [b.add(starts[i], b.constant(offs[i] * d[i], torch.int64, starts[i].shape)) for i in range(n)]
+        pos = [b.add(starts[i], b.constant(offs[i] * d[i], it, starts[i].shape)) for i in range(n)]
         best = b.select(upd, v, best)
         idx = b.select(upd, flat(pos), idx)
-    return best, idx
+    return best, b.convert(idx, torch.int64)
 
 
 def _scatter_back(b, gy, n, in_shape, indices, out_dtype):
