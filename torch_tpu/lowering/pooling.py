@@ -135,10 +135,13 @@ def _scatter_back(b, gy, n, in_shape, indices, out_dtype):
 
 def _max_pool_backward(ctx, gy, x, kernel_size, stride, padding, dilation, ceil_mode, indices, n):
     """max_pool{n}d_with_indices_backward without a scatter (slow on TPU, and in 64-bit integers):
-    for each window offset, grad_output and the indices are spread to input resolution (stablehlo.pad
-    with interior padding stride - 1, edges shifted by the offset), and an input position takes the
-    gradient of each window whose recorded index is that position. Indices are those
-    max_pool{n}d_with_indices gives (each inside its own window), as autograd passes them."""
+    each window's recorded index says which of its offsets it took (compared at output resolution);
+    per window offset, the gradients of the windows that took it go to that offset of their window.
+    Non-overlapping windows (stride = kernel, no dilation or padding: the common 2x2/2) interleave the
+    offsets' gradients into the input's grid with one reshape; others spread each offset's to input
+    resolution (stablehlo.pad with interior padding stride - 1, edges shifted by the offset) and add.
+    Indices are those max_pool{n}d_with_indices gives (each inside its own window), as autograd
+    passes them."""
     b = ctx.b
     out_dtype = ctx.out[0].dtype
     in_shape = tuple(x.shape)
@@ -151,19 +154,38 @@ def _max_pool_backward(ctx, gy, x, kernel_size, stride, padding, dilation, ceil_
     cd = compute_dtype(out_dtype)
     it = torch.int32 if math.prod(size) < 2 ** 31 else torch.int64  # TPUs emulate 64-bit integers
     g, idx = b.convert(gy, cd), b.convert(indices, it)
-    here = None  # each input element's flat position in its plane
-    for i, st in enumerate(_strides(size)):
-        t = b.multiply(b.iota(in_shape, lead + i, it), b.constant(st, it, in_shape))
-        here = t if here is None else b.add(here, t)
-    zero, none = b.constant(0, cd), b.constant(-1, it)
-    acc = None
+    shape = tuple(gy.shape)
+    # The recorded index less its window's first position (flat, in the plane): the offset it took,
+    # flattened; window offsets are told apart by it as each stays inside its window.
+    strides = _strides(size)
+    first = None
+    for i, st in enumerate(strides):
+        t = _grid(b, shape, lead, i, b.multiply(_starts(b, n_out[i], s[i], p[i], it), b.constant(st, it, (n_out[i],))))
+        first = t if first is None else b.add(first, t)
+    rel = b.subtract(idx, first)
+    zero = b.constant(0, cd, shape)
+    parts = []
     for offs in itertools.product(*[range(kk) for kk in k]):
+        flat = sum(o * dd * st for o, dd, st in zip(offs, d, strides))
+        parts.append(b.select(b.compare(rel, b.constant(flat, it, shape), "EQ"), g, zero))
+    if s == k and all(dd == 1 for dd in d) and not any(p):
+        # (..., o1, ..., on) per offset -> (..., o1, k1, ..., on, kn) -> the input grid, edges zero.
+        stacked = b.reshape(b.concatenate([b.reshape(v, (*shape, 1)) for v in parts], len(shape)),
+                            (*shape, *k))
+        perm = list(range(lead))
+        for i in range(n):
+            perm += [lead + i, lead + n + i]
+        grid = b.reshape(b.transpose(stacked, perm), (*shape[:lead], *[o * kk for o, kk in zip(n_out, k)]))
+        high = [m - o * kk for m, o, kk in zip(size, n_out, k)]
+        acc = b.pad(grid, b.constant(0, cd), [0] * len(in_shape), [0] * lead + high) if any(high) else grid
+        return b.convert(acc, out_dtype)
+    acc = None
+    for offs, part in zip(itertools.product(*[range(kk) for kk in k]), parts):
         low = [o * dd - pp for o, dd, pp in zip(offs, d, p)]
         high = [m - lo - (no - 1) * st - 1 for m, lo, no, st in zip(size, low, n_out, s)]
         low, high, interior = [0] * lead + low, [0] * lead + high, [0] * lead + [st - 1 for st in s]
-        taken = b.compare(b.pad(idx, none, low, high, interior), here, "EQ")
-        part = b.select(taken, b.pad(g, zero, low, high, interior), b.constant(0, cd, in_shape))
-        acc = part if acc is None else b.add(acc, part)
+        spread = b.pad(part, b.constant(0, cd), low, high, interior)
+        acc = spread if acc is None else b.add(acc, spread)
     return b.convert(acc, out_dtype)
 
 
