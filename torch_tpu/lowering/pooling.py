@@ -5,7 +5,7 @@ _adaptive_avg_pool{2,3}d, adaptive_max_pool{2,3}d, fractional_max_pool{2,3}d and
 Each op is written once for N spatial dims (any leading dims: (N, C, *S) or (C, *S)). Max pooling
 scans the window positions in CPU order so that values and indices (flat positions within each
 input plane) match CPU exactly, ties and NaNs included; its backward routes each window's gradient
-to its index per window offset (no scatter). Average pooling divides by the same per-window divisor as CPU. Adaptive pooling windows
+to its index (no scatter). Average pooling divides by the same per-window divisor as CPU. Adaptive pooling windows
 [floor(i*n/o), ceil((i+1)*n/o)) differ in size, so they are host tables of taps gathered per dim
 (upsample.linear_map): sums for the average (so an inf or NaN stays in its own windows), a
 (value, index) max-reduction for the max. Half precision is computed in float32 and rounded once.
@@ -134,12 +134,13 @@ def _scatter_back(b, gy, n, in_shape, indices, out_dtype):
 
 
 def _max_pool_backward(ctx, gy, x, kernel_size, stride, padding, dilation, ceil_mode, indices, n):
-    """max_pool{n}d_with_indices_backward without a scatter (slow on TPU, and in 64-bit integers):
-    each window's recorded index says which of its offsets it took (compared at output resolution);
-    per window offset, the gradients of the windows that took it go to that offset of their window.
-    Non-overlapping windows (stride = kernel, no dilation or padding: the common 2x2/2) interleave the
-    offsets' gradients into the input's grid with one reshape; others spread each offset's to input
-    resolution (stablehlo.pad with interior padding stride - 1, edges shifted by the offset) and add.
+    """max_pool{n}d_with_indices_backward without a scatter (slow on TPU, and in 64-bit integers).
+    Non-overlapping windows (stride = kernel, no dilation or padding: the common 2x2/2): the windows'
+    gradients and indices are repeated over their windows' grid (broadcast and reshape) and an input
+    position takes its window's gradient where the index is that position: one elementwise pass.
+    Others: each window's recorded index says which offset it took (compared at output resolution);
+    per offset, the gradients of the windows that took it are spread to input resolution
+    (stablehlo.pad with interior padding stride - 1, edges shifted by the offset) and added.
     Indices are those max_pool{n}d_with_indices gives (each inside its own window), as autograd
     passes them."""
     b = ctx.b
@@ -155,32 +156,38 @@ def _max_pool_backward(ctx, gy, x, kernel_size, stride, padding, dilation, ceil_
     it = torch.int32 if math.prod(size) < 2 ** 31 else torch.int64  # TPUs emulate 64-bit integers
     g, idx = b.convert(gy, cd), b.convert(indices, it)
     shape = tuple(gy.shape)
+    strides = _strides(size)
+    if s == k and all(dd == 1 for dd in d) and not any(p):
+        # Non-overlapping windows: each input position of a window's grid takes the window's
+        # gradient where the window's index is that position (one elementwise pass, fused by XLA).
+        grid = [o * kk for o, kk in zip(n_out, k)]
+        up_shape = (*shape[:lead], *[e for o, kk in zip(n_out, k) for e in (o, kk)])
+        dims = list(range(lead)) + [lead + 2 * i for i in range(n)]
+
+        def up(v):
+            return b.reshape(b.broadcast_in_dim(v, up_shape, dims), (*shape[:lead], *grid))
+        here = None
+        full = (*shape[:lead], *grid)
+        for i, st in enumerate(strides):
+            t = b.multiply(b.iota(full, lead + i, it), b.constant(st, it, full))
+            here = t if here is None else b.add(here, t)
+        acc = b.select(b.compare(up(idx), here, "EQ"), up(g), b.constant(0, cd, full))
+        high = [m - gg for m, gg in zip(size, grid)]
+        if any(high):
+            acc = b.pad(acc, b.constant(0, cd), [0] * len(in_shape), [0] * lead + high)
+        return b.convert(acc, out_dtype)
     # The recorded index less its window's first position (flat, in the plane): the offset it took,
     # flattened; window offsets are told apart by it as each stays inside its window.
-    strides = _strides(size)
     first = None
     for i, st in enumerate(strides):
         t = _grid(b, shape, lead, i, b.multiply(_starts(b, n_out[i], s[i], p[i], it), b.constant(st, it, (n_out[i],))))
         first = t if first is None else b.add(first, t)
     rel = b.subtract(idx, first)
     zero = b.constant(0, cd, shape)
-    parts = []
+    acc = None
     for offs in itertools.product(*[range(kk) for kk in k]):
         flat = sum(o * dd * st for o, dd, st in zip(offs, d, strides))
-        parts.append(b.select(b.compare(rel, b.constant(flat, it, shape), "EQ"), g, zero))
-    if s == k and all(dd == 1 for dd in d) and not any(p):
-        # (..., o1, ..., on) per offset -> (..., o1, k1, ..., on, kn) -> the input grid, edges zero.
-        stacked = b.reshape(b.concatenate([b.reshape(v, (*shape, 1)) for v in parts], len(shape)),
-                            (*shape, *k))
-        perm = list(range(lead))
-        for i in range(n):
-            perm += [lead + i, lead + n + i]
-        grid = b.reshape(b.transpose(stacked, perm), (*shape[:lead], *[o * kk for o, kk in zip(n_out, k)]))
-        high = [m - o * kk for m, o, kk in zip(size, n_out, k)]
-        acc = b.pad(grid, b.constant(0, cd), [0] * len(in_shape), [0] * lead + high) if any(high) else grid
-        return b.convert(acc, out_dtype)
-    acc = None
-    for offs, part in zip(itertools.product(*[range(kk) for kk in k]), parts):
+        part = b.select(b.compare(rel, b.constant(flat, it, shape), "EQ"), g, zero)
         low = [o * dd - pp for o, dd, pp in zip(offs, d, p)]
         high = [m - lo - (no - 1) * st - 1 for m, lo, no, st in zip(size, low, n_out, s)]
         low, high, interior = [0] * lead + low, [0] * lead + high, [0] * lead + [st - 1 for st in s]
