@@ -185,6 +185,12 @@ def test_refusal_rules():
            '= [1], rhs_contracting_dimensions = [0]>} : (tensor<2x3xi64>, tensor<3x2xi64>) -> tensor<2x2xi64>')
     assert "int64" in target.refusal(dot) and "stablehlo.dot_general" in target.refusal(dot)
     assert target.refusal(dot.replace("i64", "i32")) is None
+    algo = ('%4 = stablehlo.dot_general %1, %2, contracting_dims = [1] x [0], algorithm = <lhs_precision_type = f32, '
+            'rhs_precision_type = f32, accumulation_type = f32, lhs_component_count = 1, rhs_component_count = 1, '
+            'num_primitive_operations = 1, allow_imprecise_accumulation = false> : (tensor<2x3xf32>, tensor<3x2xf32>) '
+            '-> tensor<2x2xf32>')
+    assert "F32_F32_F32" in target.refusal(algo) and "HIGHEST" in target.refusal(algo)
+    assert target.refusal(algo.replace("num_primitive_operations = 1", "num_primitive_operations = 6")) is None
 
 
 def test_int64_matmul_is_refused_for_tpu_where_libtpu_rejects_it():

@@ -5,8 +5,8 @@ kernels): on a TPU (runtime.compile), for a compile-only TPU target (torch_tpu.a
 mode. Two kinds of program are refused:
 - ops TPU's compiler rejects, with a message naming the op and dtype and what to do instead (libtpu's
   own message is terse: "Unexpected operand type for FFT: c128"): 64-bit FFTs, and matrix products
-  (dot_general, convolution) of int64 (found by shadow mode over the test suite), and
-  collective_broadcast (libtpu: "not implemented on TPU");
+  (dot_general, convolution) of int64 (found by shadow mode over the test suite), dots with the
+  explicit algorithm F32_F32_F32, and collective_broadcast (libtpu: "not implemented on TPU");
 - collectives whose replica groups name devices the program does not have: libtpu answers with an
   internal check ("RET_CHECK failure ... device_id < kMaxDeviceCount", libtpu 0.0.52 on an
   all_reduce) or aborts (a failed CHECK, "id < CoreCount"), naming no op of the user's. Every
@@ -24,6 +24,12 @@ _FFT = re.compile(r'"stablehlo\.fft"\(.*?\{.*?fft_type = #stablehlo<fft_type (\w
 # contain X64 element types, XLA encountered an HLO for which this rewriting is not implemented").
 _INT64_PRODUCT = re.compile(r'"stablehlo\.(dot_general|dot|convolution)".* : \(([^)]*)\) ->', re.M)
 _INT64 = re.compile(r"(?:tensor<(?:\d+x)*u?i64>)")
+# A dot with the explicit algorithm F32_F32_F32 (float32 operands, one pass, float32 accumulation):
+# libtpu 0.0.52 has none ("Dot algorithm ALG_DOT_F32_F32_F32 is not supported"). Tokamax's XLA
+# attention asks for it on float32 inputs, lowered for any platform (found by shadow mode).
+_F32_DOT_ALGORITHM = re.compile(r"algorithm = (?:#stablehlo\.dot_algorithm)?<lhs_precision_type = f32, "
+                                r"rhs_precision_type = f32, accumulation_type = f32, lhs_component_count = 1, "
+                                r"rhs_component_count = 1, num_primitive_operations = 1")
 _COLLECTIVE = re.compile(r'"stablehlo\.(all_reduce|all_gather|reduce_scatter|all_to_all|collective_permute|'
                          r'collective_broadcast)"')
 # A collective's groups follow its name, after its reduction region where it has one (several lines).
@@ -43,6 +49,11 @@ def refusal(text: str, num_devices: int = 1) -> str | None:
         if _INT64.search(m.group(2)):
             return (f"stablehlo.{m.group(1)} on int64 cannot run on TPU: TPU's compiler has no 64-bit integer "
                     "matrix products. Multiply in int32 (x.int()) or float32, or on the CPU (x.cpu()).")
+    if _F32_DOT_ALGORITHM.search(text):
+        return ("stablehlo.dot_general with dot algorithm F32_F32_F32 (float32 operands, float32 accumulation) cannot "
+                "run on TPU (libtpu: \"ALG_DOT_F32_F32_F32 is not supported\"). It comes from a JAX kernel (Tokamax's "
+                "XLA attention on float32 inputs asks for it): give its dots precision=jax.lax.Precision.HIGHEST or an "
+                "algorithm TPU has (BF16_BF16_F32_X6: float32 accuracy) instead.")
     if '"stablehlo.collective_broadcast"' in text:
         return ("stablehlo.collective_broadcast cannot run on TPU (libtpu 0.0.52: \"HLO collective-broadcast is "
                 "not implemented on TPU\"): broadcast as an all_reduce (sum) of the source's value and zeros "
