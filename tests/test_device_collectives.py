@@ -18,26 +18,37 @@ N = 2  # the CPU plugin's devices in a test process
 ReduceOp = dist.ReduceOp
 
 
-def _gloo(call, n=N):
-    """Runs call(pg, rank) on n ranks of a fresh Gloo group (threads, loopback); raises a rank's error."""
-    store, errors = dist.HashStore(), []
+def _in_threads(rank_fn, n, timeout=120):
+    """Runs rank_fn(r) for r in range(n) on daemon threads (a hung rank fails the test, and cannot
+    keep the process alive); raises a rank's error."""
+    errors = []
 
-    def rank(r):
+    def run(r):
         try:
-            opts = dist.ProcessGroupGloo._Options()
-            opts._devices = [dist.ProcessGroupGloo.create_device(interface="lo")]
-            opts._timeout = datetime.timedelta(seconds=30)
-            call(dist.ProcessGroupGloo(store, r, n, opts), r)
+            rank_fn(r)
         except BaseException as e:  # noqa: BLE001 - re-raised below
             errors.append(e)
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(n)]
+    threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(n)]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(60)
-    assert not any(t.is_alive() for t in threads), "a Gloo reference rank hung"
+        t.join(timeout)
+    assert not any(t.is_alive() for t in threads), "a rank hung"
     if errors:
         raise errors[0]
+
+
+def _gloo_group(store, prefix, r, n):
+    opts = dist.ProcessGroupGloo._Options()
+    opts._devices = [dist.ProcessGroupGloo.create_device(interface="lo")]
+    opts._timeout = datetime.timedelta(seconds=30)
+    return dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), r, n, opts)
+
+
+def _gloo(call, n=N):
+    """Runs call(pg, rank) on n ranks of a fresh Gloo group (threads, loopback)."""
+    store = dist.HashStore()
+    _in_threads(lambda r: call(_gloo_group(store, "ref", r, n), r), n)
 
 
 def _values(shape, dtype, n=N, seed=0):
@@ -281,28 +292,13 @@ def _tpu_dist_ranks(call, n=N):
     """Runs call(backend, gloo, rank) on n tpu_dist ranks in threads, rank r driving tpu:r, each with
     the device path on (device_collectives.backend_device_path, mode "1") and a Gloo group beside it
     for the reference."""
-    store, errors = dist.HashStore(), []
+    store = dist.HashStore()
 
     def rank(r):
-        try:
-            opts = dist.ProcessGroupGloo._Options()
-            opts._devices = [dist.ProcessGroupGloo.create_device(interface="lo")]
-            opts._timeout = datetime.timedelta(seconds=30)
-            host = dist.ProcessGroupGloo(dist.PrefixStore("host", store), r, n, opts)
-            gloo = dist.ProcessGroupGloo(dist.PrefixStore("ref", store), r, n, opts)
-            path = dc.backend_device_path(dist.PrefixStore("device", store), r, n, r, "test", mode="1")
-            backend = torch_tpu._C._TpuBackend(host, r, n, datetime.timedelta(seconds=30), path)
-            call(backend, gloo, r)
-        except BaseException as e:  # noqa: BLE001 - re-raised below
-            errors.append(e)
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not any(t.is_alive() for t in threads), "a tpu_dist rank hung"
-    if errors:
-        raise errors[0]
+        host, gloo = _gloo_group(store, "host", r, n), _gloo_group(store, "ref", r, n)
+        path = dc.backend_device_path(dist.PrefixStore("device", store), r, n, r, "test", mode="1")
+        call(torch_tpu._C._TpuBackend(host, r, n, datetime.timedelta(seconds=30), path), gloo, r)
+    _in_threads(rank, n)
 
 
 def test_tpu_dist_device_path_equals_gloo_without_host_copies():
