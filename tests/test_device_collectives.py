@@ -112,6 +112,16 @@ def test_all_reduce_avg_is_the_sum_divided_truncating_for_integers():
             _equal(t, ref.to(dtype), f"avg {dtype}")
 
 
+def test_reduce_ops_by_name_and_nccl_code():
+    xs = _values((5,), torch.int32, seed=9)
+    for op in ("max", 2, ReduceOp.MAX):  # torch.cuda.nccl's code 2 is MAX
+        ts = _on_devices(xs)
+        dc.all_reduce(ts, op=op)
+        _equal(ts[0], torch.maximum(xs[0], xs[1]), f"op {op!r}")
+    with pytest.raises(ValueError, match="unknown reduce op"):
+        dc.all_reduce(_on_devices(xs), op=9)
+
+
 def test_all_reduce_into_outputs_leaves_inputs():
     xs = _values((4,), torch.float32)
     ts = _on_devices(xs)

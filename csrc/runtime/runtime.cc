@@ -439,15 +439,19 @@ void Runtime::execute(std::shared_ptr<const pjrt::Executable> exe, std::vector<L
     issue(*exe, args, sinks, device, producer, rec);
     return;
   }
+  enqueue([this, exe = std::move(exe), args = std::move(args), sinks = std::move(sinks), device,
+           producer = std::move(producer), rec = std::move(rec)] {
+    issue(*exe, args, sinks, device, producer, rec);
+  });
+}
+
+void Runtime::enqueue(std::function<void()> job) {
   std::lock_guard<std::mutex> g(qmu_);
   if (!launcher_started_) {
     std::thread([this] { launcher_loop(); }).detach();  // lives as long as the process
     launcher_started_ = true;
   }
-  queue_.push_back([this, exe = std::move(exe), args = std::move(args), sinks = std::move(sinks), device,
-                    producer = std::move(producer), rec = std::move(rec)] {
-    issue(*exe, args, sinks, device, producer, rec);
-  });
+  queue_.push_back(std::move(job));
   qwork_.notify_one();
 }
 
@@ -622,13 +626,7 @@ void Runtime::execute_replicas(std::shared_ptr<const pjrt::Executable> exe, std:
     issue_replicas(*exe, parts, producer);
   };
   if (!async_launch()) return job();
-  std::lock_guard<std::mutex> g(qmu_);
-  if (!launcher_started_) {
-    std::thread([this] { launcher_loop(); }).detach();  // lives as long as the process
-    launcher_started_ = true;
-  }
-  queue_.push_back(std::move(job));
-  qwork_.notify_one();
+  enqueue(std::move(job));
 }
 
 void Runtime::issue_replicas(const pjrt::Executable& exe, const std::vector<ReplicaPart>& parts,

@@ -246,6 +246,7 @@ class Runtime {
                 const std::vector<std::shared_ptr<pjrt::Buffer>>& outs, const std::vector<Cell*>& sinks, int device,
                 const std::string& producer);
   bool defer(std::function<void()> job);
+  void enqueue(std::function<void()> job);  // onto the launch queue, starting its thread once
   void upload_now(Cell& cell, const void* data, c10::ScalarType dtype, int64_t numel);
   void set_uploaded(Cell& cell, std::shared_ptr<pjrt::Buffer> buf, c10::ScalarType dtype, std::vector<int64_t> dims);
   void launcher_loop();

@@ -15,8 +15,8 @@ executable cache's tiers), keyed by the program text and its devices.
     dc.all_gather(xs, outs)                 # outs[i] = cat(xs) on every device
 
 Every function takes `inputs`, one tpu tensor per device (distinct devices, one shape and dtype),
-in rank order: inputs[k] plays group rank k. `op` is a torch.distributed.ReduceOp (or its lower-case
-name). Errors (ValueError / TypeError) are raised before anything runs; a failed launch writes no
+in rank order: inputs[k] plays group rank k. `op` is a torch.distributed.ReduceOp, its lower-case
+name, or torch.cuda.nccl's integer code (0 SUM, 1 PROD, 2 MAX, 3 MIN, 4 AVG). Errors (ValueError / TypeError) are raised before anything runs; a failed launch writes no
 tensor on any device. Results are asynchronous like any tpu op.
 
 backend_device_path() sets up tpu_dist's device path for a group (csrc/distributed/
@@ -35,9 +35,15 @@ from .. import _C, runtime
 from ..lowering import collectives as programs
 
 
+# torch.cuda.nccl's integer reduce ops (ncclRedOp_t): SUM, PROD, MAX, MIN, AVG.
+_NCCL_OPS = {0: "sum", 1: "product", 2: "max", 3: "min", 4: "avg"}
+
+
 def _op_name(op) -> str:
     if isinstance(op, str):
         return op.lower()
+    if isinstance(op, int) and not isinstance(op, bool) and op in _NCCL_OPS:
+        return _NCCL_OPS[op]
     name = getattr(op, "name", None) or str(op).split(".")[-1]  # RedOpType, or ReduceOp wrapping one
     if not isinstance(name, str) or name == "ReduceOp":
         name = str(getattr(op, "op", op)).split(".")[-1]
