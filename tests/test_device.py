@@ -246,6 +246,24 @@ def test_a_child_forked_after_start_gets_an_error_not_a_hang():
     assert out == ["child bad fork True True"] + ["child error True"] * 4 + ["parent 0 [2.0, 4.0, 6.0]"]
 
 
+def test_a_child_forked_after_libtpu_loaded_exits_with_its_status():
+    """libtpu's exit handler flushes its log sink through a logger thread that a forked child does not
+    have, and hung the child forever (torch_tpu.aot or shadow mode loads libtpu in the parent): the
+    child ends without the plugins' exit handlers, with the status it exits with."""
+    pytest.importorskip("libtpu")
+    prog = ("import os, sys, warnings; warnings.filterwarnings('ignore'); import torch, torch_tpu\n"
+            "from torch_tpu import aot\n"
+            "aot.topology('v5e:1x1')\n"  # loads libtpu here
+            "a = torch.arange(3.0, device='tpu') + 1\n"
+            "pid = os.fork()\n"
+            "if pid == 0:\n"
+            "    print('child', flush=True)\n"
+            "    sys.exit(3)\n"
+            "_, status = os.waitpid(pid, 0)\n"
+            "print('parent', os.waitstatus_to_exitcode(status), a.cpu().tolist())\n")
+    assert run_python(prog).splitlines() == ["child", "parent 3 [1.0, 2.0, 3.0]"]
+
+
 def test_outputs_of_a_failed_launch_have_no_value_and_in_place_targets_keep_theirs():
     """A launch that fails when issued changes nothing: a tensor it would have updated in place keeps
     its value, and a tensor it would have created has none, so reading it, or anything computed from

@@ -26,6 +26,9 @@ from . import runtime
 
 runtime.configure()
 runtime.configure_cache()
+# A child forked after a PJRT plugin was loaded ends without the plugin's exit handlers, which wait on
+# threads that did not survive the fork (libtpu's log flush hung forked children forever).
+_os.register_at_fork(after_in_child=_C._end_child_without_exit_handlers)
 # Launches are issued by a runtime thread: let them finish before the interpreter tears down.
 atexit.register(_C._synchronize, -1)
 # Registered after it, so it runs before it: the autograd engine's tpu device threads may still be

@@ -3,9 +3,13 @@
 #include "pjrt/pjrt.h"
 
 #include <dlfcn.h>
+#include <unistd.h>
 #include <sys/stat.h>
 
+#include <atomic>
 #include <cstddef>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 
@@ -145,6 +149,19 @@ std::string replica_compile_options(const std::vector<int64_t>& device_ids) {
   return options;
 }
 
+namespace {
+std::atomic<bool> plugin_loaded{false};
+
+void flush_and_end(int status, void*) {
+  std::fflush(nullptr);
+  _exit(status);
+}
+}  // namespace
+
+void end_child_without_exit_handlers() {
+  if (plugin_loaded.load()) on_exit(flush_and_end, nullptr);
+}
+
 Plugin::Plugin(const std::string& path, const std::string& env_var) : path_(path) {
   struct stat st;
   if (stat(path.c_str(), &st) != 0) {
@@ -182,6 +199,7 @@ Plugin::Plugin(const std::string& path, const std::string& env_var) : path_(path
   auto init = PJRT_ARGS(PJRT_Plugin_Initialize_Args);
   check(api_->PJRT_Plugin_Initialize(&init), "PJRT_Plugin_Initialize");
   // The handle stays open for the life of the process: buffers and executables point into it.
+  plugin_loaded.store(true);
 }
 
 std::shared_ptr<Plugin> Plugin::load(const std::string& path, const std::string& env_var) {

@@ -68,6 +68,14 @@ class Plugin {
 class Client;
 class Event;
 
+// In a process forked after a plugin was loaded, called in the child once every other at-fork handler
+// has run (Python's os.register_at_fork after_in_child): the child then ends, when it calls exit()
+// after Python has finalized, without the C exit handlers registered before (this one runs first:
+// the last registered), with its exit status. A plugin's may wait on threads the child does not
+// have: libtpu's flushes its log sink through its logger thread and hung forked children forever
+// (absl FlushLogSinks -> threadlogger ThreadLogWrapper::Write). Does nothing where no plugin was loaded.
+void end_child_without_exit_handlers();
+
 // The serialized xla.CompileOptionsProto that Client::compile sends (1 replica, 1 partition, a
 // portable executable). Compile-only targets take the same bytes by default, so that an executable
 // built ahead of time is the one the runtime would build on the target.

@@ -132,6 +132,9 @@ PYBIND11_MODULE(_C, m) {
     return std::make_pair(p.api_major(), p.api_minor());
   });
   m.def("_is_in_bad_fork", [] { return Runtime::in_bad_fork(); });
+  m.def("_end_child_without_exit_handlers", &torch_tpu::pjrt::end_child_without_exit_handlers,
+        "After fork, in the child (os.register_at_fork): end at exit() without the exit handlers that "
+        "loaded plugins registered before the fork (csrc/pjrt/pjrt.h).");
   m.def("_device_count", [] {
     torch::PyWarningHandler warnings;  // the first start's "runs on the CPU plugin" warning
     return Runtime::get().device_count_noexcept();
