@@ -29,8 +29,16 @@ runtime.configure_cache()
 # A child forked after a PJRT plugin was loaded ends without the plugin's exit handlers, which wait on
 # threads that did not survive the fork (libtpu's log flush hung forked children forever).
 _os.register_at_fork(after_in_child=_C._end_child_without_exit_handlers)
-# Launches are issued by a runtime thread: let them finish before the interpreter tears down.
-atexit.register(_C._synchronize, -1)
+
+
+def _finish_launches() -> None:
+    """Launches are issued by a runtime thread: let them finish before the interpreter tears down
+    (not in a child forked after the runtime started, which has no launches and no device)."""
+    if not _C._is_in_bad_fork():
+        _C._synchronize(-1)
+
+
+atexit.register(_finish_launches)
 # Registered after it, so it runs before it: the autograd engine's tpu device threads may still be
 # releasing the last backward's graph task, which takes the GIL; one that waits for it when
 # finalization starts is ended with std::terminate.
