@@ -436,6 +436,26 @@ def test_a_graph_with_collectives_is_one_program_over_the_jobs_devices(fake_worl
     assert not small.ok and "4 ranks" in small.programs[0].error
 
 
+def test_a_pipeline_stages_graph_spans_its_stages_ranks(fake_world):
+    # Stage groups {0, 1} and {2, 3}: rank 0's graph runs on ranks 0 and 1 only (the other stage runs
+    # other programs), a mesh's groups on the whole world.
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+    from torch_tpu.lowering.collectives import replica_span
+    stage = dist.new_group([0, 1])
+    dist.new_group([2, 3])  # the other stage's group (rank 0 is not in it)
+    pairs = dist.new_group([0, 2])
+    assert replica_span([stage.group_name]) == [0, 1]
+    assert replica_span([stage.group_name], rank=1) == [0, 1]
+    assert replica_span([stage.group_name, pairs.group_name]) == [0, 1, 2, 3]
+    report = aot.compile(lambda x: funcol.all_reduce(x * 2, "sum", stage), torch.randn(8, device="meta"),
+                         topology="v5e:2x2")
+    assert report.ok, report
+    (prog,) = report.programs
+    assert prog.replicas == 2 and prog.ranks == (0, 1)
+    assert "replica_groups = dense<[[0, 1]]>" in prog.text
+
+
 def test_tensor_parallel_training_step_compiles_for_tpu(fake_world):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module

@@ -2,42 +2,13 @@
 #include "distributed/device_collectives.h"
 
 #include "aten/device.h"
+#include "runtime/replica_meeting.h"
 #include "runtime/runtime.h"
 
 #include <c10/util/Exception.h>
 
-#include <condition_variable>
-#include <map>
 
 namespace torch_tpu::distributed {
-
-namespace {
-
-// Where the parts of one group's n-th collective meet, when this process drives several of its ranks.
-struct Meeting {
-  std::vector<runtime::Runtime::ReplicaPart> parts;
-  std::shared_ptr<pjrt::Executable> exe;
-  int arrived = 0, left = 0;
-  bool launched = false;
-  std::exception_ptr error;
-};
-
-struct Rendezvous {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::map<uint64_t, Meeting> meetings;  // by collective sequence number
-};
-
-Rendezvous& rendezvous(const std::string& group_key) {
-  static std::mutex mu;
-  static std::map<std::string, std::unique_ptr<Rendezvous>> all;  // one per group; never freed (small)
-  std::lock_guard<std::mutex> g(mu);
-  auto& r = all[group_key];
-  if (!r) r = std::make_unique<Rendezvous>();
-  return *r;
-}
-
-}  // namespace
 
 std::string CollectiveSignature::key() const {
   std::string k = kind + "|" + std::to_string(static_cast<int>(dtype)) + "|" + op + "|" + std::to_string(root) + "|";
@@ -90,35 +61,9 @@ void DeviceCollectives::run(const CollectiveSignature& sig, const at::Tensor& in
     locals++;
   }
   TORCH_CHECK(mine >= 0, name, ": rank ", rank_, " is not among the ranks the program spans");
-  if (locals == 1) {  // one device of the span here (a process per device): launch alone
-    rt.execute_replicas(std::move(exe), {std::move(part)}, name);
-    return;
-  }
-  uint64_t seq = sequences_[sig.ranks]++;
-  std::string where = group_key_;
-  for (int64_t r : sig.ranks) where += "/" + std::to_string(r);
-  Rendezvous& rv = rendezvous(where);
-  std::unique_lock<std::mutex> lk(rv.mu);
-  Meeting& m = rv.meetings[seq];
-  if (m.parts.empty()) m.parts.resize(locals);
-  m.parts[mine] = std::move(part);
-  m.exe = exe;
-  if (++m.arrived == locals) {
-    try {
-      rt.execute_replicas(m.exe, std::move(m.parts), name);
-    } catch (...) {
-      m.error = std::current_exception();
-    }
-    m.launched = true;
-    rv.cv.notify_all();
-  } else if (!rv.cv.wait_for(lk, timeout, [&] { return m.launched; })) {
-    TORCH_CHECK(false, name, ": the other ranks of this process did not call it within the group's timeout (",
-                timeout.count(), " ms)");
-  }
-  std::exception_ptr error = m.error;
-  if (++m.left == locals) rv.meetings.erase(seq);
-  lk.unlock();
-  if (error) std::rethrow_exception(error);
+  std::string place = group_key_;
+  for (int64_t r : sig.ranks) place += "/" + std::to_string(r);
+  runtime::launch_together(place, locals, mine, std::move(exe), std::move(part), timeout, name);
 }
 
 }  // namespace torch_tpu::distributed

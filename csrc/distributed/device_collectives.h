@@ -3,8 +3,8 @@
 // devices this process drives (Runtime::execute_replicas), with no host copy. Where the plugin has
 // cross-process collectives (libtpu over ICI, NCCL inside the CUDA plugin) every process drives one
 // device of the group and launches its part alone; where a process drives several of the group's
-// devices (the CPU plugin, ranks as threads of one process) their parts meet here and the last one
-// to arrive launches them together.
+// devices (the CPU plugin, ranks as threads of one process) their parts meet
+// (runtime/replica_meeting.h) and the last one to arrive launches them together.
 //
 // Ordering is a device stream's: the program is queued after every launch before it on the device,
 // and every later op on the outputs runs after it; the Work completes when the launch is queued.
@@ -66,9 +66,6 @@ class DeviceCollectives {
   std::vector<int> local_devices_;
   int rank_;
   ProgramBuilder build_;
-  // Calls this rank has made per span of ranks (the whole group: {}): the ranks' n-th calls over
-  // one span meet.
-  std::map<std::vector<int64_t>, uint64_t> sequences_;
   std::mutex mu_;
   std::unordered_map<std::string, std::shared_ptr<pjrt::Executable>> programs_;
 };

@@ -3,12 +3,16 @@
 #include <ATen/ops/empty_strided.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <chrono>
+#include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "aten/device.h"
 #include "python/launch_args.h"
+#include "runtime/replica_meeting.h"
 
 namespace torch_tpu::python {
 namespace {
@@ -46,13 +50,16 @@ bool has_layout(const at::Tensor& t, const std::vector<int64_t>& strides) {
 // - CPU inputs, host packs and CPU constants are uploaded; the rng operand advances the generator;
 // - result k that replaces input i's value (sink_plan) is written into i's storage unless i was
 //   copied; every other result gets a new tensor of its (shape, dtype[, strides]) spec.
+// A graph with collectives is one program over several devices (`meet`: where the parts meet, the
+// local device of each replica or -1, the timeout in ms): this call launches the replica on its
+// inputs' device, together with the other replicas this process drives (runtime/replica_meeting.h).
 class GraphRunner {
  public:
   GraphRunner(std::shared_ptr<pjrt::Executable> exe, py::list plan, const std::vector<int64_t>& donated,
               std::vector<std::pair<int64_t, int64_t>> sink_plan, py::list specs, std::string producer,
-              uint64_t rng_draws)
+              uint64_t rng_draws, std::optional<std::tuple<std::string, std::vector<int>, int64_t>> meet)
       : exe_(std::move(exe)), sink_plan_(std::move(sink_plan)), producer_(std::move(producer)),
-        rng_draws_(rng_draws) {
+        rng_draws_(rng_draws), meet_(std::move(meet)) {
     for (py::handle h : plan) {
       auto entry = h.cast<py::tuple>();
       Arg a{entry[0].cast<int>(), -1, py::none()};
@@ -160,11 +167,34 @@ class GraphRunner {
     }
     // The copies above are eager ops: in fused eager they are recorded, not yet run.
     if (!copies.empty()) rt.flush_recorded();
-    rt.execute(exe_, std::move(args), std::move(sinks), device, producer_);
+    if (meet_) {
+      launch_replica(std::move(args), std::move(sinks), device);
+    } else {
+      rt.execute(exe_, std::move(args), std::move(sinks), device, producer_);
+    }
     return py::make_tuple(results, py::cast(copied));
   }
 
  private:
+  // This device's replica of a program over several devices.
+  void launch_replica(std::vector<LaunchArg> args, std::vector<Cell*> sinks, int device) {
+    const auto& [place, local, timeout_ms] = *meet_;
+    int locals = 0, mine = -1;
+    for (int d : local) {
+      if (d < 0) continue;
+      if (d == device) mine = locals;
+      locals++;
+    }
+    TORCH_CHECK(mine >= 0, "compiled ", producer_, ": its inputs are on tpu:", device,
+                ", which runs none of its replicas (a graph with collectives runs on the devices of its process "
+                "group's ranks)");
+    Runtime::get().flush_recorded();  // fused eager's recorded writes to the inputs are issued first
+    Runtime::ReplicaPart part{std::move(args), std::move(sinks), device};
+    py::gil_scoped_release nogil;  // the other ranks' threads may need the GIL to arrive
+    runtime::launch_together(place, locals, mine, exe_, std::move(part), std::chrono::milliseconds(timeout_ms),
+                             producer_);
+  }
+
   std::shared_ptr<pjrt::Executable> exe_;
   std::vector<Arg> plan_;
   std::vector<bool> donated_;
@@ -174,6 +204,7 @@ class GraphRunner {
   uint64_t rng_draws_;
   int64_t first_tpu_input_ = -1, num_inputs_ = 0;
   int constant_device_ = -1;
+  std::optional<std::tuple<std::string, std::vector<int>, int64_t>> meet_;
 };
 
 }  // namespace
@@ -181,9 +212,10 @@ class GraphRunner {
 void bind_graph_runner(py::module_& m) {
   py::class_<GraphRunner>(m, "GraphRunner", "The per-call work of one compiled graph (see graph_runner.cc).")
       .def(py::init<std::shared_ptr<pjrt::Executable>, py::list, const std::vector<int64_t>&,
-                    std::vector<std::pair<int64_t, int64_t>>, py::list, std::string, uint64_t>(),
+                    std::vector<std::pair<int64_t, int64_t>>, py::list, std::string, uint64_t,
+                    std::optional<std::tuple<std::string, std::vector<int>, int64_t>>>(),
            py::arg("exe"), py::arg("plan"), py::arg("donated"), py::arg("sink_plan"), py::arg("specs"),
-           py::arg("producer"), py::arg("rng_draws"))
+           py::arg("producer"), py::arg("rng_draws"), py::arg("meet") = py::none())
       .def("__call__", &GraphRunner::call, py::arg("inputs"), py::arg("packs"),
            "(results, copied): runs the program on `inputs` (the graph's inputs) and `packs` (host packs).");
 }

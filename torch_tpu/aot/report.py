@@ -26,8 +26,9 @@ class ProgramReport:
     live_bytes: other device tensors alive while it ran (parameters, gradients, optimizer state,
     activations saved for later programs), by their logical sizes.
     mosaic_kernels: Pallas (Mosaic) kernels it calls. compile_seconds: libtpu's compile time.
-    replicas: the devices it runs across (a graph with collectives: the job's world size, replica k
-    on the topology's k-th device running rank k); 1 for one device's program.
+    replicas: the devices it runs across; 1 for one device's program. ranks: for a graph with
+    collectives, the global ranks its replicas run (replica k runs rank ranks[k] on the topology's
+    device ranks[k]): the world for a mesh's collectives, a stage's ranks for a pipeline stage's.
     key: its executable cache key for the target. text: its StableHLO."""
     name: str
     error: str | None = None
@@ -44,6 +45,7 @@ class ProgramReport:
     live_bytes: int = 0
     mosaic_kernels: int = 0
     replicas: int = 1
+    ranks: tuple[int, ...] = ()
     compile_seconds: float = 0.0
     key: str = ""
     text: str = dataclasses.field(default="", repr=False)

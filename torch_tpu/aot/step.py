@@ -35,9 +35,10 @@ def compile(fn, *args, topology: str | Topology = "v5e:1x1", cache=None, **kwarg
         first step compiles nothing.
 
     Collectives: a graph with functional collectives (DTensor, tensor parallelism, funcol calls) is
-    lowered with them inside, as one program over the job's devices: the process group (e.g.
-    dist.init_process_group("fake", ...) with the job's world size) gives the ranks, and rank k runs
-    on the topology's k-th device (ProgramReport.replicas). Such programs are not written to `cache`.
+    lowered with them inside, as one program over the devices of the ranks that run it (the world
+    for a mesh's collectives): the process group (e.g. dist.init_process_group("fake", ...) with the
+    job's world size) gives the ranks, and rank k runs on the topology's k-th device
+    (ProgramReport.ranks). Such programs are not written to `cache`.
 
     Returns a Report (print it for a table). Raises what `fn` raises while tracing, ValueError for an
     unknown topology, RuntimeError when libtpu is not installed. A graph that cannot be lowered or
@@ -87,10 +88,10 @@ def _compile_one(topo: Topology, r: ProgramReport) -> None:
     r.key = topo.key(r.text)
     t0 = time.perf_counter()
     try:
-        if r.replicas > len(topo.devices):
-            raise ValueError(f"{r.name} runs collectives across {r.replicas} ranks, but {topo.name} (x{topo.num_slices}) "
+        if r.ranks and max(r.ranks) >= len(topo.devices):
+            raise ValueError(f"{r.name} runs collectives across {len(r.ranks)} ranks {list(r.ranks)}, but {topo.name} (x{topo.num_slices}) "
                              f"has {len(topo.devices)} devices: compile for a topology with one device per rank")
-        devices = None if r.replicas == 1 else [d.id for d in topo.devices[:r.replicas]]
+        devices = [topo.devices[k].id for k in r.ranks] if r.ranks else None
         c = topo.compile(r.text, devices=devices)
     except (TypeError, ValueError, RuntimeError) as e:
         r.error = str(e)

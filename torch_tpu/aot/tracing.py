@@ -28,7 +28,6 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from .. import runtime
 from ..dynamo import backend as tpu_backend
-from ..dynamo import collectives
 from ..dynamo.lower_graph import GraphProgram
 from ..lowering.strided import _contiguous_strides
 from .report import ProgramReport
@@ -103,14 +102,13 @@ def backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
 
 
 def _graph(gm, example_inputs, name):
-    # A graph with functional collectives is one program over the job's devices (replica k runs rank
-    # k; lowering/collectives.py), as on a plugin with device collectives.
-    replicas = torch.distributed.get_world_size() if collectives.has_collectives(gm) else 1
+    # A graph with functional collectives is one program over its ranks' devices (GraphProgram.span;
+    # lowering/collectives.py), as on a plugin with device collectives.
     try:
         prog = GraphProgram.lowered(gm, name)
     except Exception as e:  # noqa: BLE001  (an op without a lowering: a failed program in the report)
         return _boxed(_Unlowered(ProgramReport(f"{name} graph", error=f"{type(e).__name__}: {e}"), gm))
-    return _boxed(_StandIn(prog, replicas))
+    return _boxed(_StandIn(prog, tuple(prog.span or ())))
 
 
 def _boxed(runner):
@@ -125,8 +123,8 @@ def _boxed(runner):
 class _StandIn:
     """A lowered graph's place in the step: returns its outputs' shapes without computing them."""
 
-    def __init__(self, prog: GraphProgram, replicas: int):
-        self.prog, self.replicas = prog, replicas
+    def __init__(self, prog: GraphProgram, ranks: tuple[int, ...]):
+        self.prog, self.ranks = prog, ranks
         # Mosaic kernels: custom calls to tpu_custom_call (JAX's printed form, or generic syntax).
         self.mosaic = len(re.findall(r'@tpu_custom_call\b|call_target_name = "tpu_custom_call"', prog.text))
 
@@ -137,7 +135,8 @@ class _StandIn:
         session = _current()
         device = _default_device(real)  # meta or tpu: the graph's fakes say tpu either way
         report = ProgramReport(prog.label, text=prog.text, mosaic_kernels=self.mosaic,
-                               live_bytes=_live_bytes(device, real), replicas=self.replicas)
+                               live_bytes=_live_bytes(device, real), replicas=max(len(self.ranks), 1),
+                               ranks=self.ranks)
         session.reached.append((report, prog))
         host = prog.host.run(real)  # the CPU part (step counts): PyTorch's CPU kernels, tiny
 

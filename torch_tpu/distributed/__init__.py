@@ -66,7 +66,7 @@ def _create_backend(dist_backend_opts, backend_options=None):
         timeout = timedelta(seconds=float(timeout))
     opts = _HostOptions.make(timeout)
     device = backend_device_path(dist.PrefixStore("tpu_dist/device/", dist_backend_opts.store), rank, size,
-                                 _C._current_device(), str(dist_backend_opts.group_id))
+                                 _C._current_device(), str(dist_backend_opts.group_id), timeout=timeout)
     backend = _C._TpuBackend(dist.ProcessGroupGloo(store, rank, size, opts), rank, size, timeout, device)
     # pybind hands back this Python object for the C++ options only while it is alive; the backend's
     # Python wrapper is dropped after creation, so the options are kept here (one per group).

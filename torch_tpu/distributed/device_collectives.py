@@ -21,9 +21,14 @@ tensor on any device. Results are asynchronous like any tpu op.
 
 backend_device_path() sets up tpu_dist's device path for a group (csrc/distributed/
 device_collectives.h): the same programs, compiled over the group's devices by their global ids.
+graph_replicas() gives a compiled graph with collectives the world group's device path, so that it
+runs as one program over its ranks' devices.
 """
 from __future__ import annotations
 
+import dataclasses
+import datetime
+import hashlib
 import os
 import socket
 import uuid
@@ -166,18 +171,62 @@ def _has_cross_process_collectives() -> bool:
     return platform == "tpu" or (platform == "cuda" and _C._KeyValueCallbacks.of_runtime() is not None)
 
 
-def backend_device_path(store, rank: int, size: int, device: int, group_name: str, mode: str | None = None):
+@dataclasses.dataclass(frozen=True)
+class _Path:
+    """A group's device path in this process: `key` (the group, unique to this job), per group rank
+    its device's global id and its local device index here (-1: another process drives it)."""
+    key: str
+    ids: tuple[int, ...]
+    local: tuple[int, ...]
+    timeout: datetime.timedelta
+
+
+_PATHS: dict[str, _Path] = {}  # by c10d group name
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphReplicas:
+    """Where a compiled graph with collectives runs as one program (torch_tpu.dynamo): replica k on
+    global device `device_ids[k]` for rank span[k], driven here where `local[k]` >= 0 (a local
+    device index). Parts launched by several threads of this process meet at `place(program text)`
+    (runtime/replica_meeting.h), waiting at most `timeout`."""
+    device_ids: tuple[int, ...]
+    local: tuple[int, ...]
+    key: str
+    timeout: datetime.timedelta
+
+    def place(self, text: str) -> str:
+        return f"{self.key}/graph/{hashlib.sha256(text.encode()).hexdigest()[:24]}"
+
+
+def graph_replicas(span: Sequence[int]) -> GraphReplicas | None:
+    """The devices of the global ranks `span` under the world group's device path, or None where the
+    world's collectives run on the host (then a graph is cut at its collectives)."""
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        return None
+    world = _PATHS.get(dist.group.WORLD.group_name)
+    if world is None or len(world.ids) != dist.get_world_size():
+        return None
+    return GraphReplicas(tuple(world.ids[r] for r in span), tuple(world.local[r] for r in span),
+                         world.key, world.timeout)
+
+
+def backend_device_path(store, rank: int, size: int, device: int, group_name: str, mode: str | None = None,
+                        timeout: datetime.timedelta = datetime.timedelta(minutes=30)):
     """The device path of one tpu_dist group for its rank `rank` driving local device `device`, as
     _C._TpuBackend takes it: (group_key, local_devices, build), or None for the host path.
 
     `mode` (default: env TORCH_TPU_DIST_DEVICE_COLLECTIVES): "auto" (on where the plugin has
     cross-process collectives), "1" (on; on the CPU plugin only when every rank of the group is in
     this process, e.g. ranks as threads), "0" (off). Every rank of the group calls this at the same
-    time: the ranks exchange (process, local device, device id) through `store`. Raises
+    time: the ranks exchange (process, local device, device id) through `store`; the path is kept
+    under `group_name` for compiled graphs (graph_replicas), with the group's `timeout`. Raises
     RuntimeError for "1" where the group spans processes of a plugin without cross-process collectives."""
     mode = (mode or os.environ.get("TORCH_TPU_DIST_DEVICE_COLLECTIVES", "auto")).strip().lower()
     if mode not in ("auto", "0", "1"):
         raise ValueError(f"TORCH_TPU_DIST_DEVICE_COLLECTIVES must be auto, 0 or 1, got {mode!r}")
+    _PATHS.pop(group_name, None)  # a group of an earlier job by this name
     if mode == "0" or (mode == "auto" and not _has_cross_process_collectives()):
         return None
     me = f"{socket.gethostname()}:{os.getpid()}"
@@ -191,6 +240,7 @@ def backend_device_path(store, rank: int, size: int, device: int, group_name: st
         raise RuntimeError(f"TORCH_TPU_DIST_DEVICE_COLLECTIVES=1: this group spans processes, but the {_C._platform_name()} "
                            "plugin has no cross-process collectives; unset it (the host path runs them)")
     key = f"{group_name}:{store.get('token').decode()}"
+    _PATHS[group_name] = _Path(key, tuple(ids), tuple(local), timeout)
 
     def build(kind, shape, dtype, dims, op, root, ranks):
         span = [ids[r] for r in ranks] if ranks else ids

@@ -9,8 +9,8 @@ Inference graphs keep input mutations inside the graph (keep_inference_input_mut
 optimizer step writes the parameters' storages in place with donated buffers. In training graphs
 AOTAutograd returns mutated buffers (BatchNorm running stats) and copies them back itself.
 
-A graph with collectives (functional collectives: DTensor, FSDP2) is cut at them on a plugin
-without device collectives (collectives.py).
+A graph with collectives (functional collectives: DTensor, FSDP2) is one program over its ranks'
+devices where tpu_dist runs collectives on the devices, and is cut at them elsewhere (collectives.py).
 
 A graph with an op the lowering cannot handle runs eagerly on tpu (a warning names the op and the
 user code it came from), unless the frame was compiled with fullgraph=True (or
@@ -88,6 +88,9 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, name: str, fullgraph
                  "and recompiled per concrete input shape at call time", name)
         return _boxed(_PerShape(gm, name, fullgraph))
     if collectives.has_collectives(gm):
+        whole = _with_device_collectives(gm, name)
+        if whole is not None:
+            return whole
         return collectives.split_at_collectives(
             gm, lambda sub, sub_name: compile_graph(sub, None, sub_name, fullgraph), name)
     try:
@@ -99,6 +102,27 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, name: str, fullgraph
             raise
         return _eager(gm, RuntimeError(f"torch.compile(backend='tpu'): lowering the {name} graph failed: "
                                        f"{type(e).__name__}: {e}"), False, name)
+
+
+def _with_device_collectives(gm, name: str):
+    """A graph with collectives as one program over its ranks' devices, where tpu_dist runs the
+    world's collectives on the devices; None where it does not, or where the graph's collectives
+    cannot be one program (a group that does not tile the world as a mesh dimension does, a
+    collective without a lowering): then the caller cuts the graph at its collectives."""
+    from ..distributed.device_collectives import graph_replicas
+    try:
+        span = collectives.graph_span(gm)
+    except ValueError as e:
+        log.info("%s graph: cut at its collectives (%s)", name, e)
+        return None
+    replicas = graph_replicas(span)
+    if replicas is None:
+        return None
+    try:
+        return _boxed(GraphProgram(gm, name, replicas))
+    except NotImplementedError as e:  # Unsupported, NotLowered
+        log.info("%s graph: cut at its collectives (%s)", name, e)
+        return None
 
 
 def _boxed(prog):

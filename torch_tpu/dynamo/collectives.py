@@ -2,14 +2,15 @@
 and user code emit under torch.compile: `_c10d_functional.all_reduce`, `all_gather_into_tensor`,
 `reduce_scatter_tensor`, `all_to_all_single`, `broadcast`, `wait_tensor`, ...).
 
-Where the plugin has device collectives (libtpu over ICI, NCCL in the CUDA plugin) these would be
-lowered into the graph's StableHLO module (`stablehlo.all_reduce` with replica groups over the
-group's ranks; the group name resolves to its ranks through c10d's group registry), so XLA can
-overlap them with compute. The CPU plugin has none, so a graph is cut at its collectives: each run
-of compute between them becomes one compiled program (through the same lowering and executable
-cache as any graph), and each run of collectives is executed by the process group's backend
-(tpu_dist) in order, between the programs. Results are identical; the cost is one program launch
-per compute segment.
+Where tpu_dist runs the world's collectives on the devices (its device path: libtpu over ICI, NCCL
+in the CUDA plugin, or ranks as threads of one process), the graph is lowered whole into one
+StableHLO module over the devices of the ranks that run it (lowering/collectives.py: replica groups
+from c10d's group registry), so XLA overlaps the collectives with compute; every rank of that span
+launches it. Elsewhere (the CPU plugin, one process per device) a graph is cut at its collectives:
+each run of compute between them becomes one compiled program (through the same lowering and
+executable cache as any graph), and each run of collectives is executed by the process group's
+backend (tpu_dist) in order, between the programs. Results are identical; the cost is one program
+launch per compute segment.
 """
 from __future__ import annotations
 
@@ -27,6 +28,31 @@ def is_collective(node: torch.fx.Node) -> bool:
 
 def has_collectives(gm: torch.fx.GraphModule) -> bool:
     return any(is_collective(n) for n in gm.graph.nodes)
+
+
+def group_names(gm: torch.fx.GraphModule) -> list[str]:
+    """The process groups (c10d group names) the graph's collectives use, in first-use order."""
+    names = []
+    for n in gm.graph.nodes:
+        if not is_collective(n):
+            continue
+        for i, a in enumerate(n.target._schema.arguments):
+            if a.name != "group_name":
+                continue
+            v = n.kwargs.get("group_name", n.args[i] if i < len(n.args) else None)
+            if isinstance(v, str) and v not in names:
+                names.append(v)
+    return names
+
+
+def graph_span(gm: torch.fx.GraphModule) -> list[int] | None:
+    """The global ranks whose devices run `gm` as one program (lowering/collectives.py's
+    replica_span), or None for a graph without collectives. Raises ValueError where a group does not
+    tile the world as a mesh dimension does."""
+    if not has_collectives(gm):
+        return None
+    from ..lowering.collectives import replica_span
+    return replica_span(group_names(gm))
 
 
 class _Program(torch.nn.Module):

@@ -40,6 +40,7 @@ from ..lowering.overloads import overload_name, resolve
 from ..lowering.precision import matmul_precision
 from ..lowering.registry import LoweringContext, bounds_status, fit, lower_arguments, rng_draws
 from ..lowering.strided import dense_order
+from . import collectives
 from .host_part import HostPart
 
 log = logging.getLogger("torch_tpu.dynamo")
@@ -144,15 +145,20 @@ class GraphProgram:
     """The compiled form of one FX graph; called with the graph's inputs (boxed: one list)."""
     _boxed_call = True
 
-    def __init__(self, gm: torch.fx.GraphModule, name: str = "graph"):
+    def __init__(self, gm: torch.fx.GraphModule, name: str = "graph", replicas=None):
+        """`replicas`: for a graph with collectives, the devices its program runs on
+        (torch_tpu.distributed.device_collectives.GraphReplicas, for the ranks `graph_span(gm)`)."""
         self._prepare(gm, name)
         try:
-            self.exe = runtime.compile(self.text, self.label)
+            self.exe = runtime.compile(self.text, self.label,
+                                       device_ids=list(replicas.device_ids) if replicas else None)
         except RuntimeError as e:
             raise RuntimeError(f"torch.compile(backend='tpu'): compiling the {name} graph failed: {e}\n"
                                f"--- program ---\n{self.text}") from None
+        meet = None if replicas is None else (replicas.place(self.text), list(replicas.local),
+                                              int(replicas.timeout.total_seconds() * 1000))
         self.runner = _C.GraphRunner(self.exe, self.run_plan, sorted(self.donated), self.sink_plan, self.prog_specs,
-                                     f"compiled {self.label}", self.rng_draws)
+                                     f"compiled {self.label}", self.rng_draws, meet)
         _state.count("compiled_graphs")
         log.info("compiled %s graph: %d nodes, %d program inputs, %d outputs", name, self.num_nodes,
                  len(self.arg_plan), len(self.prog_specs))
@@ -169,6 +175,7 @@ class GraphProgram:
         global last_text
         self.name = name
         self.gm = gm
+        self.span = collectives.graph_span(gm)  # the ranks its replicas run; None: one device's program
         self.precision = matmul_precision()  # float32 dots/convolutions carry it: lowered again on a change
         self._lower(gm)
         last_text = self.text
@@ -434,7 +441,7 @@ class GraphProgram:
         self.wide = any(isinstance(v, torch.fx.Node) and isinstance(v.meta.get("val"), torch.Tensor)
                         and v.meta["val"].dtype in (torch.float64, torch.complex128) for v in vals)
         val = node.meta.get("val")
-        ctx = LoweringContext(self.b, _tensor_types(val))
+        ctx = LoweringContext(self.b, _tensor_types(val), self.span)
 
         def tensor(v):
             if v is None:

@@ -245,16 +245,16 @@ def program(kind: str, shape: Sequence[int], dtype: torch.dtype, num_replicas: i
 
 # -- functional collectives inside compiled graphs -----------------------------------------------------
 # PyTorch's functional collectives (`_c10d_functional`, what DTensor, tensor parallelism and user code
-# emit under torch.compile) lowered into the graph's own module, for a TPU target (torch_tpu.aot): the
-# graph becomes one program over the job's devices, replica k running rank k, and XLA schedules its
-# collectives with its compute. Graph-only: eager calls go through tpu_dist. On a plugin without
-# device collectives the graph is cut at them instead (dynamo/collectives.py).
+# emit under torch.compile) lowered into the graph's own module, for a TPU target (torch_tpu.aot) and at
+# run time where tpu_dist has its device path: the graph becomes one program over the devices of the
+# ranks that run it (replica_span), and XLA schedules its collectives with its compute. Graph-only:
+# eager calls go through tpu_dist. Elsewhere the graph is cut at them instead (dynamo/collectives.py).
 
-def group_replicas(group_name: str) -> tuple[list[list[int]], int]:
-    """(replica groups, world size) of the process group `group_name` (c10d's registry): the group's
-    global ranks and the groups that tile the world as it does (a DeviceMesh dimension's groups are
-    translations of one another; rank r runs replica r). Raises ValueError for a group that tiles
-    the world otherwise, or when no process group is initialized."""
+def _tiles(group_name: str) -> tuple[list[list[int]], int]:
+    """The process group `group_name` (c10d's registry) and the groups that tile the world as it does
+    (a DeviceMesh dimension's groups are translations of one another), as global ranks; and the world
+    size. Raises ValueError for a group that tiles the world otherwise, or when no process group is
+    initialized."""
     import torch.distributed as dist
     from torch.distributed.distributed_c10d import _resolve_process_group
     if not dist.is_initialized():
@@ -262,16 +262,46 @@ def group_replicas(group_name: str) -> tuple[list[list[int]], int]:
                          "machine: dist.init_process_group('fake', ...) with the job's world size)")
     ranks = sorted(dist.get_process_group_ranks(_resolve_process_group(group_name)))
     world = dist.get_world_size()
-    left, groups = set(range(world)), []
+    left, tiles = set(range(world)), []
     while left:
         first = min(left)
         g = [first - ranks[0] + r for r in ranks]
         if not set(g) <= left:
             raise ValueError(f"process group {group_name} (ranks {ranks} of {world}) does not tile the world as a "
                              "DeviceMesh dimension does: its collectives cannot be compiled into one program")
-        groups.append(g)
+        tiles.append(g)
         left -= set(g)
-    return groups, world
+    return tiles, world
+
+
+def replica_span(group_names: Sequence[str], rank: int | None = None) -> list[int]:
+    """The global ranks that run a graph whose collectives use the groups `group_names`, as this
+    rank (default: dist.get_rank()) calls it: the smallest set holding this rank's groups that is
+    a union of whole groups of each (a mesh's dimensions give the world; a pipeline stage's group
+    alone gives that stage, so other stages, running other programs, are not waited for). Replica
+    k of the graph's program runs rank span[k]. Raises ValueError as _tiles does."""
+    import torch.distributed as dist
+    rank = dist.get_rank() if rank is None else rank
+    tilings = [_tiles(name)[0] for name in dict.fromkeys(group_names)]
+    span, grown = {rank}, True
+    while grown:
+        grown = False
+        for tiles in tilings:
+            for t in tiles:
+                if span & set(t) and not set(t) <= span:
+                    span |= set(t)
+                    grown = True
+    return sorted(span)
+
+
+def group_replicas(group_name: str, span: Sequence[int] | None = None) -> tuple[list[list[int]], int]:
+    """(replica groups, replica count) of the process group `group_name` in a program over the global
+    ranks `span` (default: the whole world, replica k running rank k): the group and its translates
+    inside the span, as replica indices. Raises ValueError as _tiles does."""
+    tiles, world = _tiles(group_name)
+    span = list(range(world)) if span is None else list(span)
+    where = {r: k for k, r in enumerate(span)}
+    return [[where[r] for r in t] for t in tiles if t[0] in where], len(span)
 
 
 def _split_even(sizes, n: int, length: int) -> bool:
@@ -280,43 +310,43 @@ def _split_even(sizes, n: int, length: int) -> bool:
 
 @register("_c10d_functional::all_reduce", graph_only=True)
 def _all_reduce(ctx, x, reduce_op, group_name):
-    return all_reduce(ctx.b, x, group_replicas(group_name)[0], reduce_op)
+    return all_reduce(ctx.b, x, group_replicas(group_name, ctx.span)[0], reduce_op)
 
 
 @register("_c10d_functional::all_reduce_coalesced", graph_only=True)
 def _all_reduce_coalesced(ctx, xs, reduce_op, group_name):
-    groups = group_replicas(group_name)[0]
+    groups = group_replicas(group_name, ctx.span)[0]
     return [all_reduce(ctx.b, x, groups, reduce_op) for x in xs]
 
 
 @register("_c10d_functional::all_gather_into_tensor", "_c10d_functional_autograd::all_gather_into_tensor",
           graph_only=True)
 def _all_gather(ctx, x, group_size, group_name):
-    return all_gather(ctx.b, x, group_replicas(group_name)[0])
+    return all_gather(ctx.b, x, group_replicas(group_name, ctx.span)[0])
 
 
 @register("_c10d_functional::all_gather_into_tensor_coalesced", graph_only=True)
 def _all_gather_coalesced(ctx, xs, group_size, group_name):
-    groups = group_replicas(group_name)[0]
+    groups = group_replicas(group_name, ctx.span)[0]
     return [all_gather(ctx.b, x, groups) for x in xs]
 
 
 @register("_c10d_functional::reduce_scatter_tensor", "_c10d_functional_autograd::reduce_scatter_tensor",
           graph_only=True)
 def _reduce_scatter(ctx, x, reduce_op, group_size, group_name):
-    return reduce_scatter(ctx.b, x, group_replicas(group_name)[0], reduce_op)
+    return reduce_scatter(ctx.b, x, group_replicas(group_name, ctx.span)[0], reduce_op)
 
 
 @register("_c10d_functional::reduce_scatter_tensor_coalesced", graph_only=True)
 def _reduce_scatter_coalesced(ctx, xs, reduce_op, group_size, group_name):
-    groups = group_replicas(group_name)[0]
+    groups = group_replicas(group_name, ctx.span)[0]
     return [reduce_scatter(ctx.b, x, groups, reduce_op) for x in xs]
 
 
 @register("_c10d_functional::all_to_all_single", "_c10d_functional_autograd::all_to_all_single",
           graph_only=True)
 def _all_to_all(ctx, x, output_split_sizes, input_split_sizes, group_name):
-    groups = group_replicas(group_name)[0]
+    groups = group_replicas(group_name, ctx.span)[0]
     n, length = len(groups[0]), (x.shape[0] if x.rank else 0)
     if not (_split_even(output_split_sizes, n, length) and _split_even(input_split_sizes, n, length)):
         raise NotLowered("all_to_all_single with uneven splits inside a graph is not lowered for TPU yet")
@@ -325,7 +355,7 @@ def _all_to_all(ctx, x, output_split_sizes, input_split_sizes, group_name):
 
 @register("_c10d_functional::broadcast", graph_only=True)
 def _broadcast(ctx, x, src, group_name):
-    return broadcast(ctx.b, x, group_replicas(group_name)[0], int(src))
+    return broadcast(ctx.b, x, group_replicas(group_name, ctx.span)[0], int(src))
 
 
 @register("_c10d_functional::wait_tensor", graph_only=True)

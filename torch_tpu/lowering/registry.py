@@ -214,11 +214,14 @@ def lower_arguments(vals, kinds, tensor, scalar, generator, value=None, rng_stat
 
 
 class LoweringContext:
-    """What a lowering sees besides its arguments: the builder and the result types."""
+    """What a lowering sees besides its arguments: the builder and the result types; in a compiled
+    graph with collectives, `span`: the global ranks its program's replicas run (replica k: rank
+    span[k]; lowering/collectives.py's replica_span)."""
 
-    def __init__(self, b: Builder, out: list[TensorType]):
+    def __init__(self, b: Builder, out: list[TensorType], span: list[int] | None = None):
         self.b = b
         self.out = out
+        self.span = span
 
     def promote(self, *args) -> torch.dtype:
         """PyTorch's result dtype of Values / python numbers, with its category rules (a dimensioned
