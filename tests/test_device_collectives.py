@@ -361,6 +361,74 @@ def test_tpu_dist_device_path_equals_gloo_without_host_copies():
         assert got["copies"] == 0, got["copies"]
 
 
+def test_tpu_dist_device_path_runs_list_and_coalesced_forms_as_gloo_does():
+    # all_gather and reduce_scatter with tensor lists, all_reduce_coalesced, and the coalesced
+    # into-tensor forms: one device program each, against Gloo's results on the same values.
+    results = {}
+
+    def call(backend, gloo, r):
+        a = _values((2, 3), torch.int32, seed=31)[r].float()
+        c = _values((5,), torch.int32, seed=32)[r].float()
+        dev = f"tpu:{r}"
+        ref = {}
+        # Gloo on CPU tensors
+        outs = [torch.empty(2, 3) for _ in range(N)]
+        gloo.allgather([outs], [a.clone()]).wait()
+        ref["all_gather"] = outs
+        mine = torch.empty(2, 3)
+        gloo.reduce_scatter([mine], [[a * (k + 1) for k in range(N)]], dist.ReduceScatterOptions()).wait()
+        ref["reduce_scatter"] = mine
+        co = [a.clone(), c.clone()]
+        o = dist.AllreduceCoalescedOptions()
+        o.reduceOp = ReduceOp.MAX
+        gloo.allreduce_coalesced(co, o).wait()
+        ref["all_reduce_coalesced"] = co
+        gathered = [torch.empty(2 * N, 3), torch.empty(5 * N)]
+        for x, out in zip((a, c), gathered):
+            gloo._allgather_base(out, x.clone()).wait()
+        ref["all_gather_coalesced"] = gathered
+        scattered = [torch.empty(1, 3), torch.empty(2)]
+        for x, out in zip((a, c[:4]), scattered):
+            gloo._reduce_scatter_base(out, x.clone(), dist.ReduceScatterOptions()).wait()
+        ref["reduce_scatter_coalesced"] = scattered
+        # tpu_dist's device path; the coalesced forms through a ProcessGroup, as c10d calls them
+        pg = dist.ProcessGroup(dist.HashStore(), r, N)
+        pg._register_backend(torch.device("tpu"), dist.ProcessGroup.BackendType.CUSTOM, backend)
+        gloo.barrier().wait()
+        before = torch_tpu._C._counters()["d2h_transfers"]
+        got = {}
+        outs = [torch.full((2, 3), -1.0, device=dev) for _ in range(N)]
+        backend.allgather([outs], [a.to(dev)]).wait()
+        got["all_gather"] = outs
+        mine = torch.full((2, 3), -1.0, device=dev)
+        backend.reduce_scatter([mine], [[(a * (k + 1)).to(dev) for k in range(N)]], dist.ReduceScatterOptions()).wait()
+        got["reduce_scatter"] = mine
+        co = [a.to(dev), c.to(dev)]
+        backend.allreduce_coalesced(co, o).wait()
+        got["all_reduce_coalesced"] = co
+        gathered = [torch.empty(2 * N, 3, device=dev), torch.empty(5 * N, device=dev)]
+        pg.allgather_into_tensor_coalesced(gathered, [a.to(dev), c.to(dev)]).wait()
+        got["all_gather_coalesced"] = gathered
+        scattered = [torch.empty(1, 3, device=dev), torch.empty(2, device=dev)]
+        pg.reduce_scatter_tensor_coalesced(scattered, [a.to(dev), c[:4].to(dev)],
+                                                dist.ReduceScatterOptions()).wait()
+        got["reduce_scatter_coalesced"] = scattered
+        torch.tpu.synchronize()
+        copies = torch_tpu._C._counters()["d2h_transfers"] - before
+        gloo.barrier().wait()
+        results[r] = (ref, {k: [t.cpu() for t in v] if isinstance(v, list) else v.cpu() for k, v in got.items()},
+                      copies)
+    _tpu_dist_ranks(call)
+    for r in range(N):
+        ref, got, copies = results[r]
+        for k in ref:
+            want = ref[k] if isinstance(ref[k], list) else [ref[k]]
+            have = got[k] if isinstance(got[k], list) else [got[k]]
+            for i, (h, w) in enumerate(zip(have, want)):
+                _equal(h, w, f"{k}[{i}] rank {r}")
+        assert copies == 0, copies
+
+
 def test_tpu_dist_device_path_writes_views_and_refuses_what_c10d_refuses():
     def call(backend, gloo, r):
         base = torch.arange(12.).reshape(3, 4).to(f"tpu:{r}") * (r + 1)

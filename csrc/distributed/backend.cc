@@ -189,6 +189,40 @@ bool whole(const at::Tensor& t) {
   return t.storage_offset() == 0 && t.is_contiguous() && static_cast<size_t>(t.nbytes()) == c->nbytes &&
          (!c->dtype || *c->dtype == t.scalar_type());
 }
+
+// c10d's list forms on the device path: `n` tensors of `like`'s device, shape and dtype (what Gloo
+// and NCCL require of them), run as the one-tensor form on their concatenation. Anything else takes
+// the host path, which raises c10d's own errors.
+bool uniform(const std::vector<at::Tensor>& ts, const at::Tensor& like, size_t n) {
+  if (ts.size() != n || !like.defined()) return false;
+  return std::all_of(ts.begin(), ts.end(), [&](const at::Tensor& t) {
+    return t.defined() && t.device() == like.device() && t.sizes() == like.sizes() &&
+           t.scalar_type() == like.scalar_type();
+  });
+}
+
+bool one_dtype(const std::vector<at::Tensor>& ts) {
+  return !ts.empty() && std::all_of(ts.begin(), ts.end(), [&](const at::Tensor& t) {
+    return t.defined() && t.scalar_type() == ts[0].scalar_type();
+  });
+}
+
+// The tensors' elements, one after another, as one new 1-D tensor (one device program).
+at::Tensor flat_cat(const std::vector<at::Tensor>& ts) {
+  std::vector<at::Tensor> flat;
+  for (const auto& t : ts) flat.push_back(t.reshape({-1}));
+  return at::cat(flat);
+}
+
+// Writes `flat`'s elements into the tensors, one after another (device copies, queued after the
+// collective that wrote `flat`).
+void split_into(const at::Tensor& flat, const std::vector<at::Tensor>& ts) {
+  int64_t at = 0;
+  for (const auto& t : ts) {
+    t.copy_(flat.narrow(0, at, t.numel()).view(t.sizes()));
+    at += t.numel();
+  }
+}
 }  // namespace
 
 // Host tensors are made here, in C++, and never reach Python: Gloo's threads release them when
@@ -458,6 +492,16 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::allreduce(std::vector<at::Tensor>& te
 c10::intrusive_ptr<c10d::Work> TpuBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                                const c10d::AllreduceCoalescedOptions& opts) {
   Call call{c10d::OpType::ALLREDUCE_COALESCED, "all_reduce_coalesced"};
+  if (device_ && one_dtype(tensors)) {  // one all_reduce of their concatenation
+    for (const auto& t : tensors) check(t, call.name, "tensor");
+    std::string op = device_op(opts.reduceOp, call.name);
+    agree(call.name, call.op, tensors, true);
+    call.outputs = tensors;
+    at::Tensor flat = flat_cat(tensors);
+    auto work = on_device(std::move(call), {"all_reduce", {}, {}, {}, op}, flat, flat, false);
+    split_into(flat, tensors);
+    return work;
+  }
   c10d::AllreduceCoalescedOptions o = opts;
   o.reduceOp = host_op(opts.reduceOp, call.name);
   std::vector<at::Tensor> host = reduced(tensors, call, opts.reduceOp);
@@ -501,6 +545,15 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::allgather(std::vector<std::vector<at:
                                                      std::vector<at::Tensor>& inputs,
                                                      const c10d::AllgatherOptions& opts) {
   Call call{c10d::OpType::ALLGATHER, "all_gather"};
+  if (device_ && inputs.size() == 1 && outputs.size() == 1 && uniform(outputs[0], inputs[0], size_)) {
+    check(inputs[0], call.name, "input");
+    agree(call.name, call.op, inputs, true);
+    call.outputs = outputs[0];
+    at::Tensor flat = at::empty({size_ * inputs[0].numel()}, inputs[0].options());
+    auto work = on_device(std::move(call), {"all_gather"}, inputs[0], flat, true);
+    split_into(flat, outputs[0]);
+    return work;
+  }
   std::vector<at::Tensor> host_in = stage_all(inputs, call.name, "input");
   agree(call.name, call.op, inputs, true);
   auto host_out = receive_lists(outputs, call);
@@ -540,6 +593,28 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::allgather_into_tensor_coalesced(std::
                                                                            std::vector<at::Tensor>& inputs,
                                                                            const c10d::AllgatherOptions& opts) {
   Call call{c10d::OpType::COALESCED, "all_gather_into_tensor_coalesced"};
+  if (device_ && one_dtype(inputs) && outputs.size() == inputs.size()) {
+    // One all_gather of the inputs' concatenation (N elements per rank): output i is, per rank r,
+    // the N-wide row r's columns of input i.
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      check(inputs[i], call.name, "input");
+      check(outputs[i], call.name, "output");
+      check_sizes(call.name, outputs[i], inputs[i], size_);
+    }
+    agree(call.name, call.op, inputs, true);
+    call.outputs = outputs;
+    at::Tensor flat = flat_cat(inputs);
+    at::Tensor gathered = at::empty({size_ * flat.numel()}, flat.options());
+    auto work = on_device(std::move(call), {"all_gather"}, flat, gathered, true);
+    at::Tensor rows = gathered.view({size_, flat.numel()});
+    int64_t at = 0;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      int64_t n = inputs[i].numel();
+      outputs[i].copy_(rows.narrow(1, at, n).reshape(outputs[i].sizes()));
+      at += n;
+    }
+    return work;
+  }
   std::vector<at::Tensor> host_in = stage_all(inputs, call.name, "input");
   agree(call.name, call.op, inputs, true);
   std::vector<at::Tensor> host_out = receive_all(outputs, call, "output");
@@ -572,6 +647,13 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::reduce_scatter(std::vector<at::Tensor
                                                           std::vector<std::vector<at::Tensor>>& inputs,
                                                           const c10d::ReduceScatterOptions& opts) {
   Call call{c10d::OpType::REDUCE_SCATTER, "reduce_scatter"};
+  if (device_ && outputs.size() == 1 && inputs.size() == 1 && uniform(inputs[0], outputs[0], size_)) {
+    check(outputs[0], call.name, "output");
+    std::string op = device_op(opts.reduceOp, call.name);
+    agree(call.name, call.op, outputs, true);
+    call.outputs = outputs;
+    return on_device(std::move(call), {"reduce_scatter", {}, {}, {}, op}, flat_cat(inputs[0]), outputs[0], true);
+  }
   c10d::ReduceScatterOptions o = opts;
   o.reduceOp = host_op(opts.reduceOp, call.name);
   auto host_in = stage_lists(inputs, call.name);
@@ -607,6 +689,25 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::reduce_scatter_tensor_coalesced(std::
                                                                            std::vector<at::Tensor>& inputs,
                                                                            const c10d::ReduceScatterOptions& opts) {
   Call call{c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, "reduce_scatter_tensor_coalesced"};
+  if (device_ && one_dtype(inputs) && outputs.size() == inputs.size()) {
+    // One reduce_scatter of rows r = (input 0's block r, input 1's block r, ...): rank r's result is
+    // its outputs, one after another.
+    std::vector<at::Tensor> blocks;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      check(inputs[i], call.name, "input");
+      check(outputs[i], call.name, "output");
+      check_sizes(call.name, inputs[i], outputs[i], size_);
+      blocks.push_back(inputs[i].reshape({size_, -1}));
+    }
+    std::string op = device_op(opts.reduceOp, call.name);
+    agree(call.name, call.op, inputs, true);
+    call.outputs = outputs;
+    at::Tensor rows = at::cat(blocks, 1).reshape({-1});
+    at::Tensor mine = at::empty({rows.numel() / size_}, rows.options());
+    auto work = on_device(std::move(call), {"reduce_scatter", {}, {}, {}, op}, rows, mine, true);
+    split_into(mine, outputs);
+    return work;
+  }
   c10d::ReduceScatterOptions o = opts;
   o.reduceOp = host_op(opts.reduceOp, call.name);
   std::vector<at::Tensor> host_in = stage_all(inputs, call.name, "input");
