@@ -563,3 +563,29 @@ def test_sort_compiles_without_a_graph_break():
     want = f(x)
     torch.testing.assert_close(got[0].cpu(), want[0])
     assert torch.equal(got[1].cpu(), want[1])
+
+
+def test_compile_modes_run_without_a_warning_and_an_unknown_mode_is_refused():
+    # transformers compiles decode steps with mode="reduce-overhead": the same one-executable graph.
+    import logging
+    x = torch.randn(4, 3)
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    dynamo_log = logging.getLogger("torch._dynamo")  # where "backend ignoring extra kwargs" is logged
+    dynamo_log.addHandler(handler)
+    try:
+        for mode in ("reduce-overhead", "max-autotune"):
+            torch._dynamo.reset()
+            f = torch.compile(lambda t: t.sin() * 2 + 1, backend="tpu", mode=mode)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                out = f(x.to("tpu"))
+            torch.testing.assert_close(out.cpu(), x.sin() * 2 + 1)
+            said = [str(w.message) for w in caught] + [r.getMessage() for r in records]
+            assert not [m for m in said if "mode" in m], said
+    finally:
+        dynamo_log.removeHandler(handler)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="unrecognized mode='fastest'"):
+        torch.compile(lambda t: t + 1, backend="tpu", mode="fastest")(x.to("tpu"))

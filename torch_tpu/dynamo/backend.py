@@ -154,8 +154,19 @@ class _PerShape:
         return prog(args)
 
 
+# torch.compile's modes (Inductor's names). Each graph is one XLA executable launched once per call,
+# its device inputs (weights, a static KV cache) used where they live and the ones it updates
+# donated and written in place: what "reduce-overhead" buys Inductor through CUDA graphs (one launch
+# instead of one per kernel) is how every tpu graph runs, and XLA tunes its own kernels; so every
+# mode compiles the same way.
+MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
 def tpu_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
-    """torch.compile(backend="tpu")."""
+    """torch.compile(backend="tpu"); `mode` (torch.compile's) is one of MODES, else ValueError."""
+    mode = kwargs.pop("mode", None)
+    if mode is not None and mode not in MODES:
+        raise ValueError(f"torch.compile(backend='tpu'): unrecognized mode={mode!r}; the modes are {', '.join(MODES)}")
     fullgraph = _fullgraph_requested()
     _state.count("dynamo_graphs")
     compiler = aot_autograd(
