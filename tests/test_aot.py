@@ -3,6 +3,7 @@ executable cache key a TPU runtime finds, refusals, Mosaic kernels and the topol
 libtpu's own device descriptions."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -503,6 +504,33 @@ def test_shadow_mode_compiles_every_program_for_tpu(tmp_path):
     assert lines["FAILED"] == "[]", out.stdout
     total = aot.shadow.summarize(str(log))
     assert total.compiled == int(lines["COMPILED"]) and len(total.refused) == 1
+
+
+def test_programs_queued_at_exit_are_compiled_by_summarize(tmp_path):
+    # The job exits while its shadow compiles are queued (each made slow here): exit does not wait;
+    # the queued programs are left in <report>.pending/ and `python -m torch_tpu.aot` compiles them.
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import time, torch, torch_tpu\n"
+        "from torch_tpu import aot\n"
+        "sh = aot.shadow._active\n"
+        "fast = sh.topology.compile\n"
+        "sh.topology.compile = lambda program, **kw: (time.sleep(0.5), fast(program, **kw))[1]\n"
+        "for k in range(6):\n"
+        "    torch.ones(k + 1, device='tpu').sum().item()\n"
+        "print('SEEN', len(sh.seen))\n")
+    log = tmp_path / "shadow.jsonl"
+    env = dict(os.environ, TORCH_TPU_SHADOW_TOPOLOGY="v5e:1x1", TORCH_TPU_SHADOW_REPORT=str(log),
+               TORCH_TPU_DISK_CACHE="0")
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen = int(next(line.split()[1] for line in out.stdout.splitlines() if line.startswith("SEEN")))
+    line = json.loads(log.read_text())
+    left = os.listdir(str(log) + ".pending")
+    assert seen >= 6 and line["pending"] == len(left) and line["compiled"] + line["pending"] == seen, (line, seen)
+    total = aot.shadow.summarize(str(log))
+    assert total.compiled == seen and not total.failures and total.pending == 0, total
+    assert total.after_exit == len(left) and not os.listdir(str(log) + ".pending")
 
 
 def test_shadow_report_when_off_says_how_to_turn_it_on():

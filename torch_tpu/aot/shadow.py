@@ -7,8 +7,9 @@ it with libtpu for the topology. The program the local plugin runs is compiled a
 kernels in it are in interpret mode; torch_tpu.aot.compile lowers them for Mosaic). shadow_report()
 says how many compiled, which TPU refuses (lowering/target.py: op and dtype named) and which failed
 with libtpu's message. With TORCH_TPU_SHADOW_REPORT=<file>, each process appends its report to the
-file as one JSON line at exit (a test suite runs in several processes); `python -m
-torch_tpu.aot <file>` (aot/__main__.py) sums them up.
+file as one JSON line at exit (a test suite runs in several processes) and leaves the programs still
+queued then in <file>.pending/ (exit is not delayed); `python -m torch_tpu.aot <file>`
+(aot/__main__.py) compiles those, once each, and sums everything up.
 """
 from __future__ import annotations
 
@@ -44,11 +45,13 @@ class Failure:
 @dataclasses.dataclass
 class ShadowReport:
     """compiled: programs that compiled for `topology`; failures: those that did not (Failure);
-    pending: programs still queued when the report was taken (0 when it waited)."""
+    pending: programs still queued when the report was taken (0 when it waited); after_exit (from
+    summarize): programs left queued at their process's exit and compiled by summarize, once each."""
     topology: str
     compiled: int = 0
     failures: list[Failure] = dataclasses.field(default_factory=list)
     pending: int = 0
+    after_exit: int = 0
 
     @property
     def refused(self) -> list[Failure]:
@@ -56,7 +59,9 @@ class ShadowReport:
 
     def __str__(self):
         lines = [f"shadow {self.topology}: {self.compiled} program(s) compiled, {len(self.refused)} refused on TPU, "
-                 f"{len(self.failures) - len(self.refused)} failed" + (f", {self.pending} pending" if self.pending else "")]
+                 f"{len(self.failures) - len(self.refused)} failed" + (f", {self.pending} pending" if self.pending else "")
+                 + (f" ({self.after_exit} of them queued at their process's exit, compiled by summarize)"
+                    if self.after_exit else "")]
         lines += [f"  {'refused' if f.refused else 'FAILED'}: {f.program}: {f.message.splitlines()[0][:300]}"
                   for f in self.failures]
         return "\n".join(lines)
@@ -91,13 +96,7 @@ class _Shadow:
             if item is None:
                 return
             program, name = item
-            failure = None
-            try:
-                self.topology.compile(program)
-            except TypeError as e:  # refused by torch_tpu: TPU cannot run it
-                failure = Failure(name, _op_of(name, str(e)), str(e), refused=True)
-            except Exception as e:  # noqa: BLE001  (libtpu's error: recorded, never raised here)
-                failure = Failure(name, _op_of(name, str(e)), str(e))
+            failure = _compile(self.topology, program, name)
             with self.lock:
                 if failure is None:
                     self.report.compiled += 1
@@ -112,20 +111,36 @@ class _Shadow:
                 self.idle.wait_for(lambda: self.busy == 0)
             return dataclasses.replace(self.report, failures=list(self.report.failures), pending=self.busy)
 
-    def stop(self):
-        """At exit: drops what is queued and waits for the compile in progress (its worker's reply),
-        so that the report taken afterwards counts it."""
+    def stop(self) -> list[tuple[str, str]]:
+        """At exit: takes what is queued off the queue and waits for the compile in progress (its
+        worker's reply), so that the report taken afterwards counts it. Returns the (program, name)
+        pairs taken off, not compiled."""
         with self.lock:
             self.stopped = True
+        dropped = []
         try:
             while True:
-                if self.queue.get_nowait() is not None:
+                item = self.queue.get_nowait()
+                if item is not None:
+                    dropped.append(item)
                     with self.lock:
                         self.busy -= 1
         except queue.Empty:
             pass
         self.queue.put(None)
         self.thread.join()
+        return dropped
+
+
+def _compile(topo: Topology, program: str, name: str) -> Failure | None:
+    """Compiles `program` for `topo`: None, or why not (refused by torch_tpu, or libtpu's error)."""
+    try:
+        topo.compile(program)
+    except TypeError as e:  # refused by torch_tpu: TPU cannot run it
+        return Failure(name, _op_of(name, str(e)), str(e), refused=True)
+    except Exception as e:  # noqa: BLE001  (libtpu's error: recorded, never raised here)
+        return Failure(name, _op_of(name, str(e)), str(e))
+    return None
 
 
 _OP = re.compile(r"\b(stablehlo\.\w+|aten::[\w.]+)")
@@ -150,13 +165,16 @@ def enable(name: str) -> None:
     runtime._SHADOW = _active
 
 
-def disable() -> None:
-    """Stops shadow mode (waits for the compile in progress; drops the queued ones)."""
+def disable() -> list[tuple[str, str]]:
+    """Stops shadow mode (waits for the compile in progress); returns the queued (program, name)
+    pairs it did not compile."""
     global _active
     runtime._SHADOW = None
+    dropped = []
     if _active is not None:
-        _active.stop()
+        dropped = _active.stop()
         _active = None
+    return dropped
 
 
 def shadow_report(wait: bool = True) -> ShadowReport:
@@ -186,14 +204,26 @@ def from_environment() -> None:
 def _at_exit():
     if _active is None:
         return
-    report = _active.snapshot(wait=False)
-    disable()
+    active = _active
+    dropped = disable()  # after the compile in progress, which the report then counts
+    report = dataclasses.replace(active.snapshot(wait=False), pending=len(dropped))
     path = os.environ.get(REPORT_ENV)
     if path:
         line = json.dumps({"topology": report.topology, "compiled": report.compiled, "pending": report.pending,
                            "failures": [dataclasses.asdict(f) for f in report.failures]})
         with open(path, "a") as f:  # one short write per process: lines from several processes stay whole
             f.write(line + "\n")
+        # Programs still queued at exit are left for summarize() to compile (exit is not delayed):
+        # one file per program, so that the many processes of a suite leave each program once.
+        folder = path + ".pending"
+        os.makedirs(folder, exist_ok=True)
+        for program, name in dropped:
+            out = os.path.join(folder, hashlib.sha256(program.encode()).hexdigest() + ".json")
+            if not os.path.exists(out):
+                tmp = f"{out}.{os.getpid()}.tmp"
+                with open(tmp, "w") as f:
+                    json.dump({"name": name, "program": program}, f)
+                os.replace(tmp, out)
 
 
 def summarize(path: str) -> ShadowReport:
@@ -214,5 +244,22 @@ def summarize(path: str) -> ShadowReport:
                     total.failures.append(Failure(**fd))
     if total is None:
         raise ValueError(f"{path} holds no shadow report")
+    folder = path + ".pending"
+    if os.path.isdir(folder):  # programs queued at their process's exit: compiled here, once each
+        topo = topology(total.topology)
+        for entry in sorted(os.listdir(folder)):
+            if not entry.endswith(".json"):
+                continue
+            with open(os.path.join(folder, entry)) as f:
+                d = json.load(f)
+            failure = _compile(topo, d["program"], d["name"])
+            if failure is None:
+                total.compiled += 1
+            elif (failure.program, failure.message) not in seen:
+                seen.add((failure.program, failure.message))
+                total.failures.append(failure)
+            total.after_exit += 1
+            os.remove(os.path.join(folder, entry))
+        total.pending = 0
     return total
 
