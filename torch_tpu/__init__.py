@@ -69,6 +69,10 @@ from . import distributed  # noqa: E402
 
 distributed.register()  # init_process_group("tpu_dist")
 
+from . import integrations as _integrations  # noqa: E402
+
+_integrations.install()  # Hugging Face accelerate picks tpu (integrations/accelerate.py)
+
 if _os.environ.get("TORCH_TPU_SHADOW_TOPOLOGY"):  # every program also compiled for a TPU (torch_tpu.aot)
     from .aot import shadow as _shadow
     _shadow.from_environment()

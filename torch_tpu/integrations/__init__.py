@@ -1,0 +1,10 @@
+"""torch_tpu's integrations with libraries that choose a device themselves: each is applied when that
+library is imported (and only where it is installed), and says what it changes and why."""
+from __future__ import annotations
+
+from . import accelerate
+
+
+def install() -> None:
+    """Called once when torch_tpu loads."""
+    accelerate.install()

@@ -1,0 +1,101 @@
+"""Hugging Face accelerate on the tpu device.
+
+Why: accelerate (1.15) picks its device from a fixed list of accelerators (mps, mlu, sdaa, musa, npu,
+hpu, cuda, xpu, neuron) and otherwise falls back to the CPU; it does not consult torch.accelerator,
+through which transformers (5.24) puts a Trainer's model on tpu:0. A Trainer's model was then on tpu
+while accelerate's data loader left its batches on the CPU, and the first step failed.
+
+What changes, in a process where torch_tpu is loaded, when `accelerate.state` is imported:
+- `PartialState.default_device` is the current tpu device where accelerate would fall back to the
+  CPU and a tpu device exists. What a user asks for still wins, as it does over CUDA: `cpu=True`
+  (Trainer's `use_cpu`), and `ACCELERATE_TORCH_DEVICE`. Batches, models, `mixed_precision="bf16"`
+  (torch.autocast on tpu), gradient accumulation and clipping then follow accelerate's own code.
+- Several processes (torchrun, WORLD_SIZE > 1): accelerate has no distributed type for tpu, so each
+  process would silently train alone; `PartialState()` raises RuntimeError instead, saying to run
+  one process or to use torch.distributed directly (DDP / FSDP2 on the `tpu_dist` backend).
+Nothing else of accelerate is touched; `install()` does nothing where accelerate is not installed.
+"""
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import os
+import sys
+
+_MODULE = "accelerate.state"
+
+
+def _tpu_usable() -> bool:
+    import torch
+    return torch.tpu.is_available()
+
+
+def patch(state) -> None:
+    """Applies the changes above to the imported module `accelerate.state` (idempotent)."""
+    cls = state.PartialState
+    if getattr(cls, "_torch_tpu_patched", False):
+        return
+    import torch
+    fallback = cls.default_device
+
+    def default_device(self):
+        device = fallback.fget(self)
+        if device.type == "cpu" and _tpu_usable():
+            return torch.device("tpu", torch.tpu.current_device())
+        return device
+    default_device.__doc__ = (fallback.__doc__ or "") + "\n(torch_tpu: the tpu device where accelerate would take the CPU.)"
+
+    prepare = cls._prepare_backend
+
+    def _prepare_backend(self, cpu=False, sagemaker_dp=False, backend=None):
+        backend, distributed_type = prepare(self, cpu, sagemaker_dp, backend)
+        several = int(os.environ.get("WORLD_SIZE", "1")) > 1 and int(os.environ.get("LOCAL_RANK", -1)) != -1
+        if backend is None and several and not cpu and "ACCELERATE_TORCH_DEVICE" not in os.environ and _tpu_usable():
+            raise RuntimeError(
+                "accelerate has no multi-process mode for the tpu device (it would train each process alone): "
+                "run one process, or use torch.distributed directly (DistributedDataParallel or FSDP2 after "
+                "torch.distributed.init_process_group('tpu_dist')).")
+        return backend, distributed_type
+
+    cls.default_device = property(default_device)
+    cls._prepare_backend = _prepare_backend
+    cls._torch_tpu_patched = True
+
+
+class _Loader(importlib.abc.Loader):
+    """accelerate.state's own loader, then patch()."""
+
+    def __init__(self, loader):
+        self.loader = loader
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        self.loader.exec_module(module)
+        patch(module)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Finds accelerate.state as the other finders do, with a loader that patches it once executed."""
+
+    def find_spec(self, name, path, target=None):
+        if name != _MODULE:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None and spec.loader is not None:
+                spec.loader = _Loader(spec.loader)
+                return spec
+        return None
+
+
+def install() -> None:
+    """Patches accelerate.state now if it is imported, else when it is; nothing where accelerate is
+    not installed."""
+    if _MODULE in sys.modules:
+        patch(sys.modules[_MODULE])
+    elif importlib.util.find_spec("accelerate") is not None and not any(isinstance(f, _Finder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _Finder())
