@@ -1,9 +1,11 @@
 """Hugging Face accelerate on the tpu device.
 
-Why: accelerate (1.15) picks its device from a fixed list of accelerators (mps, mlu, sdaa, musa, npu,
+Why: accelerate 1.15 picks its device from a fixed list of accelerators (mps, mlu, sdaa, musa, npu,
 hpu, cuda, xpu, neuron) and otherwise falls back to the CPU; it does not consult torch.accelerator,
 through which transformers (5.24) puts a Trainer's model on tpu:0. A Trainer's model was then on tpu
-while accelerate's data loader left its batches on the CPU, and the first step failed.
+while accelerate's data loader left its batches on the CPU, and the first step failed. accelerate
+1.16 asks torch.accelerator and picks tpu itself (the device change below is then a no-op), but in
+both a torchrun launch on tpu has no distributed type (no distributed backend it knows for tpu).
 
 What changes, in a process where torch_tpu is loaded, when `accelerate.state` is imported:
 - `PartialState.default_device` is the current tpu device where accelerate would fall back to the
