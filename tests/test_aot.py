@@ -479,9 +479,22 @@ def test_tensor_parallel_training_step_compiles_for_tpu(fake_world):
 
 
 # -- shadow mode ----------------------------------------------------------------------------------------
-def test_shadow_mode_compiles_every_program_for_tpu(tmp_path):
+def _shadow_job(tmp_path, source: str):
+    """Runs `source` as a script under shadow mode (v5e:1x1) with a report file; returns (its stdout,
+    the report's path). Fails on a non-zero exit."""
     script = tmp_path / "job.py"
-    script.write_text(
+    script.write_text(source)
+    log = tmp_path / "shadow.jsonl"
+    env = dict(os.environ, TORCH_TPU_SHADOW_TOPOLOGY="v5e:1x1", TORCH_TPU_SHADOW_REPORT=str(log),
+               TORCH_TPU_DISK_CACHE="0")
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout, log
+
+
+def test_shadow_mode_compiles_every_program_for_tpu(tmp_path):
+    stdout, log = _shadow_job(
+        tmp_path,
         "import torch, torch_tpu\n"
         "from torch_tpu import aot\n"
         "x = torch.randn(16, 16, device='tpu')\n"
@@ -492,16 +505,11 @@ def test_shadow_mode_compiles_every_program_for_tpu(tmp_path):
         "print('COMPILED', r.compiled)\n"
         "print('REFUSED', [f.program for f in r.refused])\n"
         "print('FAILED', [f.program for f in r.failures if not f.refused])\n")
-    log = tmp_path / "shadow.jsonl"
-    env = dict(os.environ, TORCH_TPU_SHADOW_TOPOLOGY="v5e:1x1", TORCH_TPU_SHADOW_REPORT=str(log),
-               TORCH_TPU_DISK_CACHE="0")
-    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=240)
-    assert out.returncode == 0, out.stderr[-3000:]
-    lines = dict(line.split(" ", 1) for line in out.stdout.splitlines() if line.split(" ")[0] in
+    lines = dict(line.split(" ", 1) for line in stdout.splitlines() if line.split(" ")[0] in
                  ("COMPILED", "REFUSED", "FAILED"))
-    assert int(lines["COMPILED"]) >= 5, out.stdout
-    assert "fft" in lines["REFUSED"], out.stdout
-    assert lines["FAILED"] == "[]", out.stdout
+    assert int(lines["COMPILED"]) >= 5, stdout
+    assert "fft" in lines["REFUSED"], stdout
+    assert lines["FAILED"] == "[]", stdout
     total = aot.shadow.summarize(str(log))
     assert total.compiled == int(lines["COMPILED"]) and len(total.refused) == 1
 
@@ -509,8 +517,8 @@ def test_shadow_mode_compiles_every_program_for_tpu(tmp_path):
 def test_programs_queued_at_exit_are_compiled_by_summarize(tmp_path):
     # The job exits while its shadow compiles are queued (each made slow here): exit does not wait;
     # the queued programs are left in <report>.pending/ and `python -m torch_tpu.aot` compiles them.
-    script = tmp_path / "job.py"
-    script.write_text(
+    stdout, log = _shadow_job(
+        tmp_path,
         "import time, torch, torch_tpu\n"
         "from torch_tpu import aot\n"
         "sh = aot.shadow._active\n"
@@ -519,12 +527,7 @@ def test_programs_queued_at_exit_are_compiled_by_summarize(tmp_path):
         "for k in range(6):\n"
         "    torch.ones(k + 1, device='tpu').sum().item()\n"
         "print('SEEN', len(sh.seen))\n")
-    log = tmp_path / "shadow.jsonl"
-    env = dict(os.environ, TORCH_TPU_SHADOW_TOPOLOGY="v5e:1x1", TORCH_TPU_SHADOW_REPORT=str(log),
-               TORCH_TPU_DISK_CACHE="0")
-    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=240)
-    assert out.returncode == 0, out.stderr[-3000:]
-    seen = int(next(line.split()[1] for line in out.stdout.splitlines() if line.startswith("SEEN")))
+    seen = int(next(line.split()[1] for line in stdout.splitlines() if line.startswith("SEEN")))
     line = json.loads(log.read_text())
     left = os.listdir(str(log) + ".pending")
     assert seen >= 6 and line["pending"] == len(left) and line["compiled"] + line["pending"] == seen, (line, seen)
