@@ -189,26 +189,28 @@ def test_inplace_update_donates_buffer():
 
 
 def _busy_product(n=1400):
-    """A (n, n) input, and its matrix product launched three times over: seconds of device work
-    that are still running when the next op is launched."""
-    a = torch.randn(n, n, device="tpu") / n
+    """A small (n, 40) input `a` (224 KiB: under TORCH_TPU_KEEP_BUSY_BYTES' default) and `c`, three
+    (n, n) products applied to it: seconds of device work, the last of which reads `a`, still
+    running when the next op is launched; and the (n, n) factor `w`, so that c = w @ w @ w @ a."""
+    w = torch.randn(n, n, device="tpu") / n
+    a = torch.randn(n, 40, device="tpu")
     torch.tpu.synchronize()
-    c = a @ a @ a @ a
-    return a, c
+    c = w @ w @ w @ a
+    return a, c, w
 
 
 @torch_tpu.eager_mode("strict")  # debug mode waits after every launch: nothing would still be running
 def test_inplace_update_of_a_busy_buffer_does_not_wait():
-    """Donating a buffer that a running program still reads would make PJRT block the host until
-    that program ends; the update then writes a fresh buffer instead (same storage, same values),
-    and PJRT frees the old one when its reader is done.
+    """Donating a buffer that a running program still reads would make PJRT block the launching
+    thread until that program ends; a small buffer's update then writes a fresh buffer instead (same
+    storage, same values), and PJRT frees the old one when its reader is done.
 
     Whether the product is still running when the update is issued depends on scheduling (on a
     loaded 2-core machine the launcher thread can be descheduled for the whole product), so the
     kept-busy count must rise in at least one of a few attempts; the values must be right in all."""
     kept = 0
     for _ in range(3):
-        a, c = _busy_product()
+        a, c, w = _busy_product()
         ptr = a.data_ptr()
         before = torch_tpu.metrics.counters()["busy_inputs_kept"]
         with torch_tpu.eager_mode("strict"):
@@ -216,7 +218,8 @@ def test_inplace_update_of_a_busy_buffer_does_not_wait():
         assert a.data_ptr() == ptr
         a_before = a.cpu() - 1.0
         kept += torch_tpu.metrics.counters()["busy_inputs_kept"] - before
-        torch.testing.assert_close(c.cpu(), a_before @ a_before @ a_before @ a_before, atol=1e-4, rtol=1e-3)
+        w = w.cpu()
+        torch.testing.assert_close(c.cpu(), w @ w @ w @ a_before, atol=1e-4, rtol=1e-3)
         if kept:
             break
     assert kept > 0
@@ -226,10 +229,10 @@ def test_busy_buffers_are_donated_past_the_byte_limit():
     """TORCH_TPU_KEEP_BUSY_BYTES=0: busy inputs are donated (the launch waits), with the same values."""
     prog = ("import warnings; warnings.filterwarnings('ignore'); import torch, torch_tpu\n"
             "from tests.test_storage_views import _busy_product\n"
-            "a, c = _busy_product()\n"
+            "a, c, w = _busy_product()\n"
             "a.add_(1.0)\n"
-            "b = a.cpu() - 1.0\n"
-            "ok = torch.allclose(c.cpu(), b @ b @ b @ b, atol=1e-4, rtol=1e-3)\n"
+            "b, w = a.cpu() - 1.0, w.cpu()\n"
+            "ok = torch.allclose(c.cpu(), w @ w @ w @ b, atol=1e-4, rtol=1e-3)\n"
             "print(torch_tpu.metrics.counters()['busy_inputs_kept'], ok)\n")
     assert run_python(prog, TORCH_TPU_KEEP_BUSY_BYTES="0").split() == ["0", "True"]
 

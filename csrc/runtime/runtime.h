@@ -220,10 +220,11 @@ class Runtime {
   // Outputs not yet awaited, with the op that produces each.
   std::vector<std::pair<std::weak_ptr<pjrt::Buffer>, std::string>> pending_;
   // The indices of `args` not to donate. Donating a buffer that an execution still uses (its
-  // pjrt::Buffer::last_use) makes PJRT block the host until it finishes (no overlap of
-  // host work with device work), so execute() does not donate busy inputs: the output is a fresh
-  // buffer and PJRT frees the old one once its users finish. Bounded per launch by
-  // keep_busy_bytes() (env TORCH_TPU_KEEP_BUSY_BYTES, default 64 MiB); past it, inputs are donated.
+  // pjrt::Buffer::last_use) makes PJRT block the launching thread until it finishes (no overlap of
+  // host work with device work), so execute() does not donate small busy inputs: the output is a
+  // fresh buffer and PJRT frees the old one once its users finish. Bounded per launch by
+  // keep_busy_bytes() (env TORCH_TPU_KEEP_BUSY_BYTES, default 256 KiB): a large fresh buffer costs
+  // more to touch the first time than the wait, so past it inputs are donated.
   std::vector<int64_t> busy_inputs(const std::vector<pjrt::Buffer*>& args, const std::vector<Cell*>& sinks);
   // The launch queue (see execute) and its thread; `deferred` queues work behind pending launches.
   // torch.OutOfMemoryError's message for a launch of `exe` that could not allocate its results
