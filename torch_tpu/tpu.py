@@ -43,21 +43,21 @@ def set_device(device) -> None:
     idx = _index(device)
     if idx is None:
         return
-    local = runtime._local_world()
-    if local is not None and idx == local[0] and idx > 0 and _C._device_count() == 1:
-        idx = 0
     _C._set_device(idx)
 
 
 def _index(device):
-    if isinstance(device, int):
-        return device
+    """The device index `device` (an int, "tpu:N", torch.device or None) names; None for "tpu" or None.
+    tpu:LOCAL_RANK is tpu:0 in a process of a multi-process job that drives one device (the CUDA habit
+    `f"cuda:{local_rank}"`). ValueError for a device of another type."""
     if device is None:
         return None
+    if isinstance(device, int):
+        return _C._own_device(device)
     d = torch.device(device)
     if d.type != "tpu":
         raise ValueError(f"expected a tpu device, got {d}")
-    return d.index
+    return None if d.index is None else _C._own_device(d.index)
 
 
 class device:

@@ -24,11 +24,18 @@ at::Tensor new_tpu_tensor(c10::IntArrayRef shape, c10::ScalarType dtype, int dev
 // order when t is a dense tensor covering the whole storage (runtime::Runtime::hint_layout).
 void hint_layout(const at::Tensor& t);
 
+// The index of the device that `index` names. In a multi-process job whose process drives one device
+// (torchrun's LOCAL_WORLD_SIZE > 1; Google TorchTPU's convention: each process sees its device as
+// tpu:0), LOCAL_RANK names that device too, so that CUDA-habit code (`torch.device(f"tpu:{local_rank}")`,
+// `set_device(local_rank)`, DDP's device_ids=[local_rank]) runs unchanged: tpu:LOCAL_RANK is tpu:0.
+// Every other index is returned as it is.
+c10::DeviceIndex own_device(c10::DeviceIndex index);
+
 // The thread's current tpu device index (torch.tpu.current_device()).
 c10::DeviceIndex current_device();
-// Sets it; throws a clear error when `index` is not a device of the running plugin.
+// Sets it (own_device(index)); throws a clear error when `index` is not a device of the running plugin.
 void set_device(c10::DeviceIndex index);
-// Throws a clear error unless 0 <= index < device count.
+// Throws a clear error unless 0 <= own_device(index) < device count.
 void check_device_index(c10::DeviceIndex index);
 
 // Default generator of tpu:index (index -1: the current device).

@@ -73,7 +73,7 @@ std::vector<at::Generator>& defaults() {
 }  // namespace
 
 const at::Generator& default_generator(c10::DeviceIndex index) {
-  if (index < 0) index = current_device();
+  index = index < 0 ? current_device() : own_device(index);
   std::lock_guard<std::mutex> lock(g_mu);
   auto& gens = defaults();
   if (gens.size() <= static_cast<size_t>(index)) {
@@ -86,7 +86,7 @@ const at::Generator& default_generator(c10::DeviceIndex index) {
 }
 
 at::Generator new_generator(c10::DeviceIndex index) {
-  return at::make_generator<TpuGeneratorImpl>(index < 0 ? current_device() : index);
+  return at::make_generator<TpuGeneratorImpl>(index < 0 ? current_device() : own_device(index));
 }
 
 std::pair<uint64_t, uint64_t> generator_next(const std::optional<at::Generator>& gen,

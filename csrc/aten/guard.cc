@@ -36,9 +36,9 @@ struct TpuEvent {
   bool timing = false;
 };
 
-// "tpu" without an index means the current device, as for tensors.
+// "tpu" without an index means the current device, as for tensors (and tpu:LOCAL_RANK, own_device).
 c10::Device resolved(c10::Device d) {
-  return d.has_index() ? d : c10::Device(c10::DeviceType::PrivateUse1, tls_device);
+  return c10::Device(c10::DeviceType::PrivateUse1, d.has_index() ? own_device(d.index()) : tls_device);
 }
 
 struct TpuGuardImpl final : c10::impl::DeviceGuardImplInterface {
@@ -50,7 +50,7 @@ struct TpuGuardImpl final : c10::impl::DeviceGuardImplInterface {
   }
   c10::Device getDevice() const override { return c10::Device(c10::DeviceType::PrivateUse1, tls_device); }
   void setDevice(c10::Device d) const override { set_device(d.index()); }
-  void uncheckedSetDevice(c10::Device d) const noexcept override { tls_device = d.index(); }
+  void uncheckedSetDevice(c10::Device d) const noexcept override { tls_device = own_device(d.index()); }
   c10::Stream getStream(c10::Device d) const override {
     d = resolved(d);
     auto it = tls_stream.find(d.index());
@@ -125,18 +125,30 @@ C10_REGISTER_GUARD_IMPL(PrivateUse1, TpuGuardImpl);
 
 c10::DeviceIndex current_device() { return tls_device; }
 
+c10::DeviceIndex own_device(c10::DeviceIndex index) {
+  // Read once: torchrun sets these before the process starts.
+  static const int local_rank = [] {
+    const char* size = std::getenv("LOCAL_WORLD_SIZE");
+    const char* rank = std::getenv("LOCAL_RANK");
+    if (!size || !rank) return -1;
+    int n = std::atoi(size), r = std::atoi(rank);
+    return n > 1 && r > 0 && r < n ? r : -1;
+  }();
+  if (index != local_rank || local_rank < 0) return index;
+  return runtime::Runtime::get().device_count_noexcept() == 1 ? 0 : index;
+}
+
 void check_device_index(c10::DeviceIndex index) {
   int n = runtime::Runtime::get().device_count_noexcept();
-  if (index < 0 || index >= n) {
+  if (own_device(index) < 0 || own_device(index) >= n) {
     // Starting the client raises the plugin's own error when that is why there is no device.
     runtime::Runtime::get().client();
     const char* local = std::getenv("LOCAL_WORLD_SIZE");
     bool per_process = local && std::atoi(local) > 1;
     TORCH_CHECK_INDEX(false, "invalid tpu device index ", static_cast<int>(index), ": there are ", n,
                       " tpu device(s) (valid indices 0..", n - 1, ")",
-                      per_process ? ". In a multi-process job (torchrun) each process drives its own device and "
-                                    "sees it as tpu:0: write torch.device('tpu') (or 'tpu:0') instead of "
-                                    "f'tpu:{LOCAL_RANK}'; torch.tpu.set_device(LOCAL_RANK) selects it too."
+                      per_process ? ". In a multi-process job (torchrun) each process drives its own device, "
+                                    "tpu:0, also named tpu:LOCAL_RANK; write torch.device('tpu')."
                                   : "");
   }
 }
@@ -144,7 +156,7 @@ void check_device_index(c10::DeviceIndex index) {
 void set_device(c10::DeviceIndex index) {
   if (index < 0) return;  // "tpu" without an index keeps the current device
   check_device_index(index);
-  tls_device = index;
+  tls_device = own_device(index);
 }
 
 }  // namespace torch_tpu::aten

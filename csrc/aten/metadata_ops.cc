@@ -28,7 +28,7 @@ constexpr c10::DispatchKeySet kTpuKeys(c10::DispatchKey::PrivateUse1);
 c10::Device target_device(std::optional<c10::Device> device) {
   c10::DeviceIndex idx = device && device->has_index() ? device->index() : current_device();
   check_device_index(idx);
-  return c10::Device(c10::DeviceType::PrivateUse1, idx);
+  return c10::Device(c10::DeviceType::PrivateUse1, own_device(idx));
 }
 
 at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,

@@ -164,6 +164,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_current_device", [] { return static_cast<int>(torch_tpu::aten::current_device()); });
   m.def("_set_device", [](int index) { torch_tpu::aten::set_device(index); });
   m.def("_check_device_index", [](int index) { torch_tpu::aten::check_device_index(index); });
+  m.def("_own_device", [](int index) { return static_cast<int>(torch_tpu::aten::own_device(index)); });
   m.def("_default_generator", [](int index) {
     return py::reinterpret_steal<py::object>(
         THPGenerator_initDefaultGenerator(torch_tpu::aten::default_generator(index)));

@@ -25,11 +25,14 @@ variables for it, and torch_tpu sets them before the client starts.
 """
 from __future__ import annotations
 
+import functools
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 
 from .. import _C
+from .. import tpu as tpu_module
 from .device_collectives import backend_device_path
 from .mesh import topology_aware_device_mesh, topology_aware_mesh  # noqa: F401
 from .tpu_env import tpu_process_env  # noqa: F401
@@ -92,8 +95,61 @@ def _check_one_device_per_process(group_size: int) -> None:
             "(torch_tpu.distributed.tpu_process_env); a job that sets TPU_VISIBLE_CHIPS must name one chip.")
 
 
+def _say_tpu_dist_for_nccl(init):
+    """init_process_group that, where NCCL is not built in (a CPU or TPU build of torch), adds to
+    PyTorch's "Distributed package doesn't have NCCL built in" what a CUDA script moved to tpu needs:
+    backend "tpu_dist". Arguments, results and every other error are init's own."""
+    @functools.wraps(init)
+    def init_process_group(*args, **kwargs):
+        try:
+            return init(*args, **kwargs)
+        except RuntimeError as e:
+            backend = kwargs.get("backend", args[0] if args else None)
+            if "nccl" not in str(backend or "").lower() or dist.is_nccl_available():
+                raise
+            raise RuntimeError(
+                f"{e}. NCCL is CUDA's; for tpu tensors use backend 'tpu_dist': "
+                "dist.init_process_group('tpu_dist'), or no backend (tpu tensors on tpu_dist, CPU ones on gloo)") from e
+    init_process_group.__torch_tpu_wrapped__ = True
+    return init_process_group
+
+
+def _tpu_device_id(d):
+    """A DDP device id (an int, "tpu:N" or torch.device) naming a tpu device, as the index of the
+    device it names (tpu:LOCAL_RANK is tpu:0 in a process driving one device: torch_tpu.tpu._index)."""
+    if isinstance(d, (str, torch.device)) and torch.device(d).type != "tpu":
+        return d
+    return tpu_module._index(d)
+
+
+def _ddp_with_own_device_ids(init):
+    """DistributedDataParallel.__init__ that, for a module on tpu, turns device_ids and output_device
+    into the index of the device they name (CUDA scripts pass device_ids=[local_rank]; torch_tpu's
+    process sees that device as tpu:0). Without it, DDP moves each input to tpu:LOCAL_RANK (a copy
+    to the same device every step) through a side stream that it looks up by that index among the
+    device_count() streams, and fails (IndexError). Everything else is DDP's own."""
+    @functools.wraps(init)
+    def __init__(self, module, device_ids=None, output_device=None, *args, **kwargs):
+        on_tpu = any(p.device.type == "tpu" for p in module.parameters())
+        if on_tpu and device_ids:
+            device_ids = [_tpu_device_id(d) for d in device_ids]
+        if on_tpu and output_device is not None:
+            output_device = _tpu_device_id(output_device)
+        init(self, module, device_ids, output_device, *args, **kwargs)
+    __init__.__torch_tpu_wrapped__ = True
+    return __init__
+
+
 def register() -> None:
-    """Registers `tpu_dist` with torch.distributed (idempotent; called when torch_tpu loads)."""
+    """Registers `tpu_dist` with torch.distributed (idempotent; called when torch_tpu loads); makes
+    init_process_group("nccl") name it where NCCL is not built in, and DDP take CUDA-habit device_ids."""
     if not dist.is_available() or BACKEND_NAME.upper() in dist.Backend._plugins:
         return
     dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True, devices=["tpu"])
+    if not getattr(dist.init_process_group, "__torch_tpu_wrapped__", False):
+        from torch.distributed import distributed_c10d
+        dist.init_process_group = distributed_c10d.init_process_group = _say_tpu_dist_for_nccl(
+            distributed_c10d.init_process_group)
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    if not getattr(DDP.__init__, "__torch_tpu_wrapped__", False):
+        DDP.__init__ = _ddp_with_own_device_ids(DDP.__init__)
