@@ -7,7 +7,24 @@ cases. Needs `pip install jax` (not a dependency of torch_tpu).
 """
 from __future__ import annotations
 
+import os
 import time
+
+# jaxlib's own CPU client unless use_plugin says otherwise: with libtpu installed (torch_tpu's tpu
+# extra), jax would otherwise try a TPU first and print libtpu's warnings on a machine without one.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+def use_plugin(path):
+    """Makes jax run on the PJRT plugin at `path` (torch_tpu's, e.g. OpenXLA's CPU plugin) instead of
+    jaxlib's own CPU client; before jax's first use. jax has no public call for a plugin by path:
+    this uses jax._src.xla_bridge.register_plugin, as jax's plugin packages do."""
+    import jax
+    from jax._src import xla_bridge
+
+    xla_bridge.register_plugin("torch_tpu_plugin", priority=500, library_path=path,
+                               options={"cpu_device_count": 1})
+    jax.config.update("jax_platforms", "torch_tpu_plugin")
 
 
 def _params(torch_model):
