@@ -1,11 +1,12 @@
-"""Hugging Face Llama, Gemma and Qwen2 architectures on tpu against CPU, side by side (ratios), in the
+"""Hugging Face Llama, Gemma, Qwen2 and GPT-2 architectures on tpu against CPU, side by side (ratios), in the
 shape of Google's TorchTPU model benchmarks: forward, training step and decode, in each eager mode and
 compiled.
 
-    python benchmarks/bench_models.py [--models llama,gemma,qwen2] [--workloads forward,train,decode]
+    python benchmarks/bench_models.py [--models llama,gemma,qwen2,gpt2] [--workloads forward,train,decode]
                                       [--modes cpu,inductor,strict,fused,compiled] [--steps 8]
 
-Models are random-init configs sized for 2 cores (hidden 128, 2 layers, 4 heads, vocab 512; batch 4 x
+Models are random-init configs sized for 2 cores (hidden 128, 2 layers, 4 heads, vocab 512; GPT-2's
+MLP is 4x wide, the others' 2x; batch 4 x
 64 tokens; decode: batch 1, an 8-token prompt, 16 new tokens, greedy, static cache). Workloads:
 - forward: logits under no_grad, ending with a host read of one logit;
 - train: AdamW step on the causal LM loss (zero_grad, forward, backward, step; loss.item());
@@ -53,7 +54,9 @@ def config(name: str):
         return transformers.GemmaConfig(**dict(common, num_key_value_heads=1, head_dim=32))
     if name == "qwen2":
         return transformers.Qwen2Config(**common)
-    raise ValueError(f"unknown model {name!r}: llama, gemma or qwen2")
+    if name == "gpt2":
+        return transformers.GPT2Config(vocab_size=512, n_embd=128, n_layer=2, n_head=4, n_positions=256)
+    raise ValueError(f"unknown model {name!r}: llama, gemma, qwen2 or gpt2")
 
 
 def _sync(dev: torch.device) -> None:
@@ -132,7 +135,7 @@ def measure(name: str, workload: str, mode: str, steps: int) -> dict:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--models", default="llama,gemma,qwen2")
+    p.add_argument("--models", default="llama,gemma,qwen2,gpt2")
     p.add_argument("--workloads", default="forward,train,decode")
     p.add_argument("--modes", default="cpu,inductor,strict,fused,compiled")
     p.add_argument("--steps", type=int, default=8)

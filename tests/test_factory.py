@@ -45,6 +45,29 @@ def test_arange_sizes_change_with_values():
     assert out.shape == (10,) and torch.equal(out.cpu(), torch.arange(0.0, 10))
 
 
+def test_arange_repeats_skip_the_meta_size():
+    # A decode loop's cache_position = arange(past, past + 1): torch.arange passes an empty out= each
+    # call; the resize step is cached by the Scalar values (meta's size is ~0.5 ms of Python).
+    from torch_tpu.aten.kernel import Kernel
+    builds = []
+    real = Kernel._build
+    Kernel._build = lambda self, *a: builds.append(self.name) or real(self, *a)
+    try:
+        for rnd in range(2):
+            for past in (7, 8, 9):
+                for dtype in (torch.int64, torch.float32):
+                    t = torch.arange(past, past + 1, device=TPU, dtype=dtype)
+                    assert t.dtype == dtype and torch.equal(t.cpu(), torch.arange(past, past + 1, dtype=dtype))
+            if rnd == 0:
+                first = len(builds)
+        assert first > 0 and len(builds) == first, builds
+        out = torch.empty(0, device=TPU, dtype=torch.int64)  # an out= of another shape: resized as before
+        torch.arange(8, 9, out=out)
+        assert out.shape == (1,) and out.item() == 8
+    finally:
+        Kernel._build = real
+
+
 def test_arange_errors():
     for args in ((0, 5, 0), (5, 0, 1), (0, float("inf"))):
         with pytest.raises(RuntimeError):

@@ -318,6 +318,9 @@ def _check_inplace_cast(vals, sig, value_meta):
                                f"{scalar_type_name(w.dtype)}")
 
 
+_MAX_RESIZES = 1024
+
+
 class Kernel:
     """The PrivateUse1 kernel of one overload `K`, computing its value with the lowering of `F`
     (F is K itself, or the functional overload whose value K writes in place / into out=)."""
@@ -335,6 +338,10 @@ class Kernel:
         # linspace): the key holds the size meta computes, since Scalar values are not in it.
         self.sized_by_scalars = self.sig.is_out and self.fsig is self.sig and "S" in self.sig.kinds and \
             all(self.sig.kinds[i] == "T" for i in self.sig.written)
+        # Their resize steps by key (the key holds the Scalar values): the composite torch.arange
+        # passes an empty out= every call, and meta's size costs ~0.5 ms of Python (a decode step
+        # calls arange a few times per token). Cleared past _MAX_RESIZES keys.
+        self._resizes: dict = {}
 
     def register(self, dispatch: bool = True) -> None:
         """Creates this kernel's C++ front-end and registers it with the dispatcher for tpu tensors
@@ -357,6 +364,13 @@ class Kernel:
                 vals[i] = v
         return _C._run_op_kernel(self.id, vals)
 
+    def _resize_key(self, key, vals):
+        """What fixes a sized_by_scalars call's resize: its key (which names Scalars by dtype, not
+        value; as its repr, since it nests lists), the Scalar values and the written tensors' shapes."""
+        sig = self.sig
+        return (repr(key), tuple((type(vals[i]).__name__, vals[i]) for i, k in enumerate(sig.kinds) if k == "S"),
+                tuple(tuple(vals[i].shape) for i in sig.written))
+
     def _slow(self, args, kwargs, key, operands, device, entry):
         """A call C++ does not run by itself: a cache miss (entry None: meta, lowering, compile), or
         debug / fused eager, a per-call check, the CPU fallback. Returns (result, the new entry for
@@ -369,10 +383,17 @@ class Kernel:
         call = _Call(key, operands, device)
         store = None
         if entry is None:
-            try:
-                entry = self._build(vals, call)
-            except NotLowered:
-                entry = _ON_HOST
+            rkey = self._resize_key(key, vals) if self.sized_by_scalars else None
+            entry = self._resizes.get(rkey) if self.sized_by_scalars else None
+            if entry is None:
+                try:
+                    entry = self._build(vals, call)
+                except NotLowered:
+                    entry = _ON_HOST
+                if self.sized_by_scalars and entry is not _ON_HOST and entry.resize:
+                    if len(self._resizes) >= _MAX_RESIZES:
+                        self._resizes.clear()
+                    self._resizes[rkey] = entry
             if entry is _ON_HOST or not entry.resize:
                 store = entry
         if entry is _ON_HOST:
