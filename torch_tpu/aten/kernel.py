@@ -320,6 +320,25 @@ def _check_inplace_cast(vals, sig, value_meta):
 
 _MAX_RESIZES = 1024
 
+# Errors PyTorch's meta kernels and refs raise with another type than its device kernels (CPU's, the
+# reference): (meta's type, the message's start) -> (CPU's type, CPU's message or None: meta's).
+_META_ERRORS = (
+    (RuntimeError, "tensors used as indices must be", IndexError, None),  # TORCH_CHECK_INDEX on CPU
+    (ValueError, "clamp called but both min and max are none", RuntimeError,
+     "torch.clamp: At least one of 'min' or 'max' must not be None"),
+)
+
+
+def _as_cpu_raises(fn, *args):
+    """fn(*args) (a meta computation), with its errors of _META_ERRORS raised as CPU raises them."""
+    try:
+        return fn(*args)
+    except (RuntimeError, ValueError) as e:
+        for meta_type, start, cpu_type, message in _META_ERRORS:
+            if type(e) is meta_type and str(e).startswith(start):
+                raise cpu_type(message or str(e)) from None
+        raise
+
 
 class Kernel:
     """The PrivateUse1 kernel of one overload `K`, computing its value with the lowering of `F`
@@ -521,7 +540,7 @@ class Kernel:
         resize = []
         if sig.written:
             _check_overlap(vals, sig)
-            sig.invoke(k_meta)  # raises what CPU would (broadcast into self, unsafe casts...)
+            _as_cpu_raises(sig.invoke, k_meta)  # raises what CPU would (broadcast into self, unsafe casts...)
             if sig.is_out:
                 for i in sig.written:
                     if sig.kinds[i] == "T" and tuple(k_meta[i].shape) != tuple(vals[i].shape):
@@ -536,7 +555,8 @@ class Kernel:
             structure = "none"
         else:
             f_meta = meta_vals(f_vals, f_kinds)
-            value_meta = self.lowering.meta(*f_meta) if self.lowering.meta else fsig.invoke(f_meta)
+            value_meta = _as_cpu_raises(self.lowering.meta, *f_meta) if self.lowering.meta else \
+                _as_cpu_raises(fsig.invoke, f_meta)
             if isinstance(value_meta, torch.Tensor):
                 structure, value_meta = "T", [value_meta]
             elif isinstance(value_meta, list):

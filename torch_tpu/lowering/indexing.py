@@ -290,7 +290,27 @@ def nonzero(x):
     return torch.ops.aten.nonzero_static.out(x, size=count, fill_value=-1, out=out)
 
 
+def _into_out(result, out):
+    """An out= overload's ending for a host kernel: out (on the op's device, checked before anything
+    is computed) resized to the result and written, as PyTorch's out= ops do."""
+    out.resize_(result.shape)
+    return out.copy_(result)
+
+
+def _same_device_out(x, out):
+    """PyTorch's error for an out= tensor on another device (RuntimeError), raised before the op runs."""
+    if out.device != x.device:
+        raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
+                           f"{x.device} and {out.device}!")
+
+
+def nonzero_out(x, *, out):
+    _same_device_out(x, out)
+    return _into_out(nonzero(x), out)
+
+
 host_kernel("nonzero", nonzero)
+host_kernel("nonzero.out", nonzero_out)
 
 
 def masked_select(x, mask):
@@ -300,7 +320,13 @@ def masked_select(x, mask):
     return torch.ops.aten.index.Tensor(xb, [mb])
 
 
+def masked_select_out(x, mask, *, out):
+    _same_device_out(x, out)
+    return _into_out(masked_select(x, mask), out)
+
+
 host_kernel("masked_select", masked_select)
+host_kernel("masked_select.out", masked_select_out)
 
 
 # -- advanced indexing -----------------------------------------------------------------------------------
@@ -350,6 +376,8 @@ def _index_bounds(x, indices, *rest):
         if i is not None:
             if i.dtype not in (torch.int64, torch.int32):
                 raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
+            if x.shape[d] == 0 and i.numel() > 0:  # every index is out of bounds: CPU's message, no program
+                raise IndexError("index is out of bounds for dimension with size 0")
             out.append(IndexBound(i, x.shape[d], IndexError,
                                   f"index {{value}} is out of bounds for dimension {d} with size {x.shape[d]}",
                                   negative_ok=True))
@@ -455,7 +483,15 @@ def index_copy(ctx, x, dim, index, source):
     return _along(ctx, x, dim, index, ctx.b.convert(source, x.dtype), None)
 
 
-@register("index_fill.int_Scalar", "index_fill.int_Tensor",
+def _index_fill_meta(x, dim, index, value):
+    """index_fill's result (as its meta kernel), refusing a complex value for a real tensor as CPU
+    does (once per key: the value's dtype is in it)."""
+    if isinstance(value, complex) and not x.is_complex():
+        raise RuntimeError("index_fill_(): Converting complex Scalar to non-complex type is not supported")
+    return torch.ops.aten.index_fill(x, dim, index, value)
+
+
+@register("index_fill.int_Scalar", "index_fill.int_Tensor", meta=_index_fill_meta,
           bounds=_along_bounds(IndexError, "index {value} is out of bounds for dimension {dim} with size {size}",
                                negative_ok=True))
 def index_fill(ctx, x, dim, index, value):
