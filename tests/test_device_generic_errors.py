@@ -56,3 +56,11 @@ def test_out_on_another_device_is_refused_before_anything_is_written(op):
     tpu_out = torch.empty(5, dtype=out.dtype, device="tpu")  # the same device: resized and written, as on CPU
     assert call(x, tpu_out) is tpu_out
     assert torch.equal(tpu_out.cpu(), call(x.cpu(), torch.empty(0, dtype=out.dtype)))
+
+
+def test_uint8_mask_indexing_warns_as_on_cpu():
+    for d in DEVICES:
+        x = torch.arange(3.0, device=d)
+        with pytest.warns(UserWarning, match="indexing with dtype torch.uint8 is now deprecated"):
+            got = x[torch.tensor([1, 0, 1], dtype=torch.uint8, device=d)]
+        assert got.cpu().tolist() == [0.0, 2.0]

@@ -11,6 +11,8 @@ the device (nonzero_static).
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from .elementwise import compute_dtype
@@ -343,6 +345,9 @@ def _prepare_indices(x, indices):
         if i.device != x.device:
             i = i.to(x.device)
         if i.dtype in (torch.bool, torch.uint8):
+            if i.dtype == torch.uint8:  # CPU's deprecation warning, word for word
+                warnings.warn("indexing with dtype torch.uint8 is now deprecated, please use a dtype torch.bool "
+                              "instead.", UserWarning, stacklevel=2)
             for k in range(i.dim()):
                 if d + k >= x.dim() or i.shape[k] != x.shape[d + k]:
                     raise IndexError(f"The shape of the mask {list(i.shape)} at index {k} does not match the "
