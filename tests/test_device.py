@@ -137,14 +137,21 @@ def test_plugin_start_prints_no_info_logs_and_other_ranks_no_platform_warning():
     # create_options") after absl's notice that logging is not initialised: both left out. The
     # platform warning is said once per job, by rank 0 (or a process that is not part of one).
     code = "import torch, torch_tpu; print((torch.ones(2, device='tpu') + 1).tolist())"
-    r = _run(code, {})
+    # A clean environment: what earlier tests of this worker left in os.environ (in one full-suite
+    # run, something silenced the plugin's INFO lines) must not decide what the plugin prints.
+    clean = {k: os.environ[k] for k in ("PATH", "HOME", "PYTHONPATH", "TORCH_TPU_CACHE_DIR") if k in os.environ}
+
+    def run_clean(code, env):
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**clean, **env},
+                              timeout=120)
+    r = run_clean(code, {})
     assert r.returncode == 0 and r.stdout.strip() == "[2.0, 2.0]", r.stderr
     assert "I0000" not in r.stderr and "absl::InitializeLog" not in r.stderr, r.stderr
     lines = r.stderr.splitlines()
     assert len(lines) == 1 and "No TPU here" in lines[0] and len(lines[0]) < 160, r.stderr  # one short line
-    r = _run(code, {"RANK": "1"})
+    r = run_clean(code, {"RANK": "1"})
     assert r.returncode == 0 and r.stderr == "", r.stderr
-    r = _run(code, {"RANK": "1", "TORCH_TPU_PLUGIN_LOGS": "1"})  # the plugin's own logs, when asked for
+    r = run_clean(code, {"RANK": "1", "TORCH_TPU_PLUGIN_LOGS": "1"})  # the plugin's own logs, when asked for
     assert r.returncode == 0 and "cpu_device_count" in r.stderr, r.stderr
 
 
