@@ -70,8 +70,8 @@ def test_out_of_memory_raises_torch_out_of_memory_error(mode):
     # size and what to do, at the op (debug) or at the next synchronisation (strict, asynchronous).
     keep = torch.arange(4.0, device="tpu")
     with torch_tpu.eager_mode(mode):
-        with pytest.raises(torch.OutOfMemoryError, match=r"tpu out of memory: the tpu op aten::fill_\.Scalar needed "
-                                                         r"1\.00 TiB .* smaller batch"):
+        with pytest.raises(torch.OutOfMemoryError, match=r"tpu:0 out of memory\. Tried to allocate 1\.00 TiB for "
+                                                         r"the results of the tpu op aten::fill_\.Scalar .* smaller batch"):
             huge = torch.empty(2 ** 38, device="tpu")
             huge.fill_(1.0)
             torch.tpu.synchronize()

@@ -687,9 +687,11 @@ std::string Runtime::out_of_memory_message(const pjrt::Executable& exe, int devi
     for (int64_t d : exe.output_dims[i]) n *= static_cast<double>(d);
     needed += n;
   }
-  return "tpu out of memory: the tpu op " + producer + " needed " + size(needed) + " for its results on tpu:" +
-         std::to_string(device) + " and the device could not allocate them (" + cause + "). Tensors of this "
-         "process hold " + size(static_cast<double>(memory(device).bytes)) + " there (torch.tpu.memory_allocated()). " +
+  // "tpu:N out of memory." first, as CUDA's "CUDA out of memory.": what libraries match to shrink a
+  // batch (accelerate's find_executable_batch_size looks for " out of memory.").
+  return "tpu:" + std::to_string(device) + " out of memory. Tried to allocate " + size(needed) +
+         " for the results of the tpu op " + producer + " (" + cause + "). Tensors of this process hold " +
+         size(static_cast<double>(memory(device).bytes)) + " there (torch.tpu.memory_allocated()). " +
          kOutOfMemoryAdvice;
 }
 
@@ -712,8 +714,8 @@ void Runtime::synchronize(int device) {
     } catch (const pjrt::PjrtError& e) {
       std::string msg = std::string(e.what()) + "\n(raised by the asynchronous tpu op " + producer +
                         "; run with TPU_LAUNCH_BLOCKING=1 to raise it where it is called)";
-      TORCH_CHECK_WITH(OutOfMemoryError, e.code() != PJRT_Error_Code_RESOURCE_EXHAUSTED, "tpu out of memory on tpu:",
-                       device, ": ", msg, "\n", kOutOfMemoryAdvice);
+      TORCH_CHECK_WITH(OutOfMemoryError, e.code() != PJRT_Error_Code_RESOURCE_EXHAUSTED, "tpu:", device,
+                       " out of memory. ", msg, "\n", kOutOfMemoryAdvice);
       throw pjrt::PjrtError(msg, e.code());
     }
   }

@@ -102,3 +102,24 @@ def test_a_multi_process_launch_is_refused_not_trained_alone(monkeypatch):
     monkeypatch.delenv("ACCELERATE_TORCH_DEVICE", raising=False)
     with pytest.raises(RuntimeError, match="tpu_dist"):
         PartialState()
+
+
+def test_find_executable_batch_size_shrinks_the_batch_on_a_tpu_out_of_memory():
+    # A batch too large for the device raises torch.OutOfMemoryError worded as CUDA's (" out of
+    # memory."), which accelerate recognises: it frees memory, shrinks the batch (by half, or by 10%
+    # in newer accelerate) and calls again, until one fits.
+    from accelerate.utils import find_executable_batch_size
+    tried = []
+
+    @find_executable_batch_size(starting_batch_size=64)
+    def train(batch_size):
+        tried.append(batch_size)
+        x = torch.ones(batch_size, 4, device="tpu")
+        if batch_size > 16:  # stands for a step whose activations do not fit: 1 TiB
+            torch.empty(2 ** 38, device="tpu").fill_(1.0)
+        torch.tpu.synchronize()
+        return float(x.sum())
+
+    result = train()
+    assert tried[0] == 64 and tried[-1] <= 16 and all(b > 16 for b in tried[:-1]), tried
+    assert tried == sorted(tried, reverse=True) and result == tried[-1] * 4
