@@ -140,7 +140,8 @@ c10::DeviceIndex own_device(c10::DeviceIndex index) {
 
 void check_device_index(c10::DeviceIndex index) {
   int n = runtime::Runtime::get().device_count_noexcept();
-  if (own_device(index) < 0 || own_device(index) >= n) {
+  c10::DeviceIndex own = own_device(index);
+  if (own < 0 || own >= n) {
     // Starting the client raises the plugin's own error when that is why there is no device.
     runtime::Runtime::get().client();
     const char* local = std::getenv("LOCAL_WORLD_SIZE");

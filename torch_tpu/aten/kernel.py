@@ -357,9 +357,9 @@ class Kernel:
         # linspace): the key holds the size meta computes, since Scalar values are not in it.
         self.sized_by_scalars = self.sig.is_out and self.fsig is self.sig and "S" in self.sig.kinds and \
             all(self.sig.kinds[i] == "T" for i in self.sig.written)
-        # Their resize steps by key (the key holds the Scalar values): the composite torch.arange
-        # passes an empty out= every call, and meta's size costs ~0.5 ms of Python (a decode step
-        # calls arange a few times per token). Cleared past _MAX_RESIZES keys.
+        # Their resize steps, by _resize_key: the composite torch.arange passes an empty out= every
+        # call, and meta's size costs ~0.5 ms of Python (a decode step calls arange a few times per
+        # token). Cleared past _MAX_RESIZES keys.
         self._resizes: dict = {}
 
     def register(self, dispatch: bool = True) -> None:
