@@ -155,6 +155,23 @@ def test_corrupt_tier3_entry_is_a_miss_and_rewritten(tmp_path, damage):
     assert third["tier3_hits"] == first["misses"]
 
 
+def test_tier3_that_others_can_write_is_off_unless_trusted(tmp_path):
+    # Whoever can write a shared root decides what this process loads and runs: group- or
+    # world-writable, tier 3 is off with one warning; TORCH_TPU_TIER3_TRUSTED=1 uses it anyway.
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    env = {"TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT": str(shared), "PYTHONWARNINGS": "always"}
+    stats, err = run(tmp_path / "host1", env)
+    assert stats["ok"] and stats["misses"] > 0 and stats["tier3_writes"] == 0 and entries(shared) == []
+    assert err.count("the tier3 compilation cache at") == 1 and "users other than its owner can write" in err
+    stats, _ = run(tmp_path / "host2", {**env, "TORCH_TPU_TIER3_TRUSTED": "1"})
+    assert stats["ok"] and stats["tier3_writes"] == stats["misses"] > 0 and len(entries(shared)) == stats["misses"]
+    shared.chmod(0o755)  # only its owner writes: used without being told
+    stats, _ = run(tmp_path / "host3", env)
+    assert stats["ok"] and stats["tier3_hits"] > 0
+
+
 def test_unusable_tier_directory_is_off_with_one_warning(tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("not a directory")
@@ -172,7 +189,7 @@ PRIVATE_TIER = r"""
 import json, os, sys, warnings
 warnings.filterwarnings("ignore", message="No TPU here")
 import torch, torch_tpu
-torch_tpu._C._cache_configure([("tier2", sys.argv[1], 1 << 30, True)])
+torch_tpu._C._cache_configure([("tier2", sys.argv[1], 1 << 30, True, False)])
 y = (torch.arange(4.0, device="tpu") * 3).cpu()
 print(json.dumps({"ok": torch.equal(y, torch.arange(4.0) * 3), **torch_tpu.runtime.cache_stats()}))
 """

@@ -298,7 +298,9 @@ def configure_cache(cache_dir: str | None = None, disk: bool | None = None, max_
     - tier 3, shared by hosts (Google's TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT: a directory, e.g. on
       a network file system; off by default); entries are written into that directory itself and
       never evicted by torch_tpu. Google's object-store roots (gs://...) are not supported: such a
-      value leaves the tier off, with a warning.
+      value leaves the tier off, with a warning. A root that users other than its owner can write
+      (group or other write permission) is off too, with a warning, unless TORCH_TPU_TIER3_TRUSTED=1:
+      whoever can write there decides what this process runs.
 
     max_bytes (TORCH_TPU_CACHE_MAX_BYTES, default 2 GiB) caps each capped tier; the least recently
     used entries go first. A hit is copied into the tiers before it; a compile is written to all.
@@ -318,9 +320,12 @@ def configure_cache(cache_dir: str | None = None, disk: bool | None = None, max_
                       "(only file-system paths are supported, e.g. a network file system's mount)", stacklevel=2)
         tier3_root = ""
     tier2_dir, tier2_private = _tier2_dir(tier2)
-    _C._cache_configure([("tier2", tier2_dir, int(max_bytes), tier2_private),
-                         ("disk", cache_dir if disk else "", int(max_bytes), False),
-                         ("tier3", os.path.expanduser(tier3_root), 0, False)])
+    # Tier 3's entries are executables this process runs: a root that others can write is used only
+    # when the user says they trust them (csrc/runtime/compile_cache.h, owner_writes_only).
+    tier3_checked = os.environ.get("TORCH_TPU_TIER3_TRUSTED", "0") != "1"
+    _C._cache_configure([("tier2", tier2_dir, int(max_bytes), tier2_private, False),
+                         ("disk", cache_dir if disk else "", int(max_bytes), False, False),
+                         ("tier3", os.path.expanduser(tier3_root), 0, False, tier3_checked)])
 
 
 _identity: str | None = None

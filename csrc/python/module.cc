@@ -200,11 +200,13 @@ PYBIND11_MODULE(_C, m) {
      "the program in profiler traces (\"compile <name>\", \"load <name> from the <tier> cache\").");
   m.def("_trace_recording", &torch_tpu::runtime::trace::recording,
         "True while a profiler session records tpu executions (csrc/runtime/trace.h); launches check it.");
-  m.def("_cache_configure", [](const std::vector<std::tuple<std::string, std::string, int64_t, bool>>& tiers) {
+  m.def("_cache_configure", [](const std::vector<std::tuple<std::string, std::string, int64_t, bool, bool>>& tiers) {
     std::vector<torch_tpu::runtime::CacheTierConfig> configs;
-    for (const auto& [name, dir, max_bytes, private_dir] : tiers) configs.push_back({name, dir, max_bytes, private_dir});
+    for (const auto& [name, dir, max_bytes, private_dir, owner_writes_only] : tiers)
+      configs.push_back({name, dir, max_bytes, private_dir, owner_writes_only});
     torch_tpu::runtime::compile_cache().configure(configs);
-  }, "Sets the compilation cache's directory tiers, in search order: (name, dir, max_bytes, private) each; "
+  }, "Sets the compilation cache's directory tiers, in search order: (name, dir, max_bytes, private, "
+     "owner_writes_only) each; "
      "an empty dir is a tier that is off, max_bytes <= 0 one that is never evicted "
      "(csrc/runtime/compile_cache.h).");
   m.def("_cache_stats", [] {

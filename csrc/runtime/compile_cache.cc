@@ -89,9 +89,17 @@ std::string unusable(const CacheTierConfig& c) {
     if (st.st_uid != ::geteuid()) return "it belongs to another user";
     if (st.st_mode & (S_IWGRP | S_IWOTH)) return "other users can write to it";
   } else {
+    bool made = !fs::exists(c.dir, ec);
     fs::create_directories(c.dir, ec);
     if (ec) return ec.message();
     if (!fs::is_directory(c.dir, ec)) return "it is not a directory";
+    // One we made ourselves is ours alone whatever the umask (a umask of 002 would refuse it below).
+    if (made && c.owner_writes_only) ::chmod(c.dir.c_str(), 0755);
+    struct stat st;
+    if (c.owner_writes_only && ::stat(c.dir.c_str(), &st) == 0 && (st.st_mode & (S_IWGRP | S_IWOTH))) {
+      return "users other than its owner can write to it, so its entries could be anyone's programs "
+             "(TORCH_TPU_TIER3_TRUSTED=1 uses it anyway)";
+    }
   }
   if (::access(c.dir.c_str(), W_OK | X_OK) != 0) return "it is not writable";
   return std::string();

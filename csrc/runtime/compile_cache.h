@@ -37,6 +37,11 @@ struct CacheTierConfig {
   // per-user directory in a world-writable place (/dev/shm), where another user could plant entries
   // that this process would then load and run.
   bool private_dir = false;
+  // The directory is used only if no user but its owner can write to it (no group or other write
+  // bit): a directory shared by hosts (tier 3), whose entries this process loads and runs, where
+  // anyone who can write could plant an executable. Off when the user says they trust the others
+  // (TORCH_TPU_TIER3_TRUSTED=1, torch_tpu.runtime.configure_cache).
+  bool owner_writes_only = false;
 };
 
 struct CacheTierStats {
