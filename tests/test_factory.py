@@ -1,3 +1,5 @@
+import warnings
+
 import pytest
 import torch
 
@@ -45,27 +47,44 @@ def test_arange_sizes_change_with_values():
     assert out.shape == (10,) and torch.equal(out.cpu(), torch.arange(0.0, 10))
 
 
-def test_arange_repeats_skip_the_meta_size():
-    # A decode loop's cache_position = arange(past, past + 1): torch.arange passes an empty out= each
-    # call; the resize step is cached by the Scalar values (meta's size is ~0.5 ms of Python).
+def test_arange_of_new_values_runs_without_python():
+    # A decode loop's cache_position = arange(past, past + 1), a new `past` every token: C++ sizes the
+    # empty out= that torch.arange passes (csrc/eager/range_out.cc), so one plan serves every value.
     from torch_tpu.aten.kernel import Kernel
-    builds = []
-    real = Kernel._build
-    Kernel._build = lambda self, *a: builds.append(self.name) or real(self, *a)
+    slow = []
+    real = Kernel._slow
+    Kernel._slow = lambda self, *a: slow.append(self.name) or real(self, *a)
     try:
-        for rnd in range(2):
-            for past in (7, 8, 9):
-                for dtype in (torch.int64, torch.float32):
-                    t = torch.arange(past, past + 1, device=TPU, dtype=dtype)
-                    assert t.dtype == dtype and torch.equal(t.cpu(), torch.arange(past, past + 1, dtype=dtype))
-            if rnd == 0:
-                first = len(builds)
-        assert first > 0 and len(builds) == first, builds
-        out = torch.empty(0, device=TPU, dtype=torch.int64)  # an out= of another shape: resized as before
-        torch.arange(8, 9, out=out)
-        assert out.shape == (1,) and out.item() == 8
+        for dtype in (torch.int64, torch.float32):
+            torch.arange(3, 4, device=TPU, dtype=dtype)
+        slow.clear()
+        for past in range(7, 40):
+            for dtype in (torch.int64, torch.float32):
+                t = torch.arange(past, past + 1, device=TPU, dtype=dtype)
+                assert t.dtype == dtype and torch.equal(t.cpu(), torch.arange(past, past + 1, dtype=dtype))
+        assert slow == [], slow
     finally:
-        Kernel._build = real
+        Kernel._slow = real
+
+
+@pytest.mark.parametrize("make", [lambda out: torch.arange(0, 4, out=out), lambda out: torch.arange(1, 2.5, 0.5, out=out),
+                                  lambda out: torch.linspace(0, 4, 4, out=out)])
+@pytest.mark.parametrize("shape", [(2, 2), (0,), (4,), (7,), (1, 3)])
+def test_range_out_keeps_or_resizes_out_as_cpu(make, shape):
+    # CPU keeps out='s shape when it has the element count ([[0, 1], [2, 3]]), else resizes it to 1-D,
+    # warning first (arange) when out= was not empty.
+    with warnings.catch_warnings(record=True) as cpu_warned:
+        warnings.simplefilter("always")
+        want = make(torch.empty(shape))
+    with warnings.catch_warnings(record=True) as tpu_warned:
+        warnings.simplefilter("always")
+        out = torch.empty(shape, device=TPU)
+        got = make(out)
+    assert got is out and got.shape == want.shape
+    torch.testing.assert_close(got.cpu(), want)
+    def said(caught):  # (less "Triggered internally at <the C++ file>")
+        return [str(w.message).split(" (Triggered")[0] for w in caught if "out tensor" in str(w.message)]
+    assert said(tpu_warned) == said(cpu_warned)
 
 
 def test_arange_errors():

@@ -19,7 +19,7 @@ using runtime::Cell;
 enum : int64_t {
   kWNone = 1, kWHost, kWDevice, kWDeviceAgain, kWBaked, kWScalar, kWLength, kWGenerator,
   kWVNone, kWVBool, kWVInt, kWVDouble, kWVString, kWVIntList, kWVDoubleList, kWVBoolList, kWVDevice,
-  kWVList, kWVTuple, kWVComplex, kWScalarValue,
+  kWVList, kWVTuple, kWVComplex,
 };
 
 int64_t bits_of(double d) {
@@ -141,14 +141,6 @@ class Walker {
     }
     int64_t pos = static_cast<int64_t>(call_.operands.size());
     words({kWScalar, static_cast<int64_t>(dt), pos});
-    if (sig_.scalar_values_in_key) {
-      if (s.isComplex()) {
-        auto c = s.toComplexDouble();
-        words({kWScalarValue, bits_of(c.real()), bits_of(c.imag())});
-      } else {
-        words({kWScalarValue, s.isIntegral(false) ? s.toLong() : bits_of(s.toDouble())});
-      }
-    }
     Operand o{Operand::kScalar};
     o.value = s;
     o.dtype = dt;

@@ -81,7 +81,6 @@ struct Signature {
   std::string kinds;                // one ArgKind per schema argument
   bool host_inputs = false;         // CPU tensors of any size are operands (copy)
   bool default_generator = false;   // a random op without a Generator argument: one operand last
-  bool scalar_values_in_key = false;  // result sizes depend on Scalar values (arange.out): key them
   bool index_status = false;        // checks indices on the device: the device's status is an operand, last
 };
 

@@ -21,6 +21,7 @@
 #include "eager/index_errors.h"
 #include "eager/mode.h"
 #include "eager/plan.h"
+#include "eager/range_out.h"
 #include "python/launch_args.h"
 
 namespace torch_tpu::python {
@@ -190,7 +191,8 @@ class OpKernel final : public c10::OperatorKernel {
   OpKernel(int64_t id, c10::OperatorHandle op, eager::Signature sig, eager::OpFacts facts, bool has_check,
            bool python_first, bool prepare_only_for_masks, py::object py_kernel)
       : id_(id), op_(std::move(op)), sig_(std::move(sig)), facts_(std::move(facts)), has_check_(has_check),
-        python_first_(python_first), masks_only_(prepare_only_for_masks), py_kernel_(hold(std::move(py_kernel))) {}
+        python_first_(python_first), masks_only_(prepare_only_for_masks), range_out_(eager::range_out_of(facts_.name)),
+        py_kernel_(hold(std::move(py_kernel))) {}
 
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
     run(stack, false);
@@ -200,6 +202,7 @@ class OpKernel final : public c10::OperatorKernel {
   void run(torch::jit::Stack* stack, bool entered) {
     size_t n = sig_.kinds.size();
     c10::ArrayRef<c10::IValue> args(stack->data() + stack->size() - n, n);
+    eager::size_range_out(range_out_, args);
     if (python_first_ && !entered && (!masks_only_ || has_mask(args))) return call_python(stack);
     Call call;
     eager::describe_call(id_, sig_, facts_.name, args, false, call);
@@ -277,6 +280,7 @@ class OpKernel final : public c10::OperatorKernel {
   }
 
   bool has_check_, python_first_, masks_only_;
+  eager::RangeOut range_out_;  // arange / linspace out=: sized in C++ before keying
   std::shared_ptr<void> py_kernel_;
 };
 
@@ -305,7 +309,7 @@ void run_op_kernel(int64_t id, torch::jit::Stack* stack) {
 
 void bind_op_kernels(py::module& m) {
   m.def("_register_op_kernel", [](const std::string& qualified, const std::string& overload, const std::string& kinds,
-                                  bool host_inputs, bool default_generator, bool scalar_values_in_key,
+                                  bool host_inputs, bool default_generator,
                                   bool has_check, bool python_first, bool prepare_only_for_masks, bool has_bounds,
                                   bool dispatch, py::object py_kernel) {
     auto sep = qualified.find("::");
@@ -316,7 +320,7 @@ void bind_op_kernels(py::module& m) {
     const auto& schema = op.schema();
     TORCH_CHECK(kinds.size() == schema.arguments().size(), qualified, ": ", kinds.size(), " kinds for ",
                 schema.arguments().size(), " arguments");
-    eager::Signature sig{kinds, host_inputs, default_generator, scalar_values_in_key, has_bounds};
+    eager::Signature sig{kinds, host_inputs, default_generator, has_bounds};
     eager::OpFacts facts;
     for (size_t i = 0; i < schema.arguments().size(); ++i) {
       const auto* alias = schema.arguments()[i].alias_info();

@@ -318,8 +318,6 @@ def _check_inplace_cast(vals, sig, value_meta):
                                f"{scalar_type_name(w.dtype)}")
 
 
-_MAX_RESIZES = 1024
-
 # Errors PyTorch's meta kernels and refs raise with another type than its device kernels (CPU's, the
 # reference): (meta's type, the message's start) -> (CPU's type, CPU's message or None: meta's).
 _META_ERRORS = (
@@ -340,6 +338,10 @@ def _as_cpu_raises(fn, *args):
         raise
 
 
+# The range factories whose out= C++ sizes (csrc/eager/range_out.cc's range_out_of).
+_RANGE_OUTS = frozenset({"aten::arange.start_out", "aten::linspace.out"})
+
+
 class Kernel:
     """The PrivateUse1 kernel of one overload `K`, computing its value with the lowering of `F`
     (F is K itself, or the functional overload whose value K writes in place / into out=)."""
@@ -353,14 +355,8 @@ class Kernel:
         self.name = overload._schema.name + ("" if overload._overloadname == "default" else "." + overload._overloadname)
         # Where F's arguments are among K's (by name).
         self.f_index = [self.sig.names.index(n) for n in self.fsig.names]
-        # An out= op lowered directly whose result size can depend on Scalar values (arange,
-        # linspace): the key holds the size meta computes, since Scalar values are not in it.
-        self.sized_by_scalars = self.sig.is_out and self.fsig is self.sig and "S" in self.sig.kinds and \
-            all(self.sig.kinds[i] == "T" for i in self.sig.written)
-        # Their resize steps, by _resize_key: the composite torch.arange passes an empty out= every
-        # call, and meta's size costs ~0.5 ms of Python (a decode step calls arange a few times per
-        # token). Cleared past _MAX_RESIZES keys.
-        self._resizes: dict = {}
+        # A range factory's out=: C++ gives it CPU's size before the call is keyed (csrc/eager/range_out.h).
+        self.range_out = self.name in _RANGE_OUTS
 
     def register(self, dispatch: bool = True) -> None:
         """Creates this kernel's C++ front-end and registers it with the dispatcher for tpu tensors
@@ -370,7 +366,7 @@ class Kernel:
         low = self.lowering
         self.id = _C._register_op_kernel(
             ov._schema.name, ov._overloadname, kinds, self.host_inputs,
-            low.rng and "G" not in self.sig.kinds, self.sized_by_scalars, low.check is not None,
+            low.rng and "G" not in self.sig.kinds, low.check is not None,
             low.prepare is not None, low.prepare_only_for_masks, low.bounds is not None, dispatch, self)
 
     # ------------------------------------------------------------------------------------------
@@ -382,13 +378,6 @@ class Kernel:
             for i, v in zip(self.f_index, self.lowering.prepare(*[vals[i] for i in self.f_index])):
                 vals[i] = v
         return _C._run_op_kernel(self.id, vals)
-
-    def _resize_key(self, key, vals):
-        """What fixes a sized_by_scalars call's resize: its key (which names Scalars by dtype, not
-        value; as its repr, since it nests lists), the Scalar values and the written tensors' shapes."""
-        sig = self.sig
-        return (repr(key), tuple((type(vals[i]).__name__, vals[i]) for i, k in enumerate(sig.kinds) if k == "S"),
-                tuple(tuple(vals[i].shape) for i in sig.written))
 
     def _slow(self, args, kwargs, key, operands, device, entry):
         """A call C++ does not run by itself: a cache miss (entry None: meta, lowering, compile), or
@@ -402,17 +391,10 @@ class Kernel:
         call = _Call(key, operands, device)
         store = None
         if entry is None:
-            rkey = self._resize_key(key, vals) if self.sized_by_scalars else None
-            entry = self._resizes.get(rkey) if self.sized_by_scalars else None
-            if entry is None:
-                try:
-                    entry = self._build(vals, call)
-                except NotLowered:
-                    entry = _ON_HOST
-                if self.sized_by_scalars and entry is not _ON_HOST and entry.resize:
-                    if len(self._resizes) >= _MAX_RESIZES:
-                        self._resizes.clear()
-                    self._resizes[rkey] = entry
+            try:
+                entry = self._build(vals, call)
+            except NotLowered:
+                entry = _ON_HOST
             if entry is _ON_HOST or not entry.resize:
                 store = entry
         if entry is _ON_HOST:
@@ -540,7 +522,8 @@ class Kernel:
         resize = []
         if sig.written:
             _check_overlap(vals, sig)
-            _as_cpu_raises(sig.invoke, k_meta)  # raises what CPU would (broadcast into self, unsafe casts...)
+            if not self.range_out:  # (sized and checked in C++ as CPU does; meta's ref differs)
+                _as_cpu_raises(sig.invoke, k_meta)  # raises what CPU would (broadcast into self, unsafe casts...)
             if sig.is_out:
                 for i in sig.written:
                     if sig.kinds[i] == "T" and tuple(k_meta[i].shape) != tuple(vals[i].shape):

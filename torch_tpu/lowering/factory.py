@@ -3,6 +3,8 @@ composite torch.arange / torch.linspace / torch.eye call; the meta kernel resize
 zeros/ones/full/*_like/scalar_tensor need nothing here: they are empty + fill_/zero_."""
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .registry import register
@@ -23,11 +25,11 @@ def arange_start_out(ctx, start, end, step, out):
     """start + i * step in the accumulation type (Scalars truncated to it, as Scalar.to<acc>)."""
     b, o = ctx.b, ctx.out[0]
     acc = _acc_dtype(o.dtype)
-    shape = o.shape
+    shape = (math.prod(o.shape),)  # `out` keeps its shape when it has the element count: filled flat
     s = b.broadcast_to(b.convert(start, acc), shape)
     st = b.broadcast_to(b.convert(step, acc), shape)
     i = b.iota(shape, 0, acc)
-    return b.convert(b.add(s, b.multiply(st, i)), o.dtype)
+    return b.reshape(b.convert(b.add(s, b.multiply(st, i)), o.dtype), o.shape)
 
 
 @register("linspace.out")
@@ -36,20 +38,20 @@ def linspace_out(ctx, start, end, steps, out):
     step = (end - start) / (steps - 1); float types compute in their own precision, integers in
     float64 then truncate."""
     b, o = ctx.b, ctx.out[0]
-    shape = o.shape
+    shape = (math.prod(o.shape),)  # `out` keeps its shape when it has the element count: filled flat
     if steps == 0:
-        return b.constant(0, o.dtype, shape)
+        return b.constant(0, o.dtype, o.shape)
     cd = torch.float64 if not o.dtype.is_floating_point else o.dtype
     s = b.broadcast_to(b.convert(b.convert(start, o.dtype), cd), shape)
     if steps == 1:
-        return b.convert(s, o.dtype)
+        return b.reshape(b.convert(s, o.dtype), o.shape)
     e = b.broadcast_to(b.convert(b.convert(end, o.dtype), cd), shape)
     step = b.divide(b.subtract(e, s), b.constant(steps - 1, cd, shape))
     i = b.iota(shape, 0, cd)
     lo = b.add(s, b.multiply(step, i))
     hi = b.subtract(e, b.multiply(step, b.subtract(b.constant(steps - 1, cd, shape), i)))
     first = b.compare(b.iota(shape, 0, torch.int64), b.constant(steps // 2, torch.int64, shape), "LT")
-    return b.convert(b.select(first, lo, hi), o.dtype)
+    return b.reshape(b.convert(b.select(first, lo, hi), o.dtype), o.shape)
 
 
 def _eye(ctx):
