@@ -111,6 +111,36 @@ def test_searchsorted_nd_sorter_nan_and_promotion():
         torch.searchsorted(ss.to(TPU), ss.to(TPU), side="middle")
 
 
+_ISIN_CASES = [
+    (torch.tensor([1, 2, 3]), torch.tensor([2.0, 5])), (torch.tensor([1, 2, 3]), torch.tensor([2.5])),
+    (torch.tensor([math.nan, 1.0, 2, math.inf]), torch.tensor([math.nan, 2.0, math.inf])),
+    (torch.arange(12).reshape(3, 4).t(), torch.tensor([[3], [1]])), (torch.tensor(3), torch.tensor([3])),
+    (torch.empty(0), torch.empty(0)), (torch.ones(3), torch.empty(0)),
+    (torch.tensor([1.0, 2], dtype=torch.half), torch.tensor([1.0], dtype=torch.bfloat16)),
+    (torch.tensor([1, 2]), 2), (torch.tensor([1, 2]), 2.5), (2, torch.tensor([1, 2])),
+]
+
+
+@pytest.mark.parametrize("search", [False, True], ids=["pairs", "sorted-search"])
+@pytest.mark.parametrize("invert", [False, True])
+def test_isin(search, invert, monkeypatch):
+    # Transformers' stopping criteria and logits processors call isin every decode token: one program,
+    # no decomposition; past _ISIN_PAIRS pairs it searches the sorted test elements (same result).
+    from torch_tpu.lowering import sorting
+    if search:
+        monkeypatch.setattr(sorting, "_ISIN_PAIRS", 0)
+    for elements, test in _ISIN_CASES:
+        if search and isinstance(elements, torch.Tensor):  # shapes of their own: programs built anew
+            elements = torch.cat([elements.flatten(), torch.full((5,), 7, dtype=elements.dtype)])
+        check(lambda e, t: torch.isin(e, t, invert=invert), elements, test, grad=False)
+    for elements, test in ((torch.tensor([True]), torch.tensor([1])), (torch.tensor([1]), torch.tensor([1j])),
+                           (torch.tensor([1]), True)):
+        want = "Unsupported input type encountered for isin\\(\\): " + ("Bool" if elements.dtype == torch.bool or
+                                                                          test is True else "ComplexFloat")
+        with pytest.raises(RuntimeError, match=want):
+            torch.isin(elements.to(TPU), test.to(TPU) if isinstance(test, torch.Tensor) else test)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_histc(dtype):
     x = torch.randn(60, generator=torch.Generator().manual_seed(4)).to(dtype)

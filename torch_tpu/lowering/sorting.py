@@ -25,7 +25,8 @@ import torch
 from .elementwise import compute_dtype
 from .reduction import arg_reduce, reduce_sum
 from .registry import host_kernel, register
-from .shape import _sort
+from .shape import _nan_last_less, _sort
+from .utils import scalar_type_name
 
 
 
@@ -431,6 +432,67 @@ def bucketize(ctx, x, boundaries, out_int32=False, right=False):
 @register("bucketize.Scalar")
 def bucketize_scalar(ctx, x, boundaries, out_int32=False, right=False):
     return _searchsorted(ctx, boundaries, x, out_int32, right, None, None, ctx.promote(boundaries, x))
+
+
+# -- isin ---------------------------------------------------------------------------------------
+# Up to this many element/test pairs, isin compares every pair; past it, it searches the sorted test
+# elements (n log m). Both give the same booleans; the cut-off only bounds the compare's memory.
+_ISIN_PAIRS = 1 << 22
+
+
+def _isin_meta(elements, test, assume_unique=False, invert=False):
+    """A bool result of elements' shape; Bool and complex inputs refused with CPU's message (PyTorch's
+    meta kernel prints the dtype as Python does)."""
+    for v in (elements, test):
+        dt = v.dtype if isinstance(v, torch.Tensor) else torch.tensor(v).dtype
+        if dt == torch.bool or dt.is_complex:
+            raise RuntimeError(f"Unsupported input type encountered for isin(): {scalar_type_name(dt)}")
+    like = elements if isinstance(elements, torch.Tensor) else test
+    return torch.empty(elements.shape if isinstance(elements, torch.Tensor) else (), dtype=torch.bool,
+                       device=like.device)
+
+
+def _isin(ctx, elements, test, invert):
+    """CPU's isin: equality in the promoted dtype (so NaN is in nothing); `assume_unique` changes
+    nothing but speed on CPU and is ignored."""
+    b, out = ctx.b, ctx.out[0]
+    common = ctx.promote(elements, test)
+    n, m = math.prod(elements.shape), math.prod(test.shape)
+    if n == 0 or m == 0:
+        return b.constant(bool(invert) and n > 0, torch.bool, out.shape)
+    e = b.reshape(b.convert(elements, common), [n, 1])
+    t = b.reshape(b.convert(test, common), [1, m])
+    if n * m <= _ISIN_PAIRS:
+        eq = b.compare(b.broadcast_to(e, (n, m)), b.broadcast_to(t, (n, m)), "EQ")
+        found = b.reduce([eq], [b.constant(False, torch.bool)], [1], lambda bb, acc, x: bb.or_(acc, x))[0]
+    else:
+        ts = b.sort([t, b.iota((1, m), 1)], 1, _nan_last_less(False), stable=False)[0]
+        keys = ts  # NaNs (sorted last) searched as +inf, so the search stays monotonic; never equal
+        if common.is_floating_point:
+            keys = b.select(b.is_nan(ts), b.constant(math.inf, common, (1, m)), ts)
+        at = _search(b, keys, b.reshape(e, [1, n]), False, None, torch.int64)
+        col = b.minimum(at, _i64(b, m - 1, (1, n)))
+        near = b.gather(b.reshape(ts, [m]), b.reshape(col, [n, 1]), offset_dims=[], collapsed=[0],
+                        start_index_map=[0], index_vector_dim=1, slice_sizes=[1], out_shape=(n,))
+        found = b.compare(near, b.reshape(e, [n]), "EQ")
+    if invert:
+        found = b.not_(found)
+    return b.reshape(found, out.shape)
+
+
+@register("isin.Tensor_Tensor", meta=_isin_meta)
+def isin(ctx, elements, test_elements, assume_unique=False, invert=False):
+    return _isin(ctx, elements, test_elements, invert)
+
+
+@register("isin.Tensor_Scalar", meta=_isin_meta)
+def isin_tensor_scalar(ctx, elements, test_element, assume_unique=False, invert=False):
+    return _isin(ctx, elements, test_element, invert)
+
+
+@register("isin.Scalar_Tensor", meta=_isin_meta)
+def isin_scalar_tensor(ctx, element, test_elements, assume_unique=False, invert=False):
+    return _isin(ctx, element, test_elements, invert)
 
 
 # -- histc --------------------------------------------------------------------------------------
