@@ -366,7 +366,7 @@ class Kernel:
         low = self.lowering
         self.id = _C._register_op_kernel(
             ov._schema.name, ov._overloadname, kinds, self.host_inputs,
-            low.rng and "G" not in self.sig.kinds, low.check is not None,
+            low.rng and "G" not in self.sig.kinds, low.check is not None and not low.check_per_key,
             low.prepare is not None, low.prepare_only_for_masks, low.bounds is not None, dispatch, self)
 
     # ------------------------------------------------------------------------------------------
@@ -405,7 +405,7 @@ class Kernel:
                 if strides is not None:
                     vals[i].as_strided_(shape, strides)
             return _C._run_op_kernel(self.id, vals), None
-        if self.lowering.check is not None:
+        if self.lowering.check is not None and not self.lowering.check_per_key:
             self.lowering.check(*[vals[i] for i in self.f_index])
         return self._run(entry, vals, call), store
 
@@ -549,6 +549,8 @@ class Kernel:
             if sig.written and not sig.is_out:
                 _check_inplace_cast(vals, sig, value_meta)
         out_types = [TensorType(tuple(m.shape), m.dtype) if isinstance(m, torch.Tensor) else None for m in value_meta]
+        if self.lowering.check is not None and self.lowering.check_per_key:
+            self.lowering.check(*f_vals)
 
         # 2. Program arguments, created on first use so that unread storages are not passed.
         b = Builder()

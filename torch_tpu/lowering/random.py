@@ -176,12 +176,12 @@ def _check_p_tensor(p):
                                "message be improved?  If so, please report an enhancement request to PyTorch.)")
 
 
-@register("bernoulli_.float", rng=True, check=lambda self, p=0.5, generator=None: _check_p(p))
+@register("bernoulli_.float", rng=True, check=lambda self, p=0.5, generator=None: _check_p(p), check_per_key=True)
 def bernoulli_float_(ctx, self, p=0.5, state=None):
     return _bernoulli(ctx, float(p), state)
 
 
-@register("bernoulli.p", rng=True, check=lambda self, p=0.5, generator=None: _check_p(p))
+@register("bernoulli.p", rng=True, check=lambda self, p=0.5, generator=None: _check_p(p), check_per_key=True)
 def bernoulli_p(ctx, self, p=0.5, state=None):
     return _bernoulli(ctx, float(p), state)
 

@@ -124,12 +124,12 @@ def _check_nonempty(name):
     return check
 
 
-@register("max", check=_check_nonempty("max"))
+@register("max", check=_check_nonempty("max"), check_per_key=True)
 def max_all(ctx, x):
     return _keep(ctx, reduce_max(ctx.b, x, list(range(x.rank)), True))
 
 
-@register("min", check=_check_nonempty("min"))
+@register("min", check=_check_nonempty("min"), check_per_key=True)
 def min_all(ctx, x):
     return _keep(ctx, reduce_max(ctx.b, x, list(range(x.rank)), False))
 
@@ -193,8 +193,8 @@ def _argmax(is_max):
     return lower
 
 
-register("argmax", check=_check_arg("argmax"))(_argmax(True))
-register("argmin", check=_check_arg("argmin"))(_argmax(False))
+register("argmax", check=_check_arg("argmax"), check_per_key=True)(_argmax(True))
+register("argmin", check=_check_arg("argmin"), check_per_key=True)(_argmax(False))
 
 
 def _any_all(is_any):
@@ -242,25 +242,25 @@ def _check_var(x, *rest):
         raise RuntimeError("std and var only support floating point and complex dtypes")
 
 
-@register("var.correction", check=_check_var)
+@register("var.correction", check=_check_var, check_per_key=True)
 def var(ctx, x, dim=None, correction=None, keepdim=False):
     v, _ = var_of(ctx, x, reduce_dims(dim, x.rank), correction)
     return _keep(ctx, v)
 
 
-@register("std.correction", check=_check_var)
+@register("std.correction", check=_check_var, check_per_key=True)
 def std(ctx, x, dim=None, correction=None, keepdim=False):
     v, _ = var_of(ctx, x, reduce_dims(dim, x.rank), correction)
     return _keep(ctx, ctx.b.sqrt(v))
 
 
-@register("var_mean.correction", check=_check_var)
+@register("var_mean.correction", check=_check_var, check_per_key=True)
 def var_mean(ctx, x, dim=None, correction=None, keepdim=False):
     v, m = var_of(ctx, x, reduce_dims(dim, x.rank), correction)
     return _keep(ctx, v, 0), _keep(ctx, m, 1)
 
 
-@register("std_mean.correction", check=_check_var)
+@register("std_mean.correction", check=_check_var, check_per_key=True)
 def std_mean(ctx, x, dim=None, correction=None, keepdim=False):
     v, m = var_of(ctx, x, reduce_dims(dim, x.rank), correction)
     return _keep(ctx, ctx.b.sqrt(v), 0), _keep(ctx, m, 1)
@@ -446,7 +446,7 @@ def _check_hash(x, dim=(), keepdim=False, mode=0):
                            "reduction dim with the 'dim' argument.")
 
 
-@register("hash_tensor", check=_check_hash)
+@register("hash_tensor", check=_check_hash, check_per_key=True)
 def hash_tensor(ctx, x, dim=(), keepdim=False, mode=0):
     """mode 0: XOR of the 64-bit patterns of the elements (floats as float64, integers and bool
     sign-extended to int64), as a uint64 reduction over dims."""
@@ -513,7 +513,7 @@ def _check_cdist(x1, x2, p, compute_mode=None):
         raise RuntimeError("cdist only supports non-negative p values")
 
 
-@register("_cdist_forward", check=_check_cdist)
+@register("_cdist_forward", check=_check_cdist, check_per_key=True)
 def cdist_forward(ctx, x1, x2, p, compute_mode=None):
     b, out = ctx.b, ctx.out[0]
     if out.numel == 0:
@@ -592,7 +592,7 @@ def _check_pdist(x, p=2):
         raise RuntimeError("pdist only supports non-negative p values")
 
 
-@register("_pdist_forward", check=_check_pdist)
+@register("_pdist_forward", check=_check_pdist, check_per_key=True)
 def pdist_forward(ctx, x, p=2):
     b, out = ctx.b, ctx.out[0]
     n = x.shape[0]

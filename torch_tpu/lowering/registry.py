@@ -31,6 +31,10 @@ class Lowering:
     # Runs with the real arguments before the program executes (e.g. index bounds); raises to
     # refuse the call with every tensor unchanged.
     check: Callable | None = None
+    # `check` reads only what the call's eager key fixes (dtypes, shapes, non-tensor arguments other
+    # than Scalars, whose values the key leaves out): it runs once, when the key's program is built
+    # (a call it refuses stores nothing, so each such call raises), and passing calls stay in C++.
+    check_per_key: bool = False
     # Random op: its Generator? argument arrives as the (seed, offset) state, a tensor<2xui64> Value;
     # an op with no Generator argument (native_dropout) gets the default one's as a last argument.
     rng: bool = False
@@ -169,7 +173,8 @@ class NotLowered(NotImplementedError):
     CPU fallback instead, and torch.compile runs the graph eagerly."""
 
 
-def register(*names: str, check: Callable | None = None, rng: bool = False, prepare: Callable | None = None,
+def register(*names: str, check: Callable | None = None, check_per_key: bool = False, rng: bool = False,
+             prepare: Callable | None = None,
              layout: Callable | None = None, bounds: Callable | None = None, prepare_only_for_masks: bool = False,
              graph_only: bool = False, meta: Callable | None = None, draws: Callable | None = None):
     """Decorator: registers `fn` as the lowering of each named overload ("aten::" omitted).
@@ -178,7 +183,7 @@ def register(*names: str, check: Callable | None = None, rng: bool = False, prep
         for n in names:
             if n in REGISTRY:
                 raise RuntimeError(f"two lowerings registered for aten::{n}")
-            REGISTRY[n] = Lowering(n, fn, check=check, rng=rng, prepare=prepare,
+            REGISTRY[n] = Lowering(n, fn, check=check, check_per_key=check_per_key, rng=rng, prepare=prepare,
                                    prepare_only_for_masks=prepare_only_for_masks, layout=layout, bounds=bounds,
                                    graph_only=graph_only, meta=meta, draws=draws)
         return fn

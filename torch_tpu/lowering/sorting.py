@@ -172,8 +172,8 @@ def _median_dim(ignore_nan):
     return lower
 
 
-register("median.dim", check=_check_reduced_dim("median"))(_median_dim(False))
-register("nanmedian.dim", check=_check_reduced_dim("median"))(_median_dim(True))
+register("median.dim", check=_check_reduced_dim("median"), check_per_key=True)(_median_dim(False))
+register("nanmedian.dim", check=_check_reduced_dim("median"), check_per_key=True)(_median_dim(True))
 
 
 # -- kthvalue -----------------------------------------------------------------------------------
@@ -313,7 +313,7 @@ def _insertion_sort(b, a, ix):
     return a, ix
 
 
-@register("mode", check=_check_reduced_dim("mode"))
+@register("mode", check=_check_reduced_dim("mode"), check_per_key=True)
 def mode(ctx, x, dim=-1, keepdim=False):
     """CPU sorts (value, index) pairs by value and, over the runs of equal values (`!=` splits,
     so every NaN is a run of its own), reports the first longest run's value and the index of its
