@@ -35,6 +35,9 @@ PJRT_Buffer_Type to_pjrt_type(c10::ScalarType t) {
     case c10::ScalarType::ComplexDouble: return PJRT_Buffer_Type_C128;
     case c10::ScalarType::Float8_e5m2: return PJRT_Buffer_Type_F8E5M2;
     case c10::ScalarType::Float8_e4m3fn: return PJRT_Buffer_Type_F8E4M3FN;
+    case c10::ScalarType::Float8_e5m2fnuz: return PJRT_Buffer_Type_F8E5M2FNUZ;
+    case c10::ScalarType::Float8_e4m3fnuz: return PJRT_Buffer_Type_F8E4M3FNUZ;
+    case c10::ScalarType::Float8_e8m0fnu: return PJRT_Buffer_Type_F8E8M0FNU;
     default:
       TORCH_CHECK(false, "dtype ", t, " has no PJRT element type; the tpu device cannot hold it");
   }
@@ -46,7 +49,9 @@ c10::ScalarType from_pjrt_type(PJRT_Buffer_Type t) {
                  c10::ScalarType::UInt16, c10::ScalarType::UInt32, c10::ScalarType::UInt64,
                  c10::ScalarType::Half, c10::ScalarType::Float, c10::ScalarType::Double,
                  c10::ScalarType::BFloat16, c10::ScalarType::ComplexFloat,
-                 c10::ScalarType::ComplexDouble}) {
+                 c10::ScalarType::ComplexDouble, c10::ScalarType::Float8_e5m2,
+                 c10::ScalarType::Float8_e4m3fn, c10::ScalarType::Float8_e5m2fnuz,
+                 c10::ScalarType::Float8_e4m3fnuz, c10::ScalarType::Float8_e8m0fnu}) {
     if (to_pjrt_type(s) == t) return s;
   }
   TORCH_CHECK(false, "PJRT element type ", static_cast<int>(t), " has no torch dtype");

@@ -19,6 +19,8 @@ _ELEMENT = {
     torch.int8: "i8", torch.int16: "i16", torch.int32: "i32", torch.int64: "i64",
     torch.uint8: "ui8", torch.uint16: "ui16", torch.uint32: "ui32", torch.uint64: "ui64",
     torch.bool: "i1", torch.complex64: "complex<f32>", torch.complex128: "complex<f64>",
+    torch.float8_e4m3fn: "f8E4M3FN", torch.float8_e5m2: "f8E5M2", torch.float8_e4m3fnuz: "f8E4M3FNUZ",
+    torch.float8_e5m2fnuz: "f8E5M2FNUZ", torch.float8_e8m0fnu: "f8E8M0FNU",
 }
 _FLOAT_BITS = {torch.float32: ("<f", "<I", 8), torch.float64: ("<d", "<Q", 16),
                torch.float16: ("<e", "<H", 4)}
@@ -95,6 +97,9 @@ def _scalar_literal(value, dtype: torch.dtype) -> str:
         if dtype == torch.bfloat16:  # bits of the float32 rounded to bfloat16 (round to nearest even)
             bits = torch.tensor(v, dtype=torch.bfloat16).view(torch.int16).item() & 0xFFFF
             return f"0x{bits:04X}"
+        if dtype.itemsize == 1:  # float8: the bits of PyTorch's rounding of the value
+            bits = torch.tensor(v).to(dtype).view(torch.uint8).item()
+            return f"0x{bits:02X}"
         fmt, ifmt, width = _FLOAT_BITS[dtype]
         if dtype == torch.float16:
             bits = torch.tensor(v, dtype=torch.float16).view(torch.int16).item() & 0xFFFF

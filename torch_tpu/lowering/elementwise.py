@@ -24,8 +24,9 @@ def operand(ctx, x, dtype, shape=None):
 
 
 def compute_dtype(dt):
-    """Half-precision math is done in float32 and rounded once, as PyTorch's CPU kernels do."""
-    return torch.float32 if dt in (torch.float16, torch.bfloat16) else dt
+    """Half-precision math is done in float32 and rounded once, as PyTorch's CPU kernels do; float8
+    too (CPU has few float8 kernels; CUDA's upcast)."""
+    return torch.float32 if dt in (torch.float16, torch.bfloat16) or (dt.is_floating_point and dt.itemsize == 1) else dt
 
 
 def _finish(ctx, r):

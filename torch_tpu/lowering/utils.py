@@ -9,7 +9,10 @@ import torch
 _DISPATCH_NAMES = {torch.bool: "Bool", torch.uint8: "Byte", torch.int8: "Char", torch.int16: "Short",
                    torch.int32: "Int", torch.int64: "Long", torch.float16: "Half", torch.bfloat16: "BFloat16",
                    torch.float32: "Float", torch.float64: "Double", torch.complex32: "ComplexHalf",
-                   torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble"}
+                   torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble",
+                   torch.float8_e4m3fn: "Float8_e4m3fn", torch.float8_e5m2: "Float8_e5m2",
+                   torch.float8_e4m3fnuz: "Float8_e4m3fnuz", torch.float8_e5m2fnuz: "Float8_e5m2fnuz",
+                   torch.float8_e8m0fnu: "Float8_e8m0fnu"}
 
 
 # C++'s names of the element types, as PyTorch's errors print c10::ScalarType through its C++ type
