@@ -44,13 +44,30 @@ class _Tokens(torch.utils.data.Dataset):
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
-def _trainer_losses(tmp_path, use_cpu: bool, bf16: bool = False):
+def _bert():
+    cfg = transformers.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                  intermediate_size=64, max_position_embeddings=SEQ, num_labels=3,
+                                  hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    torch.manual_seed(0)
+    return transformers.BertForSequenceClassification(cfg)
+
+
+class _Labelled(_Tokens):
+    """Token ids with a padded-out attention mask and one of 3 classes (BERT sequence classification)."""
+
+    def __getitem__(self, i):
+        mask = torch.ones(SEQ, dtype=torch.long)
+        mask[SEQ - i % 4:] = 0
+        return {"input_ids": self.ids[i], "attention_mask": mask, "labels": torch.tensor(int(self.ids[i].sum()) % 3)}
+
+
+def _trainer_losses(tmp_path, use_cpu: bool, bf16: bool = False, model=_gpt2, data=_Tokens):
     AcceleratorState._reset_state(reset_partial_state=True)
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=4, logging_steps=1, report_to=[],
         save_strategy="no", use_cpu=use_cpu, bf16=bf16, max_grad_norm=1.0, gradient_accumulation_steps=2,
         dataloader_num_workers=0)
-    trainer = transformers.Trainer(model=_gpt2(), args=args, train_dataset=_Tokens())
+    trainer = transformers.Trainer(model=model(), args=args, train_dataset=data())
     trainer.train()
     device = next(trainer.model.parameters()).device
     return [h["loss"] for h in trainer.state.log_history if "loss" in h], device
@@ -62,9 +79,10 @@ def test_accelerate_picks_the_tpu_and_cpu_true_still_wins():
     assert PartialState(cpu=True).device == torch.device("cpu")
 
 
-def test_trainer_trains_gpt2_on_tpu_with_the_cpu_runs_losses(tmp_path):
-    tpu, device = _trainer_losses(tmp_path, use_cpu=False)
-    cpu, cpu_device = _trainer_losses(tmp_path, use_cpu=True)
+@pytest.mark.parametrize("model,data", [(_gpt2, _Tokens), (_bert, _Labelled)], ids=["gpt2-lm", "bert-classifier"])
+def test_trainer_trains_on_tpu_with_the_cpu_runs_losses(tmp_path, model, data):
+    tpu, device = _trainer_losses(tmp_path, use_cpu=False, model=model, data=data)
+    cpu, cpu_device = _trainer_losses(tmp_path, use_cpu=True, model=model, data=data)
     assert device.type == "tpu" and cpu_device.type == "cpu"
     assert len(tpu) == 4
     torch.testing.assert_close(torch.tensor(tpu), torch.tensor(cpu), rtol=1e-4, atol=1e-4)
