@@ -1,7 +1,7 @@
 """Hugging Face accelerate and Trainer, unchanged, on the tpu device (torch_tpu/integrations/
 accelerate.py): accelerate picks tpu, Trainer trains with the CPU run's losses, mixed precision is
-autocast on tpu, gradient accumulation and clipping follow accelerate's code, and a multi-process
-launch is refused instead of training each process alone."""
+autocast on tpu, gradient accumulation and clipping follow accelerate's code (a multi-process launch:
+tests/distributed/test_accelerate_ranks.py)."""
 import os
 
 import pytest
@@ -112,14 +112,6 @@ def test_accelerator_bf16_accumulation_and_clipping_on_tpu():
             opt.zero_grad()
     assert updates == 2  # 4 batches, 2 accumulated per update
     assert any(not torch.equal(b, p.detach().cpu()) for b, p in zip(before, model.parameters()))
-
-
-def test_a_multi_process_launch_is_refused_not_trained_alone(monkeypatch):
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.setenv("LOCAL_RANK", "0")
-    monkeypatch.delenv("ACCELERATE_TORCH_DEVICE", raising=False)
-    with pytest.raises(RuntimeError, match="tpu_dist"):
-        PartialState()
 
 
 def test_find_executable_batch_size_shrinks_the_batch_on_a_tpu_out_of_memory():

@@ -12,9 +12,11 @@ What changes, in a process where torch_tpu is loaded, when `accelerate.state` is
   CPU and a tpu device exists. What a user asks for still wins, as it does over CUDA: `cpu=True`
   (Trainer's `use_cpu`), and `ACCELERATE_TORCH_DEVICE`. Batches, models, `mixed_precision="bf16"`
   (torch.autocast on tpu), gradient accumulation and clipping then follow accelerate's own code.
-- Several processes (torchrun, WORLD_SIZE > 1): accelerate has no distributed type for tpu, so each
-  process would silently train alone; `PartialState()` raises RuntimeError instead, saying to run
-  one process or to use torch.distributed directly (DDP / FSDP2 on the `tpu_dist` backend).
+- Several processes (torchrun or `accelerate launch`: LOCAL_RANK set): accelerate has no distributed
+  type for tpu, so each process would silently train alone. It runs instead in accelerate's
+  device-id-free DDP mode, the one it uses for CPU ranks (`DistributedType.MULTI_CPU`: DDP without
+  device_ids, sharded batches, barriers without device ids), on the process group `_BACKEND`, with
+  `PartialState.device` the rank's own tpu device (not the CPU that mode would pick).
 Nothing else of accelerate is touched; `install()` does nothing where accelerate is not installed.
 """
 from __future__ import annotations
@@ -25,6 +27,9 @@ import os
 import sys
 
 _MODULE = "accelerate.state"
+# The process group of a multi-process launch on tpu: tpu tensors on tpu_dist, CPU ones (accelerate's
+# RNG-state broadcast) on Gloo.
+_BACKEND = "cpu:gloo,tpu:tpu_dist"
 
 
 def _tpu_usable() -> bool:
@@ -50,17 +55,25 @@ def patch(state) -> None:
     prepare = cls._prepare_backend
 
     def _prepare_backend(self, cpu=False, sagemaker_dp=False, backend=None):
-        backend, distributed_type = prepare(self, cpu, sagemaker_dp, backend)
-        several = int(os.environ.get("WORLD_SIZE", "1")) > 1 and int(os.environ.get("LOCAL_RANK", -1)) != -1
-        if backend is None and several and not cpu and "ACCELERATE_TORCH_DEVICE" not in os.environ and _tpu_usable():
-            raise RuntimeError(
-                "accelerate has no multi-process mode for the tpu device (it would train each process alone): "
-                "run one process, or use torch.distributed directly (DistributedDataParallel or FSDP2 after "
-                "torch.distributed.init_process_group('tpu_dist')).")
-        return backend, distributed_type
+        backend_, distributed_type = prepare(self, cpu, sagemaker_dp, backend)
+        several = int(os.environ.get("LOCAL_RANK", -1)) != -1
+        self._torch_tpu_ranks = False
+        if backend_ is None and several and not cpu and "ACCELERATE_TORCH_DEVICE" not in os.environ and _tpu_usable():
+            self._torch_tpu_ranks = True
+            return backend or _BACKEND, state.DistributedType.MULTI_CPU
+        return backend_, distributed_type
+
+    set_device = cls.set_device
+
+    def _set_device(self):
+        if getattr(self, "_torch_tpu_ranks", False) and self.device is None:
+            self.device = torch.device("tpu", torch.tpu.current_device())
+            return
+        set_device(self)
 
     cls.default_device = property(default_device)
     cls._prepare_backend = _prepare_backend
+    cls.set_device = _set_device
     cls._torch_tpu_patched = True
 
 
