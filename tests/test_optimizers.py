@@ -33,9 +33,13 @@ def _train(model, opt, x, y, steps=5):
     return loss
 
 
-@pytest.mark.parametrize("foreach", [True, False])
+@pytest.mark.parametrize("foreach", [True, False, "fused"])
 @pytest.mark.parametrize("name,kw", CONFIGS)
 def test_optimizer_matches_cpu(name, kw, foreach):
+    if foreach == "fused":  # torch.optim's fused step: _fused_adam(w)_ (lowering/optimizers.py)
+        if name == "SGD":
+            pytest.skip("fused SGD has no tpu lowering")
+        kw, foreach = dict(kw, fused=True), None
     cpu = _model()
     tpu = copy.deepcopy(cpu).to(TPU)
     g = torch.Generator().manual_seed(1)
@@ -55,3 +59,42 @@ def test_optimizer_matches_cpu(name, kw, foreach):
         for k, v in st.items():
             if isinstance(v, torch.Tensor) and k != "step":
                 assert v.device.type == "tpu"
+
+
+@pytest.mark.parametrize("op", [torch._fused_adam_, torch._fused_adamw_])
+@pytest.mark.parametrize("amsgrad", [False, True])
+def test_fused_adam_op_with_grad_scale_found_inf_tensor_lr_and_bf16(op, amsgrad):
+    # The op as GradScaler and capturable optimizers call it: grads unscaled (and written back), a
+    # step skipped where found_inf is 1, a tensor learning rate; bfloat16 state in float32 math.
+    g = torch.Generator().manual_seed(2)
+    for dtype in (torch.float32, torch.bfloat16):
+        for found in (0.0, 1.0):
+            lists = [[torch.randn(3, 4, generator=g).to(dtype) for _ in range(2)] for _ in range(4)]
+            lists[3] = [t.abs() for t in lists[3]]  # exp_avg_sq >= 0
+            mx = [t.abs() for t in lists[3]] if amsgrad else []
+            steps = [torch.tensor(3.0), torch.tensor(7.0)]
+            kw = dict(beta1=0.9, beta2=0.99, weight_decay=0.05, eps=1e-6, amsgrad=amsgrad, maximize=False)
+            cpu = [[t.clone() for t in lst] for lst in lists + [mx]]
+            op(*cpu, steps, lr=torch.tensor(0.01), grad_scale=torch.tensor(4.0), found_inf=torch.tensor(found), **kw)
+            dev = [[t.to(TPU) for t in lst] for lst in lists + [mx]]
+            op(*dev, [s.to(TPU) for s in steps], lr=torch.tensor(0.01).to(TPU), grad_scale=torch.tensor(4.0).to(TPU),
+               found_inf=torch.tensor(found).to(TPU), **kw)
+            for lc, lt in zip(cpu, dev):
+                for c, t in zip(lc, lt):
+                    torch.testing.assert_close(t.cpu(), c, atol=1e-5, rtol=1e-5)
+
+
+def test_a_learning_rate_schedule_compiles_nothing_new():
+    # lr, betas, eps and weight decay are operands of the fused step (float_operands): a new learning
+    # rate every step (Trainer's linear schedule) reuses the step's program.
+    model = _model().to(TPU)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01, fused=True)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda e: 1.0 / (e + 1))
+    x, y = torch.randn(16, 4).to(TPU), torch.randn(16, 2).to(TPU)
+    _train(model, opt, x, y, steps=2)
+    sched.step()
+    before = torch_tpu.metrics.counters()["compiles"]
+    for _ in range(3):
+        _train(model, opt, x, y, steps=1)
+        sched.step()
+    assert torch_tpu.metrics.counters()["compiles"] == before

@@ -55,12 +55,13 @@ def _arg_kind(arg) -> str:
 class _Signature:
     """Precomputed facts about one overload's schema."""
 
-    def __init__(self, overload):
+    def __init__(self, overload, float_operands=False):
         self.overload = overload
         schema = overload._schema
         self.args = list(schema.arguments)
         self.names = [a.name for a in self.args]
-        self.kinds = [_arg_kind(a) for a in self.args]
+        # float_operands (Lowering.float_operands): `float` arguments as Scalars, operands of the program
+        self.kinds = ["S" if float_operands and str(a.type) == "float" else _arg_kind(a) for a in self.args]
         self.written = [i for i, a in enumerate(self.args) if a.alias_info is not None and a.alias_info.is_write]
         self.num_returns = len(schema.returns)
         self.is_out = bool(self.written) and any(a.kwarg_only and a.alias_info is not None and a.alias_info.is_write
@@ -347,8 +348,8 @@ class Kernel:
     (F is K itself, or the functional overload whose value K writes in place / into out=)."""
 
     def __init__(self, overload, lowering: Lowering, value_overload, host_inputs=False):
-        self.sig = _Signature(overload)
-        self.fsig = _Signature(value_overload) if value_overload is not overload else self.sig
+        self.sig = _Signature(overload, lowering.float_operands)
+        self.fsig = _Signature(value_overload, lowering.float_operands) if value_overload is not overload else self.sig
         self.lowering = lowering
         self.host_inputs = host_inputs
         # The ATen overload name ("aten::add.Tensor"), as the C++ kernel, errors and profiler traces name it.
@@ -522,7 +523,9 @@ class Kernel:
         resize = []
         if sig.written:
             _check_overlap(vals, sig)
-            if not self.range_out:  # (sized and checked in C++ as CPU does; meta's ref differs)
+            if self.lowering.meta is not None and fsig is sig:  # an in-place op lowered as itself
+                _as_cpu_raises(self.lowering.meta, *k_meta)
+            elif not self.range_out:  # (sized and checked in C++ as CPU does; meta's ref differs)
                 _as_cpu_raises(sig.invoke, k_meta)  # raises what CPU would (broadcast into self, unsafe casts...)
             if sig.is_out:
                 for i in sig.written:

@@ -2,7 +2,7 @@
 from . import elementwise, functional  # noqa: F401
 from . import linalg, convolution, pooling  # noqa: F401
 from . import reduction, softmax_loss, normalization  # noqa: F401
-from . import random, factory, foreach  # noqa: F401
+from . import random, factory, foreach, optimizers  # noqa: F401
 from . import indexing, shape  # noqa: F401
 from . import sorting  # noqa: F401
 from . import linalg_decomp  # noqa: F401

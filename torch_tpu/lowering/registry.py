@@ -35,6 +35,9 @@ class Lowering:
     # than Scalars, whose values the key leaves out): it runs once, when the key's program is built
     # (a call it refuses stores nothing, so each such call raises), and passing calls stay in C++.
     check_per_key: bool = False
+    # The overload's `float` arguments (an optimizer's lr, betas, eps, weight decay) are operands, as
+    # Scalars are, not keyed by value: one program serves a whole learning-rate schedule.
+    float_operands: bool = False
     # Random op: its Generator? argument arrives as the (seed, offset) state, a tensor<2xui64> Value;
     # an op with no Generator argument (native_dropout) gets the default one's as a last argument.
     rng: bool = False
@@ -174,7 +177,7 @@ class NotLowered(NotImplementedError):
 
 
 def register(*names: str, check: Callable | None = None, check_per_key: bool = False, rng: bool = False,
-             prepare: Callable | None = None,
+             prepare: Callable | None = None, float_operands: bool = False,
              layout: Callable | None = None, bounds: Callable | None = None, prepare_only_for_masks: bool = False,
              graph_only: bool = False, meta: Callable | None = None, draws: Callable | None = None):
     """Decorator: registers `fn` as the lowering of each named overload ("aten::" omitted).
@@ -184,6 +187,7 @@ def register(*names: str, check: Callable | None = None, check_per_key: bool = F
             if n in REGISTRY:
                 raise RuntimeError(f"two lowerings registered for aten::{n}")
             REGISTRY[n] = Lowering(n, fn, check=check, check_per_key=check_per_key, rng=rng, prepare=prepare,
+                                   float_operands=float_operands,
                                    prepare_only_for_masks=prepare_only_for_masks, layout=layout, bounds=bounds,
                                    graph_only=graph_only, meta=meta, draws=draws)
         return fn

@@ -1,0 +1,110 @@
+"""Fused optimizer steps: `_fused_adam_` and `_fused_adamw_` (float or tensor learning rate), what
+torch.optim.Adam / AdamW(fused=True) call, Hugging Face Trainer's default optimizer
+("adamw_torch_fused") among them. One program updates the whole parameter list in place.
+
+The math is PyTorch's fused CPU kernel's, step for step (aten/src/ATen/native/cpu/FusedAdamKernel.cpp),
+in the parameters' op-math dtype (float32 for half precision), so that tpu follows a CPU run:
+  grad /= grad_scale (written back to grads), negated when maximize;
+  weight decay: Adam adds weight_decay * param to the gradient, AdamW scales the parameter by
+  1 - lr * weight_decay (neither when weight_decay is 0);
+  exp_avg = lerp(exp_avg, grad, 1 - beta1) (PyTorch's two-sided lerp);
+  exp_avg_sq = exp_avg_sq * beta2 + (1 - beta2) * grad * grad;
+  denom = sqrt(exp_avg_sq, or its running max with amsgrad) / sqrt(1 - beta2^step) + eps;
+  param -= (lr / (1 - beta1^step)) * exp_avg / denom;
+and nothing changes where found_inf is 1 (the GradScaler's skipped step).
+The optimizer's float hyperparameters travel as operands (Lowering.float_operands): a learning-rate
+schedule changes no program."""
+from __future__ import annotations
+
+import torch
+
+from .builder import Value
+from .elementwise import compute_dtype
+from .registry import register
+
+
+def _scalar(b, v, dtype):
+    """A hyperparameter as a 0-dim Value of `dtype`: an operand (eager), a python number (a compiled
+    graph's constant) or a 0-dim / 1-element tensor (the tensor_lr overload)."""
+    if isinstance(v, Value):
+        return b.convert(b.reshape(v, ()), dtype)
+    return b.constant(float(v), dtype)
+
+
+def _adam(adamw: bool):
+    def lower(ctx, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1, beta2,
+              weight_decay, eps, amsgrad, maximize, grad_scale=None, found_inf=None):
+        b = ctx.b
+        outs = {k: [] for k in ("p", "g", "m", "v", "mx")}
+        for i, p in enumerate(params):
+            cd = compute_dtype(p.dtype)
+            shape = p.shape
+
+            def s(v):
+                return _scalar(b, v, cd)
+
+            def full(x):
+                return b.broadcast_to(x, shape)
+            one, half = s(1.0), s(0.5)
+            lr_, b1, b2, wd, ep = s(lr), s(beta1), s(beta2), s(weight_decay), s(eps)
+            decay = b.compare(wd, s(0.0), "NE")
+            g_in, m_in, v_in = grads[i], exp_avgs[i], exp_avg_sqs[i]
+            g, pv = b.convert(g_in, cd), b.convert(p, cd)
+            g_out = g_in
+            if grad_scale is not None:
+                g = b.divide(g, full(s(grad_scale)))
+                g_out = b.convert(g, g_in.dtype)
+            if maximize:
+                g = b.negate(g)
+            if adamw:
+                pv = b.select(full(decay), b.multiply(pv, full(b.subtract(one, b.multiply(lr_, wd)))), pv)
+            else:
+                g = b.select(full(decay), b.add(g, b.multiply(pv, full(wd))), g)
+            m = b.convert(m_in, cd)
+            w = b.subtract(one, b1)  # lerp weight
+            near = b.add(m, b.multiply(full(w), b.subtract(g, m)))
+            far = b.subtract(g, b.multiply(b.subtract(g, m), full(b.subtract(one, w))))
+            m = b.select(full(b.compare(b.abs(w), half, "LT")), near, far)
+            v = b.add(b.multiply(b.convert(v_in, cd), full(b2)), b.multiply(b.multiply(full(b.subtract(one, b2)), g), g))
+            step = s(state_steps[i])
+            bc1 = b.subtract(one, b.power(b1, step))
+            bc2_sqrt = b.sqrt(b.subtract(one, b.power(b2, step)))
+            if amsgrad:
+                mx = b.maximum(b.convert(max_exp_avg_sqs[i], cd), v)
+                outs["mx"].append((mx, max_exp_avg_sqs[i]))
+                root = b.sqrt(mx)
+            else:
+                root = b.sqrt(v)
+            denom = b.add(b.divide(root, full(bc2_sqrt)), full(ep))
+            pv = b.subtract(pv, b.divide(b.multiply(full(b.divide(lr_, bc1)), m), denom))
+            outs["p"].append((pv, p))
+            outs["g"].append((g_out, g_in))
+            outs["m"].append((m, m_in))
+            outs["v"].append((v, v_in))
+        skip = None
+        if found_inf is not None:
+            skip = b.compare(_scalar(b, found_inf, torch.float32), b.constant(1.0, torch.float32), "EQ")
+        result = []
+        for k in ("p", "g", "m", "v", "mx"):
+            for new, old in outs[k]:
+                new = b.convert(new, old.dtype)
+                if skip is not None:
+                    new = b.select(b.broadcast_to(skip, old.shape), old, new)
+                result.append(new)
+        return result
+    return lower
+
+
+def _meta(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *rest, **kw):
+    """The ops write their lists in place and return nothing; PyTorch has no meta kernel for the
+    tensor_lr overloads. The lists must match in length, as CPU's kernel checks."""
+    n = len(params)
+    for name, lst in (("grads", grads), ("exp_avgs", exp_avgs), ("exp_avg_sqs", exp_avg_sqs),
+                      ("state_steps", state_steps)):
+        if len(lst) != n:
+            raise RuntimeError(f"_fused_adam: expected {name} to have {n} tensors (one per parameter), got {len(lst)}")
+    return None
+
+
+register("_fused_adam_", "_fused_adam_.tensor_lr", float_operands=True, meta=_meta)(_adam(adamw=False))
+register("_fused_adamw_", "_fused_adamw_.tensor_lr", float_operands=True, meta=_meta)(_adam(adamw=True))
