@@ -97,7 +97,7 @@ def test_empty_errors():
     x = to_tpu(torch.randn(0, 3))
     with pytest.raises(RuntimeError, match="Expected reduction dim"):
         x.max()
-    with pytest.raises(RuntimeError, match="Expected reduction dim"):
+    with pytest.raises(IndexError, match="Expected reduction dim"):  # CPU's type
         x.argmax()
     with pytest.raises((IndexError, RuntimeError)):
         x.amax(0)
@@ -124,7 +124,7 @@ def test_checks_the_key_fixes_run_once_per_key():
         for _ in range(2):
             with pytest.raises(RuntimeError, match="floating point"):
                 i.var()
-            with pytest.raises(RuntimeError, match="Expected reduction dim"):
+            with pytest.raises(IndexError, match="Expected reduction dim"):
                 e.argmax()
             with pytest.raises(RuntimeError, match="does not support bool"):
                 to_tpu(torch.ones(2, dtype=torch.bool)).argmax()

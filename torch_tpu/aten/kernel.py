@@ -284,7 +284,7 @@ def _check_overlap(vals, sig):
     no written tensor may have several elements at one address (an expanded view; fill_ and zero_
     may), and an input may share memory with a written tensor only as exactly the same view."""
     written = [t for i in sig.written for t in (vals[i] if isinstance(vals[i], list) else [vals[i]])
-               if isinstance(t, torch.Tensor) and t.numel() > 1]
+               if isinstance(t, torch.Tensor) and t.numel() > 0]
     if not written:
         return
     for w in written:
@@ -396,6 +396,12 @@ class Kernel:
                 entry = self._build(vals, call)
             except NotLowered:
                 entry = _ON_HOST
+            except RuntimeError:
+                # PyTorch's Python meta / reference kernels refuse some dtypes with a RuntimeError
+                # ("torch.bool not supported for floor_divide") where CPU's kernel raises
+                # NotImplementedError: CPU's answer wins.
+                self._cpu_dtype_probe(vals)
+                raise
             if entry is _ON_HOST or not entry.resize:
                 store = entry
         if entry is _ON_HOST:
@@ -491,6 +497,39 @@ class Kernel:
         return out
 
     # ------------------------------------------------------------------------------------------
+    def _cpu_dtype_probe(self, vals) -> None:
+        """Raises CPU's NotImplementedError where CPU's kernel has no code for the call's dtypes
+        ('"hypot_cpu" not implemented for 'Byte''), which no meta kernel checks: the op runs once per
+        key on CPU, on one-element tensors of the call's dtypes and ranks (values 1; empty ones as
+        they are). Only that error is taken from the probe; any other is left to the real call (its
+        values and shapes differ).
+        Not probed: random ops (they would draw from CPU's generator), host-input ops, float8 (tpu
+        computes what CPU has no float8 kernel for: README), lowerings with cpu_dtypes=False (decided
+        otherwise) and other namespaces' ops."""
+        low, sig = self.lowering, self.sig
+        if low.rng or not low.cpu_dtypes or self.host_inputs or sig.overload.namespace != "aten":
+            return
+        tensors = _tensors(vals)
+        if any(t.dtype.is_floating_point and t.dtype.itemsize == 1 for t in tensors):
+            return
+
+        def one(t):  # (an empty tensor as it is: CPU skips some kernels, and their checks, for no elements)
+            if not isinstance(t, torch.Tensor):
+                return t
+            return torch.ones(t.shape if t.numel() == 0 else [1] * t.dim(), dtype=t.dtype)
+        probe = [[one(t) for t in v] if isinstance(v, (list, tuple)) and kind == "TL" else
+                 None if kind == "G" else one(v) for v, kind in zip(vals, sig.kinds)]
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                sig.invoke(probe)
+        except NotImplementedError as e:  # TORCH_CHECK_NOT_IMPLEMENTED: what CPU has no code for
+            m = str(e)  # (not an op with no CPU kernel at all, or a privateuse1-only stub: no dtype rule)
+            if not m.startswith("Could not run") and "privateuse1" not in m:
+                raise NotImplementedError(m) from None
+        except Exception:  # noqa: BLE001  (only the dtype refusal above is CPU's answer for this call)
+            pass
+
     def _build(self, vals, call: _Call) -> _Entry:
         sig, fsig = self.sig, self.fsig
         # 1. Meta: result types and every error, before anything runs.
@@ -552,6 +591,7 @@ class Kernel:
             if sig.written and not sig.is_out:
                 _check_inplace_cast(vals, sig, value_meta)
         out_types = [TensorType(tuple(m.shape), m.dtype) if isinstance(m, torch.Tensor) else None for m in value_meta]
+        self._cpu_dtype_probe(vals)
         if self.lowering.check is not None and self.lowering.check_per_key:
             self.lowering.check(*f_vals)
 
@@ -645,8 +685,10 @@ class Kernel:
             raise RuntimeError(f"lowering of {fsig.overload} returned {len(results)} values, expected {len(out_types)}")
         fitted = []
         for r, t in zip(results, out_types):
-            # an undefined result (the lowering returns None for it) stays None
-            fitted.append(None if t is None else fit(b, r, t))
+            # an undefined result (the lowering returns None for it) stays None; one with no elements
+            # is a constant (the lowering still ran, for its checks): XLA's CPU compiler dies of
+            # SIGFPE on an integer remainder of empty arrays
+            fitted.append(None if t is None else b.constant(0, t.dtype, t.shape) if t.numel == 0 else fit(b, r, t))
 
         # 3b. Index bounds checked on the device: a flag (and the first bad index) beside the result.
         failed, status = None, None

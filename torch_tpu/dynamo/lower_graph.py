@@ -473,7 +473,9 @@ class GraphProgram:
                 and v.meta["val"].dtype == torch.bool for vs in vals for v in (vs if isinstance(vs, list) else [vs])):
             raise Unsupported(f"aten::{overload_name(node.target)}", node, "with a boolean mask (data-dependent "
                               "shape) is not supported inside a graph")
-        if low.check is not None:
+        if low.check is not None and low.check_per_key:  # dtypes and shapes: checked once, here
+            low.check(*[_meta_val(v) for v in vals])
+        elif low.check is not None:
             self._record_check(low.check, vals, sig, node)
         if low.bounds is not None:
             self._device_bounds(low, node, l_vals, args)
@@ -491,7 +493,9 @@ class GraphProgram:
             if t is None or r is None:
                 fixed.append(None)
                 continue
-            r = fit(b, r, t)
+            # no elements: a constant (as eager's kernels do; XLA's CPU compiler dies of SIGFPE folding
+            # integer division over empty arrays)
+            r = b.constant(0, t.dtype, t.shape) if t.numel == 0 else fit(b, r, t)
             fixed.append(Value(r.name, r.type, _meta(m)))
         if isinstance(val, torch.Tensor):
             return fixed[0]

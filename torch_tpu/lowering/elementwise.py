@@ -59,14 +59,23 @@ def add(ctx, x, y, alpha=None):
     return _finish(ctx, b.add(operand(ctx, x, cd), _scaled(ctx, y, alpha, cd)))
 
 
+def _no_bool_sub(x, y):
+    """CPU's sub_check for one bool operand (two are refused by the meta kernel first)."""
+    if any(getattr(v, "dtype", None) == torch.bool for v in (x, y)):
+        raise RuntimeError("Subtraction, the `-` operator, with a bool tensor is not supported. If you are trying "
+                           "to invert a mask, use the `~` or `logical_not()` operator instead.")
+
+
 @register("sub.Tensor", "sub.Scalar")
 def sub(ctx, x, y, alpha=None):
+    _no_bool_sub(x, y)
     cd = compute_dtype(ctx.out[0].dtype)
     return _finish(ctx, ctx.b.subtract(operand(ctx, x, cd), _scaled(ctx, y, alpha, cd)))
 
 
 @register("rsub.Tensor", "rsub.Scalar")
 def rsub(ctx, x, y, alpha=None):
+    _no_bool_sub(x, y)
     cd = compute_dtype(ctx.out[0].dtype)
     return _finish(ctx, ctx.b.subtract(operand(ctx, y, cd), _scaled(ctx, x, alpha, cd)))
 
@@ -145,18 +154,51 @@ def pow_(ctx, x, y):
     if all(getattr(v, "dtype", None) == torch.bool for v in (x, y)):  # CPU has no bool ** bool kernel
         not_implemented("pow", torch.bool)
     cd = compute_dtype(out)
+    if not (cd.is_floating_point or cd.is_complex or cd == torch.bool):
+        return _finish(ctx, _int_pow(b, operand(ctx, x, cd), operand(ctx, y, cd)))
     return _finish(ctx, b.power(operand(ctx, x, cd), operand(ctx, y, cd)))
+
+
+def _int_pow(b, x, e):
+    """x ** e for integers, wrapping as CPU's kernel does, by squaring over every bit of the exponent:
+    XLA's integer power (CPU plugin) looks at the exponent's low 6 bits only ((-9) ** 129 gave -9).
+    A negative exponent gives 1 for x == 1, +-1 for x == -1, else 0 (CPU's)."""
+    dt = x.dtype
+    shape = x.shape if x.rank >= e.rank else e.shape
+    x, e = b.broadcast_to(x, shape), b.broadcast_to(e, shape)
+
+    def k(v):
+        return b.constant(v, dt, shape)
+    one, zero = k(1), k(0)
+    neg = b.compare(e, zero, "LT") if dt.is_signed else None
+    rest = b.select(neg, zero, e) if neg is not None else e
+    result, base = one, x
+    for _ in range(torch.iinfo(dt).bits - (1 if dt.is_signed else 0)):
+        odd = b.compare(b.remainder(rest, k(2)), one, "EQ")
+        result = b.select(odd, b.multiply(result, base), result)
+        base = b.multiply(base, base)
+        rest = b.divide(rest, k(2))
+    if neg is None:
+        return result
+    minus_one = b.compare(x, k(-1), "EQ")
+    odd_e = b.compare(b.remainder(e, k(2)), zero, "NE")
+    small = b.select(b.compare(x, one, "EQ"), one, b.select(minus_one, b.select(odd_e, k(-1), one), zero))
+    return b.select(neg, small, result)
 
 
 # XLA's maximum / minimum propagate NaN on every backend, as torch.maximum / minimum do.
 @register("maximum")
 def maximum(ctx, x, y):
+    if ctx.out[0].dtype.is_complex:
+        raise RuntimeError("maximum not implemented for complex tensors.")
     cd = compute_dtype(ctx.out[0].dtype)
     return _finish(ctx, ctx.b.binary("maximum", operand(ctx, x, cd), operand(ctx, y, cd)))
 
 
 @register("minimum")
 def minimum(ctx, x, y):
+    if ctx.out[0].dtype.is_complex:
+        raise RuntimeError("minimum not implemented for complex tensors.")
     cd = compute_dtype(ctx.out[0].dtype)
     return _finish(ctx, ctx.b.binary("minimum", operand(ctx, x, cd), operand(ctx, y, cd)))
 
@@ -489,9 +531,9 @@ def nan_to_num(ctx, x, nan=None, posinf=None, neginf=None):
 # -- activations and their backward ---------------------------------------------------------------
 @register("relu")
 def relu(ctx, x):
-    b = ctx.b
     if x.dtype == torch.bool:
-        return x
+        raise RuntimeError("Boolean inputs not supported for relu")
+    b = ctx.b
     return b.select(b.compare(x, b.zeros_like(x), "GT"), x, b.select(b.is_nan(x), x, b.zeros_like(x))) \
         if x.dtype.is_floating_point else b.maximum(x, b.zeros_like(x))
 

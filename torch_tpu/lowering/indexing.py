@@ -17,6 +17,7 @@ import torch
 
 from .elementwise import compute_dtype
 from .registry import IndexBound, check_reads, host_kernel, in_format, register
+from .utils import meta_result
 
 
 
@@ -493,7 +494,7 @@ def _index_fill_meta(x, dim, index, value):
     does (once per key: the value's dtype is in it)."""
     if isinstance(value, complex) and not x.is_complex():
         raise RuntimeError("index_fill_(): Converting complex Scalar to non-complex type is not supported")
-    return torch.ops.aten.index_fill(x, dim, index, value)
+    return meta_result(torch.ops.aten.index_fill, x, dim, index, value)
 
 
 @register("index_fill.int_Scalar", "index_fill.int_Tensor", meta=_index_fill_meta,

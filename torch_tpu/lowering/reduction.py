@@ -10,6 +10,7 @@ import torch
 
 from .elementwise import compute_dtype
 from .registry import register
+from .utils import meta_result
 
 
 def reduce_dims(dim, rank, empty_means_all=True):
@@ -159,6 +160,11 @@ def arg_reduce(b, x, dim, is_max):
 
 def _max_dim(is_max):
     def lower(ctx, x, dim, keepdim=False):
+        name = "max" if is_max else "min"  # CPU's checks, in CPU's order
+        if x.rank and x.shape[dim % x.rank] == 0:
+            raise IndexError(f"{name}(): Expected reduction dim {dim % x.rank} to have non-zero size.")
+        if x.dtype.is_complex:
+            raise RuntimeError(f"{name}(): does not support complex input")
         b = ctx.b
         if x.rank == 0:
             return x, b.constant(0, torch.int64)
@@ -171,13 +177,18 @@ register("max.dim")(_max_dim(True))
 register("min.dim")(_max_dim(False))
 
 
-def _check_arg(name):
-    def check(x, dim=None, keepdim=False):
-        if x.dtype == torch.bool:  # the meta kernel accepts it, CPU does not
+def _arg_meta(name):
+    """argmax / argmin's result with CPU's checks in CPU's order (PyTorch's meta kernel accepts bool
+    and complex, and calls an empty input's error a RuntimeError)."""
+    def meta(x, dim=None, keepdim=False):
+        if x.dtype == torch.bool:
             raise RuntimeError(f"{name}(): does not support bool input")
+        if x.dtype.is_complex:
+            raise RuntimeError(f"{name}(): does not support complex input")
         if dim is None and x.numel() == 0:
-            raise RuntimeError(f"{name}(): Expected reduction dim to be specified for input.numel() == 0.")
-    return check
+            raise IndexError(f"{name}(): Expected reduction dim to be specified for input.numel() == 0.")
+        return meta_result(getattr(torch.ops.aten, name), x, dim, keepdim)
+    return meta
 
 
 def _argmax(is_max):
@@ -193,8 +204,8 @@ def _argmax(is_max):
     return lower
 
 
-register("argmax", check=_check_arg("argmax"), check_per_key=True)(_argmax(True))
-register("argmin", check=_check_arg("argmin"), check_per_key=True)(_argmax(False))
+register("argmax", meta=_arg_meta("argmax"))(_argmax(True))
+register("argmin", meta=_arg_meta("argmin"))(_argmax(False))
 
 
 def _any_all(is_any):

@@ -38,6 +38,9 @@ class Lowering:
     # The overload's `float` arguments (an optimizer's lr, betas, eps, weight decay) are operands, as
     # Scalars are, not keyed by value: one program serves a whole learning-rate schedule.
     float_operands: bool = False
+    # False where tpu computes, by decision, dtypes CPU's kernel has none for (histc of integers, as
+    # CUDA does): no CPU dtype probe (aten/kernel.py's _cpu_dtype_probe) for this op.
+    cpu_dtypes: bool = True
     # Random op: its Generator? argument arrives as the (seed, offset) state, a tensor<2xui64> Value;
     # an op with no Generator argument (native_dropout) gets the default one's as a last argument.
     rng: bool = False
@@ -177,7 +180,7 @@ class NotLowered(NotImplementedError):
 
 
 def register(*names: str, check: Callable | None = None, check_per_key: bool = False, rng: bool = False,
-             prepare: Callable | None = None, float_operands: bool = False,
+             prepare: Callable | None = None, float_operands: bool = False, cpu_dtypes: bool = True,
              layout: Callable | None = None, bounds: Callable | None = None, prepare_only_for_masks: bool = False,
              graph_only: bool = False, meta: Callable | None = None, draws: Callable | None = None):
     """Decorator: registers `fn` as the lowering of each named overload ("aten::" omitted).
@@ -187,7 +190,7 @@ def register(*names: str, check: Callable | None = None, check_per_key: bool = F
             if n in REGISTRY:
                 raise RuntimeError(f"two lowerings registered for aten::{n}")
             REGISTRY[n] = Lowering(n, fn, check=check, check_per_key=check_per_key, rng=rng, prepare=prepare,
-                                   float_operands=float_operands,
+                                   float_operands=float_operands, cpu_dtypes=cpu_dtypes,
                                    prepare_only_for_masks=prepare_only_for_masks, layout=layout, bounds=bounds,
                                    graph_only=graph_only, meta=meta, draws=draws)
         return fn

@@ -6,13 +6,23 @@ import torch
 from torch._prims_common import compute_elementwise_output_strides
 
 from .registry import register
+from .utils import meta_result
 
 
 def _norm(d, rank):
     return d % rank if rank else 0
 
 
-@register("cat")
+def _cat_meta(tensors, dim=0):
+    """cat's result, with CPU's first check (PyTorch's Python reference fails on a 0-dim tensor with
+    an IndexError or another message)."""
+    for i, t in enumerate(tensors):
+        if t.dim() == 0:
+            raise RuntimeError(f"zero-dimensional tensor (at position {i}) cannot be concatenated")
+    return meta_result(torch.ops.aten.cat, tensors, dim)
+
+
+@register("cat", meta=_cat_meta)
 def cat(ctx, tensors, dim=0):
     """Inputs are promoted to the result dtype; empty ones (legacy 1-D `(0,)` too) add nothing."""
     b = ctx.b
@@ -126,8 +136,14 @@ def _sort(b, x, dim, descending):
     return tuple(b.sort([x, b.iota(x.shape, d)], d, _nan_last_less(descending), stable=True))
 
 
+def _no_complex_order(name, x):
+    if x.dtype.is_complex:  # as CPU (" Sort does not support complex dtypes on CPU"): no order on C
+        raise RuntimeError(f"{name} does not support complex dtypes")
+
+
 @register("sort.stable")
 def sort(ctx, x, stable=None, dim=-1, descending=False):
+    _no_complex_order("Sort", x)
     return _sort(ctx.b, x, dim, descending)
 
 
@@ -135,6 +151,7 @@ def sort(ctx, x, stable=None, dim=-1, descending=False):
 def sort_default(ctx, x, dim=-1, descending=False):
     """sort.default, which compiled graphs call (eager reaches it through sort.stable): stable, as
     sort.stable(stable=False) is on tpu and on the CPU."""
+    _no_complex_order("Sort", x)
     return _sort(ctx.b, x, dim, descending)
 
 
@@ -144,6 +161,7 @@ def topk(ctx, x, k, dim=-1, largest=True, sorted=True):
     b = ctx.b
     if x.dtype == torch.bool:  # as CPU ("topk does not support bool dtypes on CPU")
         raise RuntimeError("topk does not support bool dtypes")
+    _no_complex_order("topk", x)
     if ctx.out[0].numel == 0 or x.rank == 0:
         vals, idx = _sort(b, x, dim, largest)
         return (vals, idx) if ctx.out[0].numel else (b.constant(0, x.dtype, ctx.out[0].shape),

@@ -33,11 +33,17 @@ def _as_rank1(b, x):
     return b.reshape(x, [1]) if x.rank == 0 else x
 
 
+def _math_dtype(out):
+    """Half precision in float32; an integer or complex result only for no elements (CPU refuses
+    them otherwise: the dtype probe, aten/kernel.py) computes in float32."""
+    return compute_dtype(out) if out.is_floating_point else torch.float32
+
+
 @register("_softmax")
 def softmax(ctx, x, dim, half_to_float=False):
     b = ctx.b
     out = ctx.out[0].dtype
-    xv = _as_rank1(b, b.convert(x, compute_dtype(out)))
+    xv = _as_rank1(b, b.convert(x, _math_dtype(out)))
     d = dim % xv.rank
     shifted, s = _softmax_parts(b, xv, d)
     r = b.divide(b.exp(shifted), _keepdim_bcast(b, s, xv, [d]))
@@ -48,7 +54,7 @@ def softmax(ctx, x, dim, half_to_float=False):
 def log_softmax(ctx, x, dim, half_to_float=False):
     b = ctx.b
     out = ctx.out[0].dtype
-    xv = _as_rank1(b, b.convert(x, compute_dtype(out)))
+    xv = _as_rank1(b, b.convert(x, _math_dtype(out)))
     d = dim % xv.rank
     shifted, s = _softmax_parts(b, xv, d)
     r = b.subtract(shifted, _keepdim_bcast(b, b.log(s), xv, [d]))

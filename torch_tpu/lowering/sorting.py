@@ -518,7 +518,7 @@ def _check_histc(x, bins=100, lo=0, hi=0):
     _histc_range(x, float(lo), float(hi))
 
 
-@register("histc", check=_check_histc)
+@register("histc", check=_check_histc, cpu_dtypes=False)  # integers counted, as CUDA
 def histc(ctx, x, bins=100, lo=0, hi=0):
     """Edges from min/max (or the data's extrema when equal); an element e in [left, right] goes to
     bin trunc((e - left) * bins / (right - left)) computed op by op in the input dtype (as CPU's

@@ -38,3 +38,28 @@ def not_implemented(name: str, dtype: torch.dtype):
     """Raises CPU's NotImplementedError for kernel `name` on `dtype` ('"max_pool2d" not implemented
     for 'Long''), for dtypes CPU's kernel does not dispatch."""
     raise NotImplementedError(f'"{name}" not implemented for \'{_DISPATCH_NAMES.get(dtype, str(dtype))}\'')
+
+
+def meta_result(op, *args, **kwargs):
+    """`op`'s result as PyTorch's meta kernel computes it, on the device of the first tensor argument:
+    what a Lowering.meta that only adds CPU's checks returns. (Calling `op` on the arguments
+    themselves would re-enter the meta's own FakeTensor rule under torch.compile.)"""
+    device = []
+
+    def to_meta(v):
+        if isinstance(v, torch.Tensor):
+            device.append(v.device)
+            return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta")
+        if isinstance(v, (list, tuple)):
+            return type(v)(to_meta(x) for x in v)
+        return v
+
+    out = op(*[to_meta(a) for a in args], **{k: to_meta(v) for k, v in kwargs.items()})
+
+    def back(r):
+        if isinstance(r, torch.Tensor):
+            return torch.empty_strided(r.shape, r.stride(), dtype=r.dtype, device=device[0])
+        if isinstance(r, (list, tuple)):
+            return type(r)(back(x) for x in r)
+        return r
+    return back(out)
