@@ -505,9 +505,11 @@ class Kernel:
         values and shapes differ).
         Not probed: random ops (they would draw from CPU's generator), host-input ops, float8 (tpu
         computes what CPU has no float8 kernel for: README), lowerings with cpu_dtypes=False (decided
-        otherwise) and other namespaces' ops."""
+        otherwise), out= overloads (a one-element out= would be resized, and C++'s resize warning
+        reaches the user: the caller's warning handler holds it past this function) and other
+        namespaces' ops."""
         low, sig = self.lowering, self.sig
-        if low.rng or not low.cpu_dtypes or self.host_inputs or sig.overload.namespace != "aten":
+        if low.rng or not low.cpu_dtypes or self.host_inputs or sig.is_out or sig.overload.namespace != "aten":
             return
         tensors = _tensors(vals)
         if any(t.dtype.is_floating_point and t.dtype.itemsize == 1 for t in tensors):
