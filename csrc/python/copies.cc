@@ -54,6 +54,7 @@ void device_copy(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
 }
 
 at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
+  if (self.is_same(src)) return self;  // as ATen's copy_: nothing to do (even for an expanded view)
   if (self.is_cpu()) {
     if (src.is_cpu()) return self.copy_(src, non_blocking);
     at::Tensor host = to_host(src);
