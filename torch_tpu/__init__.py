@@ -43,6 +43,9 @@ atexit.register(_finish_launches)
 # releasing the last backward's graph task, which takes the GIL; one that waits for it when
 # finalization starts is ended with std::terminate.
 atexit.register(_C._drain_autograd_threads)
+# Runs first: an async collective nobody waited for writes its results back through launches, and
+# holds the caller's tensors until it ends, which must be while Python can still release them.
+atexit.register(_C._drain_collectives)
 torch.utils.rename_privateuse1_backend("tpu")
 # torch.autocast("tpu") without a dtype computes in bfloat16, the TPU's native low precision (Google
 # TorchTPU's default; PyTorch's for a PrivateUse1 device is float16). PyTorch keeps the setting per

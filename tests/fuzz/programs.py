@@ -164,6 +164,8 @@ def run(prog: Program, device, compiled: bool = False) -> list:
     pool's tensors (CPU copies) at the end. compiled: each step through torch.compile(backend="tpu")."""
     pool = [i.make(device) for i in prog.inputs]
     out = []
+    if compiled:
+        torch._dynamo.reset()  # past its recompile limit, Dynamo would run a step's lambda eagerly
     for name, idx in prog.steps:
         fn, inplace = _op(name)
         args = [pool[i] for i in idx]
@@ -215,8 +217,20 @@ KNOWN = [
 ]
 
 
+# Refusals of torch.compile itself, raised the same by PyTorch's aot_eager and inductor backends on
+# CPU tensors (test_fuzz checks that): (the message tpu's compiled step raises, why).
+KNOWN_COMPILED = [
+    ("more than one element of the written-to tensor refers to a single memory location",
+     "AOTAutograd writes a mutated input back with copy_, which PyTorch refuses for an expanded input"),
+]
+
+
 def _known(c: Exception) -> bool:
     return any(isinstance(c, t) and str(c).startswith(m) for t, m, _ in KNOWN)
+
+
+def _known_compiled(t: Exception) -> bool:
+    return any(m in str(t) for m, _ in KNOWN_COMPILED)
 
 
 def compare(cpu: list, tpu: list, compiled: bool = False) -> list[str]:
@@ -235,6 +249,8 @@ def compare(cpu: list, tpu: list, compiled: bool = False) -> list[str]:
                 diffs.append(f"step {k}: tpu raises {type(t).__name__}: {str(t)[:100]}; CPU {type(c).__name__}: "
                              f"{str(c)[:100]}")
         elif isinstance(t, Exception):
+            if compiled and _known_compiled(t):
+                return diffs
             diffs.append(f"step {k}: tpu raises {type(t).__name__}: {str(t)[:160]}")
             return diffs
         elif isinstance(c, torch.Tensor):

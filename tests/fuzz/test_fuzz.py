@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import torch_tpu
-from .programs import KNOWN, compare, generate, run
+from .programs import KNOWN, KNOWN_COMPILED, compare, generate, run
 
 # Programs that once differed, and what they found (all fixed):
 FOUND = {
@@ -25,6 +25,10 @@ FOUND = {
     1530: "int16 ** int16 with exponents >= 64: XLA's integer power read 6 exponent bits",
     646: "sort of complex: CPU's RuntimeError",
     101145: "copy_ of an expanded view into itself: nothing to do, as on CPU (it was refused as an overlap)",
+    1001518: "uint8 0 ** complex: CPU's special values (inf+nanj where Re(y) < 0; XLA's power gave nan+nanj)",
+    1006210: "bfloat16 % a float32 0-dim tensor: the divisor rounded to bfloat16 first, as CPU does",
+    1006303: "bfloat16 ** a float64 0-dim tensor: the exponent rounded to bfloat16 (-12.998 is -13) first",
+    1007107: "-inf // 4 in float16: nan, CPU's floor division through fmod (it gave -inf)",
 }
 
 
@@ -54,4 +58,15 @@ def test_fuzz_budget(mode, first, count):
 
 
 def test_known_differences_say_why():
-    assert all(why for _, _, why in KNOWN)
+    assert all(why for _, _, why in KNOWN) and all(why for _, why in KNOWN_COMPILED)
+
+
+def test_known_compile_refusals_are_pytorchs():
+    """Each KNOWN_COMPILED refusal is PyTorch's own: aot_eager on CPU raises it for a program that
+    hit it on tpu (seed 1000127: index_fill_ of an expanded view)."""
+    prog = generate(1000127)
+    assert _check(1000127, "compiled") == []
+    x = prog.inputs[0].make("cpu")
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=KNOWN_COMPILED[0][0]):
+        torch.compile(lambda a: a.index_fill_(0, torch.tensor([0]), 2), backend="aot_eager")(x)

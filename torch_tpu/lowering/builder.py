@@ -366,6 +366,22 @@ class Builder:
     def is_nan(self, x: Value) -> Value:
         return self.compare(x, x, "NE")
 
+    def real_part(self, x: Value) -> Value:
+        """stablehlo.real of a complex value (a real value is its own real part)."""
+        if not x.dtype.is_complex:
+            return x
+        return self.op("stablehlo.real", [x], [TensorType(x.shape, x.dtype.to_real())])[0]
+
+    def imag_part(self, x: Value) -> Value:
+        """stablehlo.imag of a complex value (zeros for a real value)."""
+        if not x.dtype.is_complex:
+            return self.zeros_like(x)
+        return self.op("stablehlo.imag", [x], [TensorType(x.shape, x.dtype.to_real())])[0]
+
+    def make_complex(self, re: Value, im: Value) -> Value:
+        """stablehlo.complex of two float32 / float64 values of one shape and dtype."""
+        return self.op("stablehlo.complex", [re, im], [TensorType(re.shape, re.dtype.to_complex())])[0]
+
     # -- reductions, contractions, windows -----------------------------------------------------------
     def reduce(self, xs: Sequence[Value], inits: Sequence[Value], dims, body) -> list[Value]:
         """stablehlo.reduce over `dims`; `body(b, *accs, *elems)` returns the new accumulators."""

@@ -13,7 +13,7 @@ import math
 import torch
 
 from .. import _C
-from .builder import Builder, TensorType, Value
+from .builder import Builder, Value
 from .elementwise import compute_dtype, operand
 from .registry import register
 
@@ -26,30 +26,11 @@ def reject_complex32(*dtypes) -> None:
         raise TypeError(COMPLEX32_ERROR)
 
 
-def real_part(b: Builder, x: Value) -> Value:
-    """stablehlo.real of a complex value (a real value is its own real part)."""
-    if not x.dtype.is_complex:
-        return x
-    return b.op("stablehlo.real", [x], [TensorType(x.shape, x.dtype.to_real())])[0]
-
-
-def imag_part(b: Builder, x: Value) -> Value:
-    """stablehlo.imag of a complex value (zeros for a real value)."""
-    if not x.dtype.is_complex:
-        return b.zeros_like(x)
-    return b.op("stablehlo.imag", [x], [TensorType(x.shape, x.dtype.to_real())])[0]
-
-
-def make_complex(b: Builder, re: Value, im: Value) -> Value:
-    """stablehlo.complex of two float32 / float64 values of one shape and dtype."""
-    return b.op("stablehlo.complex", [re, im], [TensorType(re.shape, re.dtype.to_complex())])[0]
-
-
 def conj(b: Builder, x: Value) -> Value:
     """The complex conjugate (identity on real values)."""
     if not x.dtype.is_complex:
         return x
-    return make_complex(b, real_part(b, x), b.negate(imag_part(b, x)))
+    return b.make_complex(b.real_part(x), b.negate(b.imag_part(x)))
 
 
 def _parts_dtype(ctx) -> torch.dtype:
@@ -82,7 +63,7 @@ def _check_parts(a, b):
 def complex_(ctx, real, imag):
     """real + i*imag, both broadcast to the result's shape."""
     pd = _parts_dtype(ctx)
-    return make_complex(ctx.b, operand(ctx, real, pd), operand(ctx, imag, pd))
+    return ctx.b.make_complex(operand(ctx, real, pd), operand(ctx, imag, pd))
 
 
 @register("polar", prepare=_check_parts)
@@ -91,7 +72,7 @@ def polar(ctx, abs, angle):
     b = ctx.b
     pd = _parts_dtype(ctx)
     r, t = operand(ctx, abs, pd), operand(ctx, angle, pd)
-    return make_complex(b, b.multiply(r, b.unary("cosine", t)), b.multiply(r, b.unary("sine", t)))
+    return b.make_complex(b.multiply(r, b.unary("cosine", t)), b.multiply(r, b.unary("sine", t)))
 
 
 @register("angle")
@@ -101,7 +82,7 @@ def angle(ctx, x):
     b = ctx.b
     out = ctx.out[0].dtype
     if x.dtype.is_complex:
-        return b.binary("atan2", imag_part(b, x), real_part(b, x))
+        return b.binary("atan2", b.imag_part(x), b.real_part(x))
     cd = compute_dtype(out)
     xv = b.convert(x, cd)
     zero = b.zeros_like(xv)

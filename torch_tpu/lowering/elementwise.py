@@ -16,10 +16,15 @@ def _is_float(dt):
     return dt.is_floating_point or dt.is_complex
 
 
-def operand(ctx, x, dtype, shape=None):
-    """x (Value) converted to dtype and broadcast to shape (default: the op's first output shape)."""
+def operand(ctx, x, dtype, shape=None, *, via=None):
+    """x (Value) converted to dtype and broadcast to shape (default: the op's first output shape).
+    via: the op's common dtype, which x is rounded to first, as CPU's TensorIterator casts a 0-dim
+    operand or python number to the common dtype before a half-precision kernel upcasts to float32
+    (bf16_t % float64_0dim divides by the bfloat16 rounding of the divisor)."""
     b = ctx.b
     shape = ctx.out[0].shape if shape is None else shape
+    if via is not None:
+        x = b.convert(x, via)
     return b.broadcast_to(b.convert(x, dtype), shape)
 
 
@@ -29,22 +34,20 @@ def compute_dtype(dt):
     return torch.float32 if dt in (torch.float16, torch.bfloat16) or (dt.is_floating_point and dt.itemsize == 1) else dt
 
 
+def rounded_operand(ctx, x):
+    """x as the op's compute dtype, rounded to its output dtype first (operand's via)."""
+    out = ctx.out[0].dtype
+    return operand(ctx, x, compute_dtype(out), via=out)
+
+
 def _finish(ctx, r):
     return ctx.b.convert(r, ctx.out[0].dtype)
-
-
-def binary(name, fn, *, promote_out=True):
-    def lower(ctx, x, y):
-        dt = ctx.out[0].dtype if promote_out else ctx.promote(x, y)
-        cd = compute_dtype(dt)
-        return _finish(ctx, fn(ctx.b, operand(ctx, x, cd), operand(ctx, y, cd)))
-    return lower
 
 
 # -- add / sub / mul / div --------------------------------------------------------------------------
 def _scaled(ctx, y, alpha, cd):
     b = ctx.b
-    y = operand(ctx, y, cd)
+    y = operand(ctx, y, cd, via=ctx.out[0].dtype)
     if alpha is None:
         return y
     return b.multiply(y, operand(ctx, alpha, cd))
@@ -56,7 +59,7 @@ def add(ctx, x, y, alpha=None):
     b = ctx.b
     if cd == torch.bool:
         return b.or_(operand(ctx, x, cd), _scaled(ctx, y, alpha, cd))
-    return _finish(ctx, b.add(operand(ctx, x, cd), _scaled(ctx, y, alpha, cd)))
+    return _finish(ctx, b.add(rounded_operand(ctx, x), _scaled(ctx, y, alpha, cd)))
 
 
 def _no_bool_sub(x, y):
@@ -70,14 +73,14 @@ def _no_bool_sub(x, y):
 def sub(ctx, x, y, alpha=None):
     _no_bool_sub(x, y)
     cd = compute_dtype(ctx.out[0].dtype)
-    return _finish(ctx, ctx.b.subtract(operand(ctx, x, cd), _scaled(ctx, y, alpha, cd)))
+    return _finish(ctx, ctx.b.subtract(rounded_operand(ctx, x), _scaled(ctx, y, alpha, cd)))
 
 
 @register("rsub.Tensor", "rsub.Scalar")
 def rsub(ctx, x, y, alpha=None):
     _no_bool_sub(x, y)
     cd = compute_dtype(ctx.out[0].dtype)
-    return _finish(ctx, ctx.b.subtract(operand(ctx, y, cd), _scaled(ctx, x, alpha, cd)))
+    return _finish(ctx, ctx.b.subtract(rounded_operand(ctx, y), _scaled(ctx, x, alpha, cd)))
 
 
 @register("mul.Tensor", "mul.Scalar")
@@ -86,7 +89,8 @@ def mul(ctx, x, y):
     b = ctx.b
     if cd == torch.bool:
         return b.and_(operand(ctx, x, cd), operand(ctx, y, cd))
-    return _finish(ctx, b.multiply(operand(ctx, x, cd), operand(ctx, y, cd)))
+    # CPU's mul and div kernels read a scalar second operand unrounded (original_scalar_value)
+    return _finish(ctx, b.multiply(rounded_operand(ctx, x), operand(ctx, y, cd)))
 
 
 def _floor_div_int(b, x, y):
@@ -98,16 +102,38 @@ def _floor_div_int(b, x, y):
     return b.select(adjust, b.subtract(q, b.full_like(q, 1)), q)
 
 
+def _floor_div_float(b, x, y, out):
+    """x // y for floats as CPU's div_floor_floating: through fmod, so that an infinite dividend
+    gives NaN (-inf // 4 is nan, as in Python) and the quotient is exact where x / y rounds across an
+    integer; a zero divisor gives x / y. Each step is rounded to out, as CPU's half-precision kernel
+    does."""
+    def r(v):
+        return b.convert(b.convert(v, out), v.dtype) if out != v.dtype else v
+    q = r(b.divide(x, y))
+    mod = r(b.remainder(x, y))
+    zero, one = b.zeros_like(q), b.full_like(q, 1)
+    div = r(b.divide(r(b.subtract(x, mod)), y))
+    wrong_sign = b.and_(b.compare(mod, zero, "NE"), b.compare(b.compare(y, zero, "LT"), b.compare(mod, zero, "LT"), "NE"))
+    div = b.select(wrong_sign, r(b.subtract(div, one)), div)
+    floor = b.unary("floor", div)
+    floor = b.select(b.compare(r(b.subtract(div, floor)), b.full_like(q, 0.5), "GT"), r(b.add(floor, one)), floor)
+    signed_zero = b.multiply(q, zero)  # copysign(0, x / y): q is finite where it is taken
+    result = b.select(b.compare(div, zero, "NE"), floor, signed_zero)
+    return b.select(b.compare(y, zero, "EQ"), q, result)
+
+
 def _div(ctx, x, y, mode):
     b = ctx.b
     out = ctx.out[0].dtype
     if _is_float(out):
         cd = compute_dtype(out)
-        q = b.divide(operand(ctx, x, cd), operand(ctx, y, cd))
+        q = b.divide(rounded_operand(ctx, x), operand(ctx, y, cd))
         if mode == "trunc":
             q = b.select(b.compare(q, b.zeros_like(q), "LT"), b.unary("ceil", q), b.unary("floor", q))
         elif mode == "floor":
-            q = b.unary("floor", q)
+            # CPU's half-precision kernel rounds each step, but its scalar-divisor path (a one-element
+            # y, read unrounded) computes in float32
+            q = _floor_div_float(b, rounded_operand(ctx, x), operand(ctx, y, cd), cd if math.prod(y.shape) == 1 else out)
         return _finish(ctx, q)
     # Integer inputs: true division is float (out is float then); trunc/floor stay integer.
     xi, yi = operand(ctx, x, out), operand(ctx, y, out)
@@ -133,8 +159,7 @@ def floor_divide(ctx, x, y):
 def remainder(ctx, x, y):
     """Python-style modulus: the result takes the sign of the divisor."""
     b = ctx.b
-    cd = compute_dtype(ctx.out[0].dtype)
-    xv, yv = operand(ctx, x, cd), operand(ctx, y, cd)
+    xv, yv = rounded_operand(ctx, x), rounded_operand(ctx, y)
     r = b.remainder(xv, yv)
     zero = b.zeros_like(r)
     fix = b.and_(b.compare(r, zero, "NE"), b.compare(b.compare(r, zero, "LT"), b.compare(yv, zero, "LT"), "NE"))
@@ -143,8 +168,7 @@ def remainder(ctx, x, y):
 
 @register("fmod.Tensor", "fmod.Scalar")
 def fmod(ctx, x, y):
-    cd = compute_dtype(ctx.out[0].dtype)
-    return _finish(ctx, ctx.b.remainder(operand(ctx, x, cd), operand(ctx, y, cd)))
+    return _finish(ctx, ctx.b.remainder(rounded_operand(ctx, x), rounded_operand(ctx, y)))
 
 
 @register("pow.Tensor_Tensor", "pow.Tensor_Scalar", "pow.Scalar")
@@ -156,7 +180,24 @@ def pow_(ctx, x, y):
     cd = compute_dtype(out)
     if not (cd.is_floating_point or cd.is_complex or cd == torch.bool):
         return _finish(ctx, _int_pow(b, operand(ctx, x, cd), operand(ctx, y, cd)))
-    return _finish(ctx, b.power(operand(ctx, x, cd), operand(ctx, y, cd)))
+    xv, yv = rounded_operand(ctx, x), rounded_operand(ctx, y)
+    r = b.power(xv, yv)
+    if cd.is_complex:
+        r = _complex_zero_base(b, xv, yv, r)
+    return _finish(ctx, r)
+
+
+def _complex_zero_base(b, x, y, r):
+    """0 ** y for complex y as CPU's exp(y * log(0)) with C99's special values: 0 where Re(y) > 0,
+    inf+nanj where Re(y) < 0, else nan+nanj (0 ** 0j included); XLA's power gives nan+nanj or 1."""
+    part = x.dtype.to_real()
+    zero = b.constant(0, x.dtype, x.shape)
+    a = b.real_part(y)
+    nan = b.constant(math.nan, part, x.shape)
+    re = b.select(b.compare(a, b.zeros_like(a), "GT"), b.zeros_like(a),
+                  b.select(b.compare(a, b.zeros_like(a), "LT"), b.constant(math.inf, part, x.shape), nan))
+    im = b.select(b.compare(a, b.zeros_like(a), "GT"), b.zeros_like(a), nan)
+    return b.select(b.compare(x, zero, "EQ"), b.make_complex(re, im), r)
 
 
 def _int_pow(b, x, e):
@@ -191,16 +232,14 @@ def _int_pow(b, x, e):
 def maximum(ctx, x, y):
     if ctx.out[0].dtype.is_complex:
         raise RuntimeError("maximum not implemented for complex tensors.")
-    cd = compute_dtype(ctx.out[0].dtype)
-    return _finish(ctx, ctx.b.binary("maximum", operand(ctx, x, cd), operand(ctx, y, cd)))
+    return _finish(ctx, ctx.b.binary("maximum", rounded_operand(ctx, x), rounded_operand(ctx, y)))
 
 
 @register("minimum")
 def minimum(ctx, x, y):
     if ctx.out[0].dtype.is_complex:
         raise RuntimeError("minimum not implemented for complex tensors.")
-    cd = compute_dtype(ctx.out[0].dtype)
-    return _finish(ctx, ctx.b.binary("minimum", operand(ctx, x, cd), operand(ctx, y, cd)))
+    return _finish(ctx, ctx.b.binary("minimum", rounded_operand(ctx, x), rounded_operand(ctx, y)))
 
 
 def _nan_ignoring(name):
@@ -208,7 +247,7 @@ def _nan_ignoring(name):
     def lower(ctx, x, y):
         b = ctx.b
         cd = compute_dtype(ctx.out[0].dtype)
-        xv, yv = operand(ctx, x, cd), operand(ctx, y, cd)
+        xv, yv = rounded_operand(ctx, x), rounded_operand(ctx, y)
         r = b.binary(name, xv, yv)
         if cd.is_floating_point:
             r = b.select(b.is_nan(xv), yv, b.select(b.is_nan(yv), xv, r))
@@ -222,15 +261,14 @@ register("fmin")(_nan_ignoring("minimum"))
 
 @register("atan2")
 def atan2(ctx, x, y):
-    cd = compute_dtype(ctx.out[0].dtype)
-    return _finish(ctx, ctx.b.binary("atan2", operand(ctx, x, cd), operand(ctx, y, cd)))
+    return _finish(ctx, ctx.b.binary("atan2", rounded_operand(ctx, x), rounded_operand(ctx, y)))
 
 
 @register("copysign.Tensor", "copysign.Scalar")
 def copysign(ctx, x, y):
     b = ctx.b
     cd = compute_dtype(ctx.out[0].dtype)
-    xv, yv = b.abs(operand(ctx, x, cd)), operand(ctx, y, cd)
+    xv, yv = b.abs(rounded_operand(ctx, x)), rounded_operand(ctx, y)
     # the sign bit of y, -0.0 included
     bits = {torch.float32: torch.int32, torch.float64: torch.int64}[cd]
     neg = b.compare(b.bitcast_convert(yv, bits), b.constant(0, bits, yv.shape), "LT")

@@ -15,7 +15,6 @@ import math
 import torch
 
 from .builder import Builder, TensorType, Value, _i64_array
-from .complex import imag_part, make_complex, real_part
 from .registry import in_format, register
 
 _MAX_FFT_RANK = 3  # stablehlo.fft transforms at most the three innermost dims
@@ -63,9 +62,9 @@ def _scale(b: Builder, x: Value, factor: float) -> Value:
     if factor == 1.0:
         return x
     if x.dtype.is_complex:
-        re, im = real_part(b, x), imag_part(b, x)
+        re, im = b.real_part(x), b.imag_part(x)
         f = b.constant(factor, re.dtype, re.shape)
-        return make_complex(b, b.multiply(re, f), b.multiply(im, f))
+        return b.make_complex(b.multiply(re, f), b.multiply(im, f))
     return b.multiply(x, b.constant(factor, x.dtype, x.shape))
 
 

@@ -12,7 +12,6 @@ import math
 import torch
 
 from .builder import Value
-from .complex import imag_part, make_complex, real_part
 from .registry import REGISTRY, register
 from .strided import _contiguous_strides, read_view, write_view
 
@@ -41,7 +40,7 @@ def _reshape(ctx, x, *rest):
 def _view_as_real(ctx, x):
     """(..., ) complex -> (..., 2) of its (real, imag) parts, the storage's interleaved layout."""
     b = ctx.b
-    parts = [b.reshape(f(b, x), (*x.shape, 1)) for f in (real_part, imag_part)]
+    parts = [b.reshape(f(x), (*x.shape, 1)) for f in (b.real_part, b.imag_part)]
     return b.concatenate(parts, x.rank)
 
 
@@ -51,7 +50,7 @@ def _view_as_complex(ctx, x):
     b = ctx.b
     n = x.rank - 1
     re, im = (b.reshape(b.slice(x, [0] * n + [k], [*x.shape[:n], k + 1]), x.shape[:n]) for k in (0, 1))
-    return make_complex(b, re, im)
+    return b.make_complex(re, im)
 
 
 @graph_register("permute", "permute_copy")

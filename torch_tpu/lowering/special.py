@@ -16,7 +16,7 @@ import math
 import torch
 
 from .builder import Value
-from .elementwise import compute_dtype, digamma as _digamma, operand
+from .elementwise import compute_dtype, digamma as _digamma, operand, rounded_operand
 from .registry import register
 
 
@@ -446,8 +446,7 @@ def hypot(ctx, x, y):
     """sqrt(x^2 + y^2) without overflow: max * sqrt(1 + (min/max)^2); inf if either is inf (even
     with a NaN), NaN if either is NaN otherwise, 0 for two zeros."""
     b = ctx.b
-    cd = compute_dtype(ctx.out[0].dtype)
-    ax, ay = b.abs(operand(ctx, x, cd)), b.abs(operand(ctx, y, cd))
+    ax, ay = b.abs(rounded_operand(ctx, x)), b.abs(rounded_operand(ctx, y))
     hi, lo = b.maximum(ax, ay), b.minimum(ax, ay)
     ratio = b.divide(lo, hi)
     r = b.multiply(hi, b.sqrt(b.add(const(b, hi, 1.0), b.multiply(ratio, ratio))))
