@@ -66,9 +66,15 @@ TpuBackend::TpuBackend(c10::intrusive_ptr<c10d::Backend> host, int rank, int siz
   const char* v = std::getenv("TORCH_TPU_DIST_VERIFY");
   verify_ = !(v && std::string(v) == "0");
   worker_ = std::thread([this] { completion_loop(); });
+  std::lock_guard<std::mutex> g(live_mu());
+  live().insert(this);
 }
 
 TpuBackend::~TpuBackend() {
+  {
+    std::lock_guard<std::mutex> g(live_mu());
+    live().erase(this);
+  }
   {
     std::lock_guard<std::mutex> g(mu_);
     stop_ = true;
@@ -91,13 +97,44 @@ void TpuBackend::completion_loop() {
     std::function<void()> job;
     {
       std::unique_lock<std::mutex> lk(mu_);
+      running_ = false;
+      if (jobs_.empty()) idle_cv_.notify_all();
       cv_.wait(lk, [this] { return stop_ || !jobs_.empty(); });
       if (jobs_.empty()) return;  // stopping, and every queued call has finished
       job = std::move(jobs_.front());
       jobs_.pop_front();
+      running_ = true;
     }
     job();
+    job = nullptr;  // what the job captured goes before the queue reads as idle
   }
+}
+
+void TpuBackend::drain() {
+  std::vector<c10::intrusive_ptr<c10::ivalue::Future>> done;
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    idle_cv_.wait(lk, [this] { return jobs_.empty() && !running_; });
+    done.swap(retired_);
+  }
+  // Released on this thread: a tensor whose Python object outlived its last Python reference
+  // takes the GIL to release it, which the interpreter still grants.
+}
+
+std::mutex& TpuBackend::live_mu() {
+  static auto* mu = new std::mutex();
+  return *mu;
+}
+
+std::set<TpuBackend*>& TpuBackend::live() {
+  static auto* backends = new std::set<TpuBackend*>();
+  return *backends;
+}
+
+void TpuBackend::drain_all() {
+  // Held throughout: a backend destroyed meanwhile (by another thread) waits for its drain to end.
+  std::lock_guard<std::mutex> g(live_mu());
+  for (TpuBackend* b : live()) b->drain();
 }
 
 std::string TpuBackend::describe(const char* name) const {

@@ -31,6 +31,7 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -117,6 +118,13 @@ class TpuBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
 
+  // At interpreter exit (torch_tpu's atexit hook, before finalization): waits for every live
+  // tpu_dist backend's queued calls to finish (each within its group's timeout), then releases the
+  // completed calls' futures. An async collective nobody waited for holds the caller's tensors; they
+  // are released here, while Python can still run their finalizers, not by the completion thread
+  // after the interpreter is gone. Call without the GIL.
+  static void drain_all();
+
  private:
   // One tpu tensor the call writes, and the host tensor its result arrives in.
   struct WriteBack {
@@ -201,8 +209,13 @@ class TpuBackend : public c10d::Backend {
   std::vector<c10::intrusive_ptr<c10::ivalue::Future>> retired_;
   std::mutex mu_;
   std::condition_variable cv_;
+  std::condition_variable idle_cv_;  // signalled when the queue empties and no job runs
   std::deque<std::function<void()>> jobs_;
+  bool running_ = false;  // the completion thread is inside a job
   bool stop_ = false;
+  void drain();
+  static std::mutex& live_mu();
+  static std::set<TpuBackend*>& live();  // every constructed, not yet destroyed backend
   std::thread worker_;
 };
 

@@ -90,6 +90,11 @@ distributed::ProgramBuilder program_builder(py::object fn) {
 void init_distributed(py::module& m) {
   // torch registers c10d::Backend's Python type when torch.distributed's C module loads.
   py::module::import("torch._C._distributed_c10d");
+  m.def("_drain_collectives", [] {
+    py::gil_scoped_release nogil;  // the completion threads may need the GIL to finish
+    distributed::TpuBackend::drain_all();
+  }, "At exit: waits for every tpu_dist backend's queued collectives (each within its group's timeout) "
+     "and releases the tensors they held (TpuBackend::drain_all).");
   py::class_<distributed::TpuBackend, c10d::Backend, c10::intrusive_ptr<distributed::TpuBackend>>(
       m, "_TpuBackend",
       "tpu_dist's c10d Backend; built by torch_tpu.distributed's backend creator, not by hand.")

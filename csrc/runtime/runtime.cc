@@ -316,7 +316,7 @@ pjrt::Buffer& Runtime::materialize(Cell& cell) {
 }
 
 void Runtime::upload(Cell& cell, const void* data, c10::ScalarType dtype, int64_t numel) {
-  drain();
+  wait_issued();
   upload_now(cell, data, dtype, numel);
 }
 
@@ -341,7 +341,7 @@ void Runtime::set_uploaded(Cell& cell, std::shared_ptr<pjrt::Buffer> buf, c10::S
 void Runtime::adopt_host(Cell& cell, const void* data, c10::ScalarType dtype, int64_t numel,
                          std::function<void()> release) {
   try {
-    drain();
+    wait_issued();
   } catch (...) {
     release();
     throw;
@@ -501,8 +501,12 @@ void Runtime::launcher_loop() {
 }
 
 void Runtime::drain() {
+  wait_issued();
+  raise_launch_error();
+}
+
+void Runtime::wait_issued() {
   check_not_forked();  // the launcher thread is gone: waiting for its queue would never end
-  std::exception_ptr err;
   {
     std::unique_lock<std::mutex> lk(qmu_);
     // A thread that must wait for the queue issues what is queued itself while the launcher is not
@@ -526,9 +530,7 @@ void Runtime::drain() {
     if (queue_.empty() && !issuing_) qidle_.notify_all();  // other waiters: what they wait for is issued
     qwork_.notify_one();  // the launcher takes over anything queued meanwhile by other threads
     qidle_.wait(lk, [this] { return queue_.empty() && !issuing_; });
-    std::swap(err, launch_error_);
   }
-  if (err) std::rethrow_exception(err);
 }
 
 void Runtime::raise_launch_error() {

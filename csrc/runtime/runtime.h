@@ -150,7 +150,8 @@ class Runtime {
   // PjrtError when the launch that was to write the cell failed (Cell::error).
   pjrt::Buffer& materialize(Cell& cell);
   // Replaces the cell's contents with `numel` host elements of `dtype` (dense), as an array of the
-  // cell's dims where they hold `numel` elements of `dtype`, else 1-D.
+  // cell's dims where they hold `numel` elements of `dtype`, else 1-D. Raises only its own errors
+  // (an earlier launch's stays for the next sync).
   void upload(Cell& cell, const void* data, c10::ScalarType dtype, int64_t numel);
   // Replaces the cell's contents with host memory the device may read in place (no copy where
   // device memory is host memory, as on the CPU plugin). `data` must stay valid and unchanged until
@@ -185,6 +186,10 @@ class Runtime {
                         std::string producer);
   // Waits until every queued launch has been issued; raises the first error one of them met.
   void drain();
+  // Waits until every queued launch has been issued, leaving a launch's error for the next drain():
+  // a host write into a cell (upload, adopt_host) must follow the launches queued before it, but an
+  // earlier op's failure is not the write's (a collective's write-back would take it as its own).
+  void wait_issued();
   // Raises (once) the first error a launch met when it was issued, without waiting for the queue.
   void raise_launch_error();
   // Called before the host reads device data (downloads, synchronize): fused eager flushes its

@@ -73,11 +73,13 @@ def scenario(fn) -> str:
 
 
 def run_world(nprocs: int, scenario: str, tmp_path, *, timeout: float = 120.0, env: dict | None = None,
-              expect_rc: dict | None = None) -> list[str]:
+              expect_rc: dict | None = None, no_leftovers: bool = False) -> list[str]:
     """Runs `scenario` ("module:function") in `nprocs` ranks; returns each rank's output.
 
     Fails (AssertionError with every rank's output) when a rank exits non-zero (or, for the ranks
-    in `expect_rc`, with another code) or when the ranks are not all done within `timeout` s."""
+    in `expect_rc`, with another code) or when the ranks are not all done within `timeout` s.
+    no_leftovers: also fails when a process a rank started is still running 5 s after the ranks
+    exited (each rank leads its own session; the leftovers are killed)."""
     store = os.path.join(str(tmp_path), "store")
     base = dict(os.environ)
     base.update({
@@ -114,10 +116,32 @@ def run_world(nprocs: int, scenario: str, tmp_path, *, timeout: float = 120.0, e
     report = "\n".join(f"--- rank {r} (rc={p.returncode}) ---\n{out[-6000:]}" for r, (p, out) in
                        enumerate(zip(procs, outputs)))
     assert not timed_out, f"{scenario}: ranks still running after {timeout:.0f} s (killed)\n{report}"
+    if no_leftovers:
+        left = _leftovers([p.pid for p in procs], grace=5.0)
+        assert not left, f"{scenario}: processes left behind in the ranks' sessions: {left}\n{report}"
     for r, p in enumerate(procs):
         want = (expect_rc or {}).get(r, 0)
         assert p.returncode == want, f"{scenario}: rank {r} exited {p.returncode}, expected {want}\n{report}"
     return outputs
+
+
+def _leftovers(sessions: list[int], grace: float) -> list[int]:
+    """The process groups among `sessions` that still have a process after `grace` s (then killed)."""
+    deadline = time.monotonic() + grace
+    while True:
+        alive = []
+        for pgid in sessions:
+            try:
+                os.killpg(pgid, 0)
+                alive.append(pgid)
+            except ProcessLookupError:
+                pass
+        if not alive or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    for pgid in alive:
+        os.killpg(pgid, signal.SIGKILL)
+    return alive
 
 
 def _main(scenario: str) -> None:

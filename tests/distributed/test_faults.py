@@ -1,7 +1,10 @@
-"""Faults and bad input on tpu_dist: a dead rank, a rank that never joins a collective, and
-mismatched shapes make the other ranks raise an error naming the collective and the group within
-the group's timeout (never a hang), and leave their tensors as they were."""
+"""Faults and bad input on tpu_dist: a dead rank, a rank that dies in the middle of a collective, a
+rank that never joins one, and mismatched shapes make the other ranks raise an error naming the
+collective and the group within the group's timeout (never a hang), and leave their tensors as they
+were. An async collective nobody waits for is finished (and its tensors released) at exit; an
+earlier op's launch error is not blamed on a collective."""
 import os
+import sys
 import time
 
 import pytest
@@ -77,6 +80,100 @@ mismatched_shapes.timeout = 30
 
 def test_a_dead_rank_makes_the_others_raise_within_the_timeout(tmp_path):
     run_world(2, scenario(dead_rank), tmp_path, timeout=90, expect_rc={1: 3})
+
+
+def peer_dies_mid_collective():
+    """Rank 1 posts a 16 MiB all_reduce (its half goes out on the wire) and dies; rank 0 joins the
+    collective only once rank 1 is gone, so the collective cannot have finished anywhere. (The ranks'
+    call check, TORCH_TPU_DIST_VERIFY, is off: with it, rank 1 would wait in it for rank 0.)"""
+    r = dist.get_rank()
+    x = torch.full((1 << 22,), float(r + 1), device="tpu")
+    store = dist.distributed_c10d._get_default_store()
+    if r == 1:
+        store.set("rank1_pid", str(os.getpid()))
+        dist.all_reduce(x, async_op=True)
+        time.sleep(0.2)
+        os._exit(3)
+    pid = int(store.get("rank1_pid"))
+    while _running(pid):
+        time.sleep(0.02)
+    before = x.cpu()
+    _expect_failure(lambda: dist.all_reduce(x), x, before, time.monotonic(),
+                    limit=peer_dies_mid_collective.timeout + 5)
+    os._exit(0)
+
+
+def _running(pid):
+    """Whether `pid` runs (a dead process the launcher has not reaped yet is a zombie: 'Z')."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+peer_dies_mid_collective.timeout = 8
+
+
+def test_a_rank_dying_mid_collective_makes_the_others_raise_and_leaves_no_process(tmp_path):
+    run_world(2, scenario(peer_dies_mid_collective), tmp_path, timeout=90, expect_rc={1: 3}, no_leftovers=True,
+              env={"TORCH_TPU_DIST_VERIFY": "0"})
+
+
+def unwaited_async_at_exit():
+    """Rank 0 posts an async all_reduce, drops its tensor and exits without waiting: the exit waits
+    for the collective and releases the tensor (the weakref's callback runs) before the interpreter
+    is gone; rank 1, 2 s later, gets the sum."""
+    import weakref
+    r = dist.get_rank()
+    x = torch.full((1 << 16,), float(r + 1), device="tpu")
+    if r == 1:
+        time.sleep(2)
+        dist.all_reduce(x)
+        print("rank 1 got", x[:2].cpu().tolist(), flush=True)
+        return
+    global _PROBE
+    _PROBE = weakref.ref(x, lambda _: print("released", flush=True))
+    dist.all_reduce(x, async_op=True)
+    del x
+    print("exiting", flush=True)
+    sys.exit(0)
+
+
+unwaited_async_at_exit.timeout = 20
+
+
+def test_an_unwaited_async_collective_finishes_at_exit_and_releases_its_tensor(tmp_path):
+    out = run_world(2, scenario(unwaited_async_at_exit), tmp_path, timeout=90, no_leftovers=True)
+    assert "rank 1 got [3.0, 3.0]" in out[1], out[1]
+    lines = [ln for ln in out[0].splitlines() if ln in ("exiting", "released")]
+    assert lines == ["exiting", "released"], out[0]
+
+
+def launch_error_then_collective():
+    """An op whose launch fails (out of memory) after an async all_reduce was posted: the all_reduce,
+    written back later, succeeds; the next sync raises the op's OutOfMemoryError."""
+    r = dist.get_rank()
+    y = torch.full((1024,), float(r + 1), device="tpu")
+    if r == 1:
+        time.sleep(1)  # rank 0's failed launch is in the queue before the result is written back
+        dist.all_reduce(y)
+        return
+    work = dist.all_reduce(y, async_op=True)
+    huge = torch.empty(2 ** 38, device="tpu")
+    huge.fill_(1.0)  # asynchronous: its error waits for the next sync
+    work.wait()
+    with pytest.raises(torch.OutOfMemoryError, match=r"tpu:0 out of memory.*aten::fill_"):
+        torch.tpu.synchronize()
+    assert y[:2].cpu().tolist() == [3.0, 3.0]
+    del huge
+
+
+launch_error_then_collective.timeout = 30
+
+
+def test_a_launch_error_is_raised_by_the_next_sync_not_by_a_collective(tmp_path):
+    run_world(2, scenario(launch_error_then_collective), tmp_path, timeout=90)
 
 
 def test_a_rank_that_never_joins_makes_the_others_raise_within_the_timeout(tmp_path):
