@@ -1,10 +1,15 @@
 """The persistent executable cache: reuse across processes, corrupt/foreign entries, concurrent
-writers, the size cap, the switch that turns the disk tier off, and the per-host (tier 2) and
-shared (tier 3) tiers around the disk tier: search order, promotion, rejection, unusable directories."""
+writers, a writer killed mid-entry, a full disk, the size cap, the switch that turns the disk tier
+off, and the per-host (tier 2) and shared (tier 3) tiers around the disk tier: search order,
+promotion, rejection, unusable directories."""
 import json
 import os
+import resource
+import signal
+import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -70,6 +75,56 @@ def test_corrupt_or_foreign_entry_is_rebuilt(tmp_path, damage):
     assert "ignoring compilation cache entry" in err
     third, _ = run(tmp_path)  # rebuilt and stored again
     assert third["misses"] == 0 and third["disk_rejected"] == 0
+
+
+def _file_size_limit(limit):
+    """preexec_fn: files past `limit` bytes cannot be written (EFBIG, and SIGXFSZ, which Python
+    ignores unless the program restores it); no core file for a kill."""
+    def apply():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    return apply
+
+
+def _limited(cache_dir, program, limit=1000):
+    env = {**os.environ, "TORCH_TPU_CACHE_DIR": str(cache_dir), "PYTHONDONTWRITEBYTECODE": "1",
+           "PYTHONWARNINGS": "always"}
+    return subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=env, timeout=300,
+                          preexec_fn=_file_size_limit(limit))
+
+
+def test_a_writer_killed_mid_entry_leaves_nothing_that_is_used(tmp_path):
+    # SIGXFSZ kills the writer once its first entry passes 1000 bytes (entries are ~3.5 KB): the
+    # partial file is a temporary one, never read; the next process compiles, and removes it (its
+    # writer, on this host, is gone). Another host's temporary file is removed only after a day.
+    fresh, stale = tmp_path / "k1.tmp.otherhost.example.7.1", tmp_path / "k2.tmp.otherhost.example.8.2"
+    fresh.write_bytes(b"partial")
+    stale.write_bytes(b"partial")
+    two_days_ago = time.time() - 2 * 86400
+    os.utime(stale, (two_days_ago, two_days_ago))
+    killed = _limited(tmp_path, "import signal; signal.signal(signal.SIGXFSZ, signal.SIG_DFL)\n" + PROGRAM)
+    assert killed.returncode == -signal.SIGXFSZ, killed.stderr[-2000:]
+    partial = [n for n in os.listdir(tmp_path) if f".tmp.{socket.gethostname()}." in n]
+    assert entries(tmp_path) == [] and len(partial) == 1
+    assert os.path.getsize(tmp_path / partial[0]) == 1000
+    stats, _ = run(tmp_path)
+    assert stats["ok"] and stats["disk_hits"] == stats["disk_rejected"] == 0
+    assert len(entries(tmp_path)) == stats["disk_writes"] == stats["misses"] > 0
+    assert sorted(n for n in os.listdir(tmp_path) if ".tmp." in n) == [fresh.name]
+
+
+def test_a_full_disk_stops_writing_with_one_warning(tmp_path):
+    # EFBIG past the file size limit stands in for ENOSPC (the same failed write): one warning, no
+    # entry and no temporary file left, the job goes on; the next process compiles and writes.
+    full = _limited(tmp_path, PROGRAM)
+    assert full.returncode == 0, full.stderr[-2000:]
+    stats = json.loads(full.stdout.strip().splitlines()[-1])
+    assert stats["ok"] and stats["misses"] > 1 and stats["disk_writes"] == 0
+    assert full.stderr.count("cannot write into the disk compilation cache") == 1, full.stderr[-2000:]
+    assert "File too large" in full.stderr
+    assert os.listdir(tmp_path) == []
+    again, _ = run(tmp_path)
+    assert again["ok"] and again["disk_writes"] == again["misses"] == stats["misses"]
 
 
 def test_concurrent_writers(tmp_path):

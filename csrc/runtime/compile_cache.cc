@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <csignal>
+#include <cstdlib>
 #include <chrono>
 #include <climits>
 #include <cstring>
@@ -113,6 +115,34 @@ std::string temp_suffix() {
   return ".tmp." + std::string(host) + "." + std::to_string(::getpid()) + "." + std::to_string(rng());
 }
 
+// Removes the temporary files of writers that died before their rename (killed, or out of disk):
+// this host's whose process is gone, and anyone's older than a day (another host's writer cannot be
+// asked). Readers never open them; this only returns their space. Names: <key><temp_suffix()>.
+void sweep_abandoned_writes(const std::string& dir) {
+  char host[HOST_NAME_MAX + 1] = {0};
+  if (::gethostname(host, sizeof(host) - 1) != 0) host[0] = 0;
+  auto now = fs::file_time_type::clock::now();
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    std::string name = e.path().filename().string();
+    size_t at = name.find(".tmp.");
+    if (at == std::string::npos) continue;
+    std::string rest = name.substr(at + 5);  // <host>.<pid>.<random>; a host name may hold dots
+    size_t last = rest.rfind('.');
+    size_t before = last == std::string::npos || last == 0 ? std::string::npos : rest.rfind('.', last - 1);
+    if (before == std::string::npos) continue;
+    std::error_code tec;
+    auto written = e.last_write_time(tec);
+    bool old = !tec && now - written > std::chrono::hours(24);
+    bool orphan = false;
+    if (rest.substr(0, before) == host) {
+      long pid = std::strtol(rest.substr(before + 1, last - before - 1).c_str(), nullptr, 10);
+      orphan = pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
+    }
+    if (old || orphan) fs::remove(e.path(), tec);
+  }
+}
+
 }  // namespace
 
 CompileCache& compile_cache() {
@@ -176,9 +206,12 @@ std::vector<std::shared_ptr<CompileCache::Tier>> CompileCache::usable_tiers() {
     std::call_once(t->checked, [&] {
       std::string why = unusable(t->config);
       t->usable = why.empty();
-      if (!t->usable)
+      if (t->usable) {
+        sweep_abandoned_writes(t->config.dir);
+      } else {
         TORCH_WARN("torch_tpu: the ", t->config.name, " compilation cache at ", t->config.dir,
                    " is off in this process: ", why, ".");
+      }
     });
     if (t->usable) out.push_back(t);
   }
@@ -291,22 +324,30 @@ std::shared_ptr<pjrt::Executable> CompileCache::load(pjrt::Client& client, Tier&
 }
 
 bool CompileCache::write(Tier& tier, const std::string& key, const std::string& entry) {
+  if (tier.unwritable) return false;
   fs::path dir(tier.config.dir);
   fs::path tmp = dir / (key + temp_suffix());
   std::error_code ec;
+  std::string why;
   {
+    errno = 0;
     std::ofstream f(tmp, std::ios::binary);
-    if (!f) return false;
-    f.write(entry.data(), static_cast<std::streamsize>(entry.size()));
-    f.close();  // on NFS, close flushes to the server: the rename below then publishes whole bytes
-    if (!f) {
-      fs::remove(tmp, ec);
-      return false;
+    if (f) {
+      f.write(entry.data(), static_cast<std::streamsize>(entry.size()));
+      f.close();  // on NFS, close flushes to the server: the rename below then publishes whole bytes
     }
+    if (!f) why = errno ? std::strerror(errno) : "the write failed";
   }
-  fs::rename(tmp, dir / (key + ".xla"), ec);  // atomic: readers see the old file or the whole new one
-  if (ec) {
+  if (why.empty()) {
+    fs::rename(tmp, dir / (key + ".xla"), ec);  // atomic: readers see the old file or the whole new one
+    if (ec) why = ec.message();
+  }
+  if (!why.empty()) {
     fs::remove(tmp, ec);
+    if (!tier.unwritable.exchange(true))
+      TORCH_WARN("torch_tpu: cannot write into the ", tier.config.name, " compilation cache at ", dir.string(),
+                 " (", why, "): this process stops writing there and keeps reading the entries it holds; "
+                 "programs it compiles from now on are compiled again by the next process.");
     return false;
   }
   {

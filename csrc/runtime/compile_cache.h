@@ -16,6 +16,7 @@
 // first needed (so configuring the cache touches no file system).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -92,6 +93,9 @@ class CompileCache {
     std::once_flag checked;  // the directory is checked once, by the first lookup that needs it
     bool usable = false;     // written inside `checked`, read after it
     CacheTierStats stats;    // guarded by mu_
+    // A write failed (a full disk, a quota, a file size limit): this process stops writing here,
+    // with one warning, and keeps reading the entries that are there.
+    std::atomic<bool> unwritable{false};
   };
 
   std::vector<std::shared_ptr<Tier>> usable_tiers();

@@ -19,6 +19,7 @@ def main(argv=None) -> int:
     p.add_argument("--programs", type=int, default=1000)
     p.add_argument("--seed", type=int, default=0, help="first program's seed (programs are seed .. seed+N-1)")
     p.add_argument("--modes", default="strict,fused,compiled")
+    p.add_argument("--verbose", action="store_true", help="print each program before it runs (to find a crash)")
     a = p.parse_args(argv)
     warnings.filterwarnings("ignore")
     import torch_tpu
@@ -28,6 +29,8 @@ def main(argv=None) -> int:
         t0, found = time.perf_counter(), 0
         for seed in range(a.seed, a.seed + a.programs):
             prog = generate(seed)
+            if a.verbose:
+                print(f"[{mode}] running {prog}", flush=True)
             cpu = run(prog, "cpu")
             with torch_tpu.eager_mode("strict" if mode == "compiled" else mode):
                 tpu = run(prog, "tpu", compiled=mode == "compiled")
