@@ -123,6 +123,48 @@ def test_lazy_start_and_plugin_errors(tmp_path):
     assert r.returncode != 0 and "libtpu" in r.stderr
 
 
+_FOREIGN_PLUGIN_C = r"""
+#include <stddef.h>
+/* PJRT_Api's first fields (struct_size, extension_start, pjrt_api_version), as pjrt_c_api.h
+   lays them out, with a major version no release has. */
+struct version { size_t struct_size; void* extension_start; int major_version; int minor_version; };
+struct api { size_t struct_size; void* extension_start; struct version pjrt_api_version; };
+static struct api the_api = {sizeof(struct api), 0, {sizeof(struct version), 0, 99, 0}};
+const struct api* GetPjrtApi(void) { return &the_api; }
+"""
+
+
+def _shared_library(tmp_path, name, source):
+    c = tmp_path / f"{name}.c"
+    c.write_text(source)
+    so = tmp_path / f"{name}.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(so), str(c)], check=True, capture_output=True, timeout=60)
+    return so
+
+
+@pytest.mark.parametrize("kind", ["truncated", "no_entry_point", "foreign_version"])
+def test_corrupt_or_foreign_plugin_is_a_clear_error(tmp_path, kind):
+    """A damaged copy of the real plugin, a library that is not a PJRT plugin and a plugin of an
+    unknown C API version: tpu is unavailable, and using it raises an error naming the file, what is
+    wrong and TORCH_TPU_PJRT_PLUGIN (no crash)."""
+    if kind == "truncated":
+        from torch_tpu import runtime
+        real = open(runtime._cpu_plugin(), "rb").read()
+        plugin = tmp_path / "damaged_plugin.so"
+        plugin.write_bytes(real[: len(real) // 3])
+        expected = "Cannot load"
+    elif kind == "no_entry_point":
+        plugin = _shared_library(tmp_path, "not_pjrt", "int answer(void) { return 42; }\n")
+        expected = "is not a PJRT plugin: it has no GetPjrtApi symbol"
+    else:
+        plugin = _shared_library(tmp_path, "foreign", _FOREIGN_PLUGIN_C)
+        expected = "reports C API 99.0; TorchTPU supports"
+    r = _run("import torch, torch_tpu; print(torch.tpu.is_available(), flush=True); torch.ones(1, device='tpu')",
+             {"TORCH_TPU_PJRT_PLUGIN": str(plugin)})
+    assert r.returncode == 1 and r.stdout.strip() == "False", r.stderr[-2000:]
+    assert expected in r.stderr and str(plugin) in r.stderr and "TORCH_TPU_PJRT_PLUGIN" in r.stderr, r.stderr[-2000:]
+
+
 def test_cpu_platform_warning_once():
     r = _run("import warnings, torch, torch_tpu\n"
              "with warnings.catch_warnings(record=True) as w:\n"

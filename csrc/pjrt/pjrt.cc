@@ -3,14 +3,17 @@
 #include "pjrt/pjrt.h"
 
 #include <dlfcn.h>
+#include <elf.h>
 #include <unistd.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <mutex>
 
 namespace torch_tpu::pjrt {
@@ -162,11 +165,40 @@ void end_child_without_exit_handlers() {
   if (plugin_loaded.load()) on_exit(flush_and_end, nullptr);
 }
 
+// Why a 64-bit ELF file cannot be loaded whole ("" when it can, or is not ELF: dlopen says why then).
+// A truncated copy (an interrupted download or copy) passes dlopen, which maps the missing pages
+// lazily; the first call that reaches them dies of SIGBUS. Every loadable segment and the section
+// header table must lie within the file.
+static std::string truncated_elf(const std::string& path, off_t size) {
+  std::ifstream f(path, std::ios::binary);
+  Elf64_Ehdr eh{};
+  if (!f.read(reinterpret_cast<char*>(&eh), sizeof(eh)) || std::memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 ||
+      eh.e_ident[EI_CLASS] != ELFCLASS64) {
+    return {};
+  }
+  uint64_t need = eh.e_shoff + static_cast<uint64_t>(eh.e_shnum) * eh.e_shentsize;
+  for (int i = 0; i < eh.e_phnum; ++i) {
+    Elf64_Phdr ph{};
+    f.seekg(static_cast<std::streamoff>(eh.e_phoff + static_cast<uint64_t>(i) * eh.e_phentsize));
+    if (!f.read(reinterpret_cast<char*>(&ph), sizeof(ph))) return "its program headers are cut off";
+    if (ph.p_type == PT_LOAD) need = std::max<uint64_t>(need, ph.p_offset + ph.p_filesz);
+  }
+  if (need <= static_cast<uint64_t>(size)) return {};
+  return "the file is truncated (" + std::to_string(size) + " bytes; its ELF headers describe " +
+         std::to_string(need) + ")";
+}
+
 Plugin::Plugin(const std::string& path, const std::string& env_var) : path_(path) {
   struct stat st;
   if (stat(path.c_str(), &st) != 0) {
     throw PjrtError("PJRT plugin not found at '" + path + "' (chosen by " + env_var +
                         "). Set " + env_var + " to cpu, cuda, tpu or the path of a PJRT plugin .so.",
+                    0);
+  }
+  std::string damaged = truncated_elf(path, st.st_size);
+  if (!damaged.empty()) {
+    throw PjrtError("Cannot load '" + path + "' as a PJRT plugin (chosen by " + env_var + "): " + damaged +
+                        ". Reinstall it, or set " + env_var + " to cpu, cuda, tpu or the path of a PJRT plugin .so.",
                     0);
   }
   void* handle = dlopen(path.c_str(), RTLD_LAZY | RTLD_LOCAL);
