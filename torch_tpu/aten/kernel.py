@@ -152,6 +152,41 @@ def _tensors(v):
             yield from _tensors(x)
 
 
+def cpu_dtype_probe(low: Lowering, sig: "_Signature", vals, host_inputs: bool = False) -> None:
+    """Raises CPU's NotImplementedError where CPU's kernel has no code for the call's dtypes
+    ('"hypot_cpu" not implemented for 'Byte''), which no meta kernel checks: the op runs on CPU
+    (eager: once per key; torch.compile: once per graph node, on its example values), on
+    one-element tensors of the call's dtypes and ranks (values 1; empty ones as they are). Only that error is taken from the probe; any other is left to the real call (its
+    values and shapes differ).
+    Not probed: random ops (they would draw from CPU's generator), host-input ops, float8 (tpu
+    computes what CPU has no float8 kernel for: README), lowerings with cpu_dtypes=False (decided
+    otherwise), out= overloads (a one-element out= would be resized, and C++'s resize warning
+    reaches the user: the caller's warning handler holds it past this function) and other
+    namespaces' ops."""
+    if low.rng or not low.cpu_dtypes or host_inputs or sig.is_out or sig.overload.namespace != "aten":
+        return
+    tensors = _tensors(vals)
+    if any(t.dtype.is_floating_point and t.dtype.itemsize == 1 for t in tensors):
+        return
+
+    def one(t):  # (an empty tensor as it is: CPU skips some kernels, and their checks, for no elements)
+        if not isinstance(t, torch.Tensor):
+            return t
+        return torch.ones(t.shape if t.numel() == 0 else [1] * t.dim(), dtype=t.dtype)
+    probe = [[one(t) for t in v] if isinstance(v, (list, tuple)) and kind == "TL" else
+             None if kind == "G" else one(v) for v, kind in zip(vals, sig.kinds)]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            sig.invoke(probe)
+    except NotImplementedError as e:  # TORCH_CHECK_NOT_IMPLEMENTED: what CPU has no code for
+        m = str(e)  # (not an op with no CPU kernel at all, or a privateuse1-only stub: no dtype rule)
+        if not m.startswith("Could not run") and "privateuse1" not in m:
+            raise NotImplementedError(m) from None
+    except Exception:  # noqa: BLE001  (only the dtype refusal above is CPU's answer for this call)
+        pass
+
+
 def _map_tensors(v, fn):
     if isinstance(v, torch.Tensor):
         return fn(v)
@@ -400,7 +435,7 @@ class Kernel:
                 # PyTorch's Python meta / reference kernels refuse some dtypes with a RuntimeError
                 # ("torch.bool not supported for floor_divide") where CPU's kernel raises
                 # NotImplementedError: CPU's answer wins.
-                self._cpu_dtype_probe(vals)
+                cpu_dtype_probe(self.lowering, self.sig, vals, self.host_inputs)
                 raise
             if entry is _ON_HOST or not entry.resize:
                 store = entry
@@ -497,41 +532,6 @@ class Kernel:
         return out
 
     # ------------------------------------------------------------------------------------------
-    def _cpu_dtype_probe(self, vals) -> None:
-        """Raises CPU's NotImplementedError where CPU's kernel has no code for the call's dtypes
-        ('"hypot_cpu" not implemented for 'Byte''), which no meta kernel checks: the op runs once per
-        key on CPU, on one-element tensors of the call's dtypes and ranks (values 1; empty ones as
-        they are). Only that error is taken from the probe; any other is left to the real call (its
-        values and shapes differ).
-        Not probed: random ops (they would draw from CPU's generator), host-input ops, float8 (tpu
-        computes what CPU has no float8 kernel for: README), lowerings with cpu_dtypes=False (decided
-        otherwise), out= overloads (a one-element out= would be resized, and C++'s resize warning
-        reaches the user: the caller's warning handler holds it past this function) and other
-        namespaces' ops."""
-        low, sig = self.lowering, self.sig
-        if low.rng or not low.cpu_dtypes or self.host_inputs or sig.is_out or sig.overload.namespace != "aten":
-            return
-        tensors = _tensors(vals)
-        if any(t.dtype.is_floating_point and t.dtype.itemsize == 1 for t in tensors):
-            return
-
-        def one(t):  # (an empty tensor as it is: CPU skips some kernels, and their checks, for no elements)
-            if not isinstance(t, torch.Tensor):
-                return t
-            return torch.ones(t.shape if t.numel() == 0 else [1] * t.dim(), dtype=t.dtype)
-        probe = [[one(t) for t in v] if isinstance(v, (list, tuple)) and kind == "TL" else
-                 None if kind == "G" else one(v) for v, kind in zip(vals, sig.kinds)]
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                sig.invoke(probe)
-        except NotImplementedError as e:  # TORCH_CHECK_NOT_IMPLEMENTED: what CPU has no code for
-            m = str(e)  # (not an op with no CPU kernel at all, or a privateuse1-only stub: no dtype rule)
-            if not m.startswith("Could not run") and "privateuse1" not in m:
-                raise NotImplementedError(m) from None
-        except Exception:  # noqa: BLE001  (only the dtype refusal above is CPU's answer for this call)
-            pass
-
     def _build(self, vals, call: _Call) -> _Entry:
         sig, fsig = self.sig, self.fsig
         # 1. Meta: result types and every error, before anything runs.
@@ -593,7 +593,7 @@ class Kernel:
             if sig.written and not sig.is_out:
                 _check_inplace_cast(vals, sig, value_meta)
         out_types = [TensorType(tuple(m.shape), m.dtype) if isinstance(m, torch.Tensor) else None for m in value_meta]
-        self._cpu_dtype_probe(vals)
+        cpu_dtype_probe(self.lowering, self.sig, vals, self.host_inputs)
         if self.lowering.check is not None and self.lowering.check_per_key:
             self.lowering.check(*f_vals)
 

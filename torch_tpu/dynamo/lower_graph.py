@@ -34,7 +34,7 @@ from torch._guards import CompileContext
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from .. import _C, _state, runtime
-from ..aten.kernel import _Signature
+from ..aten.kernel import _Signature, cpu_dtype_probe
 from ..lowering.builder import Builder, TensorType, Value
 from ..lowering.overloads import overload_name, resolve
 from ..lowering.precision import matmul_precision
@@ -94,6 +94,17 @@ def _meta_val(v):
     if isinstance(v, (list, tuple)):
         return type(v)(_meta_val(x) for x in v)
     return v
+
+
+def _symbolic(v) -> bool:
+    """Whether a traced value (or a list of them) holds a symbolic size or number."""
+    if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return True
+    if isinstance(v, torch.Tensor):
+        return any(isinstance(s, torch.SymInt) for s in v.shape)
+    if isinstance(v, (list, tuple)):
+        return any(_symbolic(x) for x in v)
+    return False
 
 
 def _has_node(v):
@@ -473,6 +484,10 @@ class GraphProgram:
                 and v.meta["val"].dtype == torch.bool for vs in vals for v in (vs if isinstance(vs, list) else [vs])):
             raise Unsupported(f"aten::{overload_name(node.target)}", node, "with a boolean mask (data-dependent "
                               "shape) is not supported inside a graph")
+        examples = [_meta_val(v) for v in vals]
+        if not _symbolic(examples):  # CPU's refusal of the dtypes, as eager raises it (before XLA sees them)
+            with unset_fake_temporarily():
+                cpu_dtype_probe(low, sig, examples)
         if low.check is not None and low.check_per_key:  # dtypes and shapes: checked once, here
             low.check(*[_meta_val(v) for v in vals])
         elif low.check is not None:
