@@ -138,7 +138,7 @@ void Runtime::configure(const std::string& plugin_path, const std::string& error
 
 pjrt::Client& Runtime::client() {
   check_not_forked();
-  if (client_) return *client_;
+  if (auto* started = started_client_.load(std::memory_order_acquire)) return *started;
   std::lock_guard<std::mutex> g(mu_);
   if (client_) return *client_;
   TORCH_CHECK(!plugin_path_.empty(), config_error_);
@@ -179,11 +179,12 @@ pjrt::Client& Runtime::client() {
                            "No TPU here: the tpu device runs on OpenXLA's CPU PJRT plugin "
                            "(TORCH_TPU_PJRT_PLUGIN picks another)", /*verbatim=*/true));
   }
+  started_client_.store(client_.get(), std::memory_order_release);
   return *client_;
 }
 
 int Runtime::device_count_noexcept() noexcept {
-  if (in_bad_fork()) return static_cast<int>(client_->device_count());  // the parent's count
+  if (in_bad_fork()) return static_cast<int>(started_client_.load()->device_count());  // the parent's count
   {
     // The CPU plugin makes exactly the devices it is asked for, so the count needs no client. The
     // autograd engine asks every backend for it on the first backward(), CPU-only ones included:

@@ -109,7 +109,7 @@ class Runtime {
   void configure(const std::string& plugin_path, const std::string& error,
                  const std::vector<std::pair<std::string, int64_t>>& options,
                  std::function<std::shared_ptr<pjrt::KeyValueStore>()> key_value_store = nullptr);
-  bool started() const { return client_ != nullptr; }
+  bool started() const { return started_client_.load(std::memory_order_acquire) != nullptr; }
   // Starts the client on first call; throws (with the plugin's message) when it cannot, and in a
   // child forked after the client started (see in_bad_fork).
   pjrt::Client& client();
@@ -211,7 +211,9 @@ class Runtime {
   std::function<std::shared_ptr<pjrt::KeyValueStore>()> key_value_store_;
   std::string plugin_path_, config_error_ = "TorchTPU's runtime was not configured: import torch_tpu first";
   std::vector<std::pair<std::string, int64_t>> options_;
-  std::shared_ptr<pjrt::Client> client_;
+  std::shared_ptr<pjrt::Client> client_;  // under mu_
+  // client_.get(), published once the client has fully started: read without mu_ on every call.
+  std::atomic<pjrt::Client*> started_client_{nullptr};
   std::map<uintptr_t, Cell*> cells_;
   std::map<int, MemoryCounters> memory_;  // by device, under mu_
   uintptr_t next_addr_ = uintptr_t(1) << 44;

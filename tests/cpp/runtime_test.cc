@@ -69,6 +69,28 @@ std::vector<float> read(Cell* c) {
 
 }  // namespace
 
+// First in the file: the client must not have started yet. Threads that each find it not started
+// race to start it, and read it while it starts (started(), then client()): one client for all.
+TEST(Runtime, ClientStartedFromManyThreadsAtOnce) {
+  ASSERT_FALSE(runtime().started());
+  std::vector<torch_tpu::pjrt::Client*> seen(kThreads, nullptr);
+  std::atomic<int> ready{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      ready++;
+      while (ready.load() < kThreads) {
+      }
+      (void)runtime().started();  // read while another thread may be starting the client
+      seen[t] = &runtime().client();
+      EXPECT_TRUE(runtime().started());
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int t = 1; t < kThreads; ++t) EXPECT_EQ(seen[t], seen[0]);
+  EXPECT_GT(runtime().client().device_count(), 0u);
+}
+
 TEST(Runtime, UploadLaunchDownload) {
   auto exe = compiled("runtime_test_add_one", kAddOne);
   Cell* c = cell_of_floats({1, 2, 3, 4}, 0);
