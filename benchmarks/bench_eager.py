@@ -4,6 +4,8 @@
 
 1. host time per small eager op: a 64-element float32 add, tpu (strict) / CPU, and the same add
    dispatched by jax.jit on JAX's CPU backend (the PJRT-backed anchor; when jax is installed);
+   and per-call time of small ops with checks (dropout in training, argmax, var, uniform_) against
+   that add's on tpu (strict);
 2. a 1024x1024 float32 matmul's rate (FLOP/s), tpu / CPU;
 3. digits CNN epoch time (examples/train_digits.py, steady-state epochs), tpu strict and fused / CPU;
 4. a Hugging Face GPT-2 training step (small random-init config, AdamW), tpu strict and fused / CPU;
@@ -34,20 +36,35 @@ def _sync(dev):
         torch.tpu.synchronize()
 
 
-def time_small_add(dev, n=2000, repeats=5):
-    a = torch.randn(64, device=dev)
-    b = torch.randn(64, device=dev)
+def time_per_call(fn, dev, n=2000, repeats=5):
+    """Median seconds per call of fn() over `repeats` loops of n calls, each loop ending with a
+    device synchronisation (so the device's work is counted where it cannot overlap the host's)."""
     for _ in range(50):  # warm: compile once, fill caches
-        a.add(b)
+        fn()
     _sync(dev)
     best = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         for _ in range(n):
-            a.add(b)
+            fn()
         _sync(dev)
         best.append((time.perf_counter() - t0) / n)
     return statistics.median(best)
+
+
+def time_small_add(dev, n=2000, repeats=5):
+    a = torch.randn(64, device=dev)
+    b = torch.randn(64, device=dev)
+    return time_per_call(lambda: a.add(b), dev, n, repeats)
+
+
+def small_ops(dev):
+    """Per-call seconds of small ops whose lowerings carry a check= (dropout in training, argmax,
+    var, uniform_), each beside the 64-element add, measured alternately in one run."""
+    x, m = torch.randn(64, device=dev), torch.randn(8, 8, device=dev)
+    ops = {"dropout(train)": lambda: torch.nn.functional.dropout(x, 0.1, True), "argmax": lambda: m.argmax(1),
+           "var": lambda: m.var(1), "uniform_": lambda: x.uniform_()}
+    return {name: (time_per_call(fn, dev), time_small_add(dev)) for name, fn in ops.items()}
 
 
 def matmul_rate(dev, size=1024, n=10, repeats=3):
@@ -154,6 +171,10 @@ def main():
     jax_part = "" if t_jax is None else f"  jax.jit {t_jax * 1e6:6.1f} us  ratio tpu/jax {t_tpu / t_jax:5.2f}"
     print(f"small eager op (64-elem add): tpu {t_tpu * 1e6:8.1f} us  cpu {t_cpu * 1e6:8.1f} us  ratio tpu/cpu "
           f"{t_tpu / t_cpu:6.2f}{jax_part or '  (jax not installed)'}")
+    with torch_tpu.eager_mode("strict"):
+        for name, (t_op, t_add) in small_ops(tpu).items():
+            print(f"{name + ' (strict):':29s} tpu {t_op * 1e6:8.1f} us  64-elem add {t_add * 1e6:6.1f} us  "
+                  f"ratio op/add {t_op / t_add:5.2f}")
     r_tpu, r_cpu = matmul_rate(tpu), matmul_rate(cpu)
     print(f"1024^2 f32 matmul:            tpu {r_tpu / 1e9:8.1f} GFLOP/s  cpu {r_cpu / 1e9:8.1f} GFLOP/s  ratio tpu/cpu {r_tpu / r_cpu:6.2f}")
     e_cpu = digits_epoch(cpu)

@@ -289,6 +289,18 @@ def test_refused_as_on_cpu(case):
     _same_refusal(case)
 
 
+def test_the_dtype_probe_adds_no_warning_of_its_own():
+    # The CPU dtype probe runs an op's first call per key on one-element tensors; var on one element
+    # warns "degrees of freedom is <= 0" there, a warning CPU does not give for the user's 8x8 call.
+    import warnings
+    for dev in ("cpu", "tpu"):
+        m = torch.arange(56.0, device=dev).reshape(8, 7) * 1.25  # a shape no other test keys
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            m.var(1, correction=2)
+        assert [str(w.message) for w in got] == [], dev
+
+
 def test_unsigned_abs_and_fills_of_expanded_views():
     # abs of an unsigned type is the identity (StableHLO's abs takes signed types only); fill_ and
     # zero_ may write an expanded view (every element at one address gets the same value).

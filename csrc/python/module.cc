@@ -340,6 +340,16 @@ PYBIND11_MODULE(_C, m) {
     torch::PyWarningHandler warnings;  // the first use's warning, as a Python warning
     torch_tpu::aten::note_fallback(full);
   }, "Counts one CPU-fallback run of op `full` (warns the first time; NotImplementedError when disabled).");
+  m.def("_without_cpp_warnings", [](const py::function& fn, const py::args& args) {
+    // The caller's warning handler (the outer op's) would hold these until the outer call returns,
+    // past any Python warnings filter the caller set around fn.
+    struct Drop final : c10::WarningHandler {
+      void process(const c10::Warning&) override {}
+    } drop;
+    c10::WarningUtils::WarningHandlerGuard guard(&drop);
+    return fn(*args);
+  }, "fn(*args) with the C++ warnings it raises (TORCH_WARN) dropped: for calls whose warnings are not "
+     "the user's (the CPU dtype probe's one-element runs).");
   m.def("_fallback_counts", &torch_tpu::aten::fallback_counts);
   m.def("_reset_fallback_counts", &torch_tpu::aten::reset_fallback_counts);
 }

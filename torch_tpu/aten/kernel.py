@@ -160,9 +160,9 @@ def cpu_dtype_probe(low: Lowering, sig: "_Signature", vals, host_inputs: bool = 
     values and shapes differ).
     Not probed: random ops (they would draw from CPU's generator), host-input ops, float8 (tpu
     computes what CPU has no float8 kernel for: README), lowerings with cpu_dtypes=False (decided
-    otherwise), out= overloads (a one-element out= would be resized, and C++'s resize warning
-    reaches the user: the caller's warning handler holds it past this function) and other
-    namespaces' ops."""
+    otherwise), out= overloads (not probed: their one-element out= would be resized) and other
+    namespaces' ops. The probe's own warnings are dropped (C++ ones through _C._without_cpp_warnings:
+    the caller's warning handler would hold them past any Python filter)."""
     if low.rng or not low.cpu_dtypes or host_inputs or sig.is_out or sig.overload.namespace != "aten":
         return
     tensors = _tensors(vals)
@@ -176,9 +176,9 @@ def cpu_dtype_probe(low: Lowering, sig: "_Signature", vals, host_inputs: bool = 
     probe = [[one(t) for t in v] if isinstance(v, (list, tuple)) and kind == "TL" else
              None if kind == "G" else one(v) for v, kind in zip(vals, sig.kinds)]
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            sig.invoke(probe)
+        with warnings.catch_warnings():  # the probe's warnings (var's "degrees of freedom is <= 0"
+            warnings.simplefilter("ignore")  # on one element) are not the call's
+            _C._without_cpp_warnings(sig.invoke, probe)
     except NotImplementedError as e:  # TORCH_CHECK_NOT_IMPLEMENTED: what CPU has no code for
         m = str(e)  # (not an op with no CPU kernel at all, or a privateuse1-only stub: no dtype rule)
         if not m.startswith("Could not run") and "privateuse1" not in m:

@@ -81,7 +81,7 @@ def _complex_parts(b, state, dtype, draw):
     return b.op("stablehlo.complex", [re, im], [TensorType(re.shape, dtype)])[0]
 
 
-@register("uniform_", rng=True, check=_check_uniform)
+@register("uniform_", rng=True, check=_check_uniform, check_per_key=True)
 def uniform_(ctx, self, frm=0.0, to=1.0, state=None):
     b, out = ctx.b, ctx.out[0]
     if out.dtype.is_complex:  # each part uniform in [from, to)
@@ -106,7 +106,7 @@ def _check_normal_(self, mean=0.0, std=1.0, generator=None):
         raise RuntimeError(f"normal expects std >= 0.0, but found std {std:g}")
 
 
-@register("normal_", rng=True, check=_check_normal_)
+@register("normal_", rng=True, check=_check_normal_, check_per_key=True)
 def normal_(ctx, self, mean=0.0, std=1.0, state=None):
     b, out = ctx.b, ctx.out[0]
     if out.dtype.is_complex:  # CPU: each part normal(mean, std / sqrt(2)), so E|z - mean|^2 = std^2
@@ -137,7 +137,7 @@ def _normal_tensors(ctx, mean, std, state):
 
 
 @register("normal.Tensor_float", rng=True,
-          check=lambda mean, std=1.0, generator=None: _check_normal_(mean, 0.0, std))
+          check=lambda mean, std=1.0, generator=None: _check_normal_(mean, 0.0, std), check_per_key=True)
 def normal_tensor_float(ctx, mean, std=1.0, state=None):
     return _normal_tensors(ctx, mean, float(std), state)
 
@@ -204,7 +204,7 @@ def _check_exponential(self, lambd=1.0, generator=None):
         raise RuntimeError(f"exponential_ expects lambda > 0.0, but found lambda={lambd:g}")
 
 
-@register("exponential_", rng=True, check=_check_exponential)
+@register("exponential_", rng=True, check=_check_exponential, check_per_key=True)
 def exponential_(ctx, self, lambd=1.0, state=None):
     """-log(u) / lambda with u in (0, 1]: never 0 nor inf."""
     b, out = ctx.b, ctx.out[0]
@@ -302,13 +302,14 @@ def _random_values(ctx, state, base, rng):
 
 
 @register("random_.from", rng=True,
-          check=lambda self, frm, to=None, generator=None: _random_range(self.dtype, frm, to))
+          check=lambda self, frm, to=None, generator=None: _random_range(self.dtype, frm, to), check_per_key=True)
 def random_from(ctx, self, frm, to=None, state=None):
     base, rng = _random_range(ctx.out[0].dtype, frm, to)
     return _random_values(ctx, state, base, rng)
 
 
-@register("random_.to", rng=True, check=lambda self, to, generator=None: _random_range(self.dtype, 0, to))
+@register("random_.to", rng=True, check=lambda self, to, generator=None: _random_range(self.dtype, 0, to),
+          check_per_key=True)
 def random_to(ctx, self, to, state=None):
     base, rng = _random_range(ctx.out[0].dtype, 0, to)
     return _random_values(ctx, state, base, rng)
@@ -361,7 +362,7 @@ def _check_geometric(self, p, generator=None):
         raise RuntimeError(f"geometric_ expects p to be in (0, 1), but got p={p:g}")
 
 
-@register("geometric_", rng=True, check=_check_geometric)
+@register("geometric_", rng=True, check=_check_geometric, check_per_key=True)
 def geometric_(ctx, self, p, state=None):
     """Number of Bernoulli(p) trials up to the first success: ceil(log(u) / log1p(-p)), u in (0, 1]
     (u = 1 - open-low uniform, so log(u) is finite and the result at least 1)."""
@@ -384,7 +385,7 @@ def _scale_check(op, kernel, param, pos):
     return check
 
 
-@register("cauchy_", rng=True, check=_scale_check("cauchy_", "cauchy_cpu", "sigma", 1))
+@register("cauchy_", rng=True, check=_scale_check("cauchy_", "cauchy_cpu", "sigma", 1), check_per_key=True)
 def cauchy_(ctx, self, median=0.0, sigma=1.0, state=None):
     """median + sigma * tan(pi * (u - 1/2)), u in (0, 1) (never +-pi/2)."""
     b, out = ctx.b, ctx.out[0]
@@ -395,7 +396,8 @@ def cauchy_(ctx, self, median=0.0, sigma=1.0, state=None):
     return b.convert(b.add(med, b.multiply(sig, t)), out.dtype)
 
 
-@register("log_normal_", rng=True, check=_scale_check("log_normal_", "log_normal_cpu", "std", 1))
+@register("log_normal_", rng=True, check=_scale_check("log_normal_", "log_normal_cpu", "std", 1),
+          check_per_key=True)
 def log_normal_(ctx, self, mean=1.0, std=2.0, state=None):
     """exp(mean + std * z), z standard normal."""
     b, out = ctx.b, ctx.out[0]

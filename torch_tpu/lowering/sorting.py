@@ -815,7 +815,7 @@ def _check_histogram_bins(x, bins, weight=None, density=False):
                            "in the bins tensor for dimension 0")
 
 
-@register("histogram.bins_tensor", check=_check_histogram_bins)
+@register("histogram.bins_tensor", check=_check_histogram_bins, check_per_key=True)
 def histogram_bins_tensor(ctx, x, bins, weight=None, density=False):
     b = ctx.b
     dt = x.dtype
