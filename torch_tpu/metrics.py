@@ -28,6 +28,14 @@ def counters() -> dict:
     return d
 
 
+def host_caches() -> dict:
+    """Per in-memory cache of this process: entries, capacity, hits, misses and evictions (since the
+    last reset()). Every cache is a bounded LRU: "plans" (eager call signatures), "executables in
+    memory" (the compilation cache's first tier), "scalar operand buffers", "fused programs" and
+    "compiled graph shapes" (torch.compile graphs with symbolic shapes, all graphs summed)."""
+    return dict(_C._host_caches())
+
+
 def report() -> str:
     """A readable summary of counters() and fallback_counts()."""
     lines = [f"{k}: {v}" for k, v in counters().items()]
@@ -44,5 +52,6 @@ def reset() -> None:
     _C._reset_fallback_counts()
     _C._cache_reset_stats()
     _C._plan_cache_reset_stats()
+    _C._reset_host_cache_stats()
     _C._fused_reset_stats()
     _state.counts.clear()

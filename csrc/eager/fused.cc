@@ -24,12 +24,6 @@ uint64_t mix(uint64_t a, uint64_t b) {
 }
 }  // namespace
 
-size_t FusedRecorder::KeyHash::operator()(const std::vector<int64_t>& k) const noexcept {
-  uint64_t h = 0;
-  for (int64_t w : k) h = mix(h, static_cast<uint64_t>(w));
-  return static_cast<size_t>(h);
-}
-
 int FusedRecorder::Run::local(const at::Tensor& t) {
   return local(aten::cell_of(t), t.storage());
 }
@@ -173,20 +167,19 @@ void FusedRecorder::flush_locked(Run& run_ref) {
   }
   key.push_back(-1);
   key.insert(key.end(), outputs.begin(), outputs.end());
-  auto it = programs_.find(key);
-  if (it == programs_.end()) {
+  std::shared_ptr<const FusedProgram> found = programs_.find(key);
+  if (!found) {
     TORCH_CHECK(builder_, "fused eager: no program builder (torch_tpu was not imported?)");
-    FusedProgram p;
     try {
-      p = builder_(run.records, outputs);
+      found = std::make_shared<const FusedProgram>(builder_(run.records, outputs));
     } catch (...) {
       replay(run);  // each op ran alone before; keep going op by op, then report
       throw;
     }
     stats_.compiles++;
-    it = programs_.emplace(std::move(key), std::move(p)).first;
+    programs_.put(std::move(key), found);
   }
-  const FusedProgram& prog = it->second;
+  const FusedProgram& prog = *found;
   std::vector<LaunchArg> args;
   args.reserve(prog.args.size());
   for (const auto& w : prog.args) {

@@ -37,6 +37,7 @@
 namespace torch_tpu::eager {
 
 constexpr size_t kMaxOps = 512;
+constexpr size_t kFusedPrograms = 1024;
 constexpr size_t kCutRadius = 24;
 
 // Where a program argument comes from: local storage `index` of the run, or host operand `index`.
@@ -99,16 +100,16 @@ class FusedRecorder {
   void flush_locked(Run& run);
   void replay(Run& run);  // runs each record alone (a fused program failed to build)
   void split_locked(size_t k);  // flushes records [0, k], carries the rest over
-  struct KeyHash {
-    size_t operator()(const std::vector<int64_t>& k) const noexcept;
-  };
   std::recursive_mutex mu_;
   Run run_;
   uint64_t prev_uid_ = 0;
   std::deque<uint64_t> window_;  // the stream's last 2 * kCutRadius + 1 pair hashes
   int64_t position_ = 0;         // stream position of the next record
   int64_t run_start_ = 0;        // stream position of the run's first record
-  std::unordered_map<std::vector<int64_t>, FusedProgram, KeyHash> programs_;
+  // Fused programs by run key; each holds its executable, so the least recently used go past
+  // kFusedPrograms (a run that recurs rebuilds from the compilation cache's tiers).
+  runtime::LruCache<std::vector<int64_t>, std::shared_ptr<const FusedProgram>, KeyHash> programs_{
+      "fused programs", kFusedPrograms};
   FusedBuilder builder_;
   OpExecutable op_executable_;
   FusedStats stats_;

@@ -20,7 +20,7 @@ using runtime::Runtime;
 // transfer call: no completion event to wait for.
 constexpr size_t kSmallOperandBytes = 64 << 10;
 
-size_t PlanCache::Hash::operator()(const std::vector<int64_t>& k) const noexcept {
+size_t KeyHash::operator()(const std::vector<int64_t>& k) const noexcept {
   uint64_t h = 1469598103934665603ull;  // FNV-1a over the words
   for (int64_t w : k) {
     h ^= static_cast<uint64_t>(w);
@@ -30,57 +30,14 @@ size_t PlanCache::Hash::operator()(const std::vector<int64_t>& k) const noexcept
   return static_cast<size_t>(h);
 }
 
-std::shared_ptr<Plan> PlanCache::find(const std::vector<int64_t>& key) {
-  std::lock_guard<std::mutex> g(mu_);
-  auto it = index_.find(key);
-  if (it == index_.end()) {
-    misses++;
-    return nullptr;
-  }
-  hits++;
-  lru_.splice(lru_.begin(), lru_, it->second);
-  return it->second->second;
-}
-
-void PlanCache::put(const std::vector<int64_t>& key, std::shared_ptr<Plan> plan) {
-  std::vector<std::shared_ptr<Plan>> evicted;  // released after the lock: their entries may run Python
-  {
-    std::lock_guard<std::mutex> g(mu_);
-    auto it = index_.find(key);
-    if (it != index_.end()) {
-      it->second->second = std::move(plan);
-      lru_.splice(lru_.begin(), lru_, it->second);
-      return;
-    }
-    if (index_.size() >= capacity) {
-      for (size_t n = capacity / 4; n > 0 && !lru_.empty(); --n) {
-        evicted.push_back(std::move(lru_.back().second));
-        index_.erase(lru_.back().first);
-        lru_.pop_back();
-      }
-    }
-    lru_.emplace_front(key, std::move(plan));
-    index_.emplace(key, lru_.begin());
-  }
-}
-
-size_t PlanCache::size() {
-  std::lock_guard<std::mutex> g(mu_);
-  return index_.size();
-}
-
-void PlanCache::clear() {
-  Lru gone;
-  {
-    std::lock_guard<std::mutex> g(mu_);
-    index_.clear();
-    gone.swap(lru_);
-  }
-}
-
 PlanCache& plan_cache() {
-  static auto* cache = new PlanCache();  // never destroyed: plans hold Python objects
+  static auto* cache = new PlanCache("plans", kPlanCacheEntries);  // never destroyed: plans hold Python objects
   return *cache;
+}
+
+std::atomic<int64_t>& plan_fast_runs() {
+  static std::atomic<int64_t> n{0};
+  return n;
 }
 
 namespace {
@@ -97,21 +54,14 @@ class ScalarBuffers {
     k.device = device;
     k.ndims = static_cast<int>(dims.size());
     std::memcpy(k.bytes, bytes, n);
-    {
-      std::lock_guard<std::mutex> g(mu_);
-      auto it = map_.find(k);
-      if (it != map_.end()) return it->second;
-    }
+    if (auto hit = cache_.find(k)) return hit;
     auto buf = Runtime::get().client().small_buffer_from_host(bytes, type, dims, device);
     runtime::counters().h2d_transfers++;
-    std::lock_guard<std::mutex> g(mu_);
-    if (map_.size() >= kMaxValues) map_.clear();  // a new set of constants: start over
-    map_.emplace(k, buf);
+    cache_.put(k, buf);
     return buf;
   }
 
  private:
-  static constexpr size_t kMaxValues = 4096;
   struct Key {
     int type, device, ndims;
     unsigned char bytes[16];
@@ -127,8 +77,7 @@ class ScalarBuffers {
       return std::hash<uint64_t>()(a * 31 + b) ^ (static_cast<size_t>(k.type) << 8) ^ k.device ^ (k.ndims << 16);
     }
   };
-  std::mutex mu_;
-  std::unordered_map<Key, std::shared_ptr<pjrt::Buffer>, Hash> map_;
+  runtime::LruCache<Key, std::shared_ptr<pjrt::Buffer>, Hash> cache_{"scalar operand buffers", 4096};
 };
 
 ScalarBuffers& scalar_buffers() {
@@ -213,7 +162,7 @@ void run_plan(const std::shared_ptr<Plan>& plan_ptr, const OpFacts& op, Call& ca
     for (auto [is_new, i] : plan.sinks) sinks.push_back(is_new ? aten::cell_of(fresh[i]) : call.operands[i].cell);
     Runtime::get().execute(plan.exe, std::move(args), std::move(sinks), call.device, op.name);
   }
-  plan_cache().fast_runs++;
+  plan_fast_runs()++;
 
   if (plan.structure == Plan::kWritten) {
     std::vector<c10::IValue> outs;

@@ -6,16 +6,14 @@
 
 #include <atomic>
 #include <cstdint>
-#include <list>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "eager/call.h"
 #include "pjrt/pjrt.h"
+#include "runtime/lru_cache.h"
 #include "runtime/runtime.h"
 
 namespace torch_tpu::eager {
@@ -49,28 +47,18 @@ struct OpFacts {
   std::string name;          // the overload, for errors naming the op
 };
 
-// LRU table of plans. Loaded executables hold JIT code mappings (about 3 each) and tens of thousands
-// exhaust a process's map limit, so past `capacity` the least recently used quarter goes (those
-// programs reload from the compilation cache's disk tier).
-class PlanCache {
- public:
-  std::shared_ptr<Plan> find(const std::vector<int64_t>& key);
-  void put(const std::vector<int64_t>& key, std::shared_ptr<Plan> plan);
-  size_t size();
-  void clear();
-  std::atomic<int64_t> hits{0}, misses{0}, fast_runs{0};
-  size_t capacity = 4096;
-
- private:
-  struct Hash {
-    size_t operator()(const std::vector<int64_t>& k) const noexcept;
-  };
-  using Lru = std::list<std::pair<std::vector<int64_t>, std::shared_ptr<Plan>>>;
-  std::mutex mu_;
-  Lru lru_;  // most recently used first
-  std::unordered_map<std::vector<int64_t>, Lru::iterator, Hash> index_;
+// Hash of a call key (words of csrc/eager/call.h; fused eager's run keys too).
+struct KeyHash {
+  size_t operator()(const std::vector<int64_t>& k) const noexcept;
 };
+
+// Plans by call key (runtime/lru_cache.h's policy): a plan holds its loaded executable, so the
+// least recently used go past kPlanCacheEntries (they reload from the compilation cache's tiers).
+using PlanCache = runtime::LruCache<std::vector<int64_t>, std::shared_ptr<Plan>, KeyHash>;
+constexpr size_t kPlanCacheEntries = 4096;
 PlanCache& plan_cache();
+// Calls run_plan ran (no Python), since the last reset.
+std::atomic<int64_t>& plan_fast_runs();
 
 // Runs `plan` for `call` and replaces the op's arguments on `stack` by its results: strict eager
 // queues it for the launcher (nothing waits; needs plan.exe), fused eager records it.

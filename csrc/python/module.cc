@@ -18,6 +18,7 @@
 #include "aten/fallback.h"
 #include "eager/index_errors.h"
 #include "python/graph_runner.h"
+#include "python/host_caches.h"
 #include "python/custom_autograd.h"
 #include "python/op_kernel.h"
 #include "python/launch_args.h"
@@ -108,6 +109,7 @@ PYBIND11_MODULE(_C, m) {
   torch_tpu::python::bind_op_kernels(m);
   torch_tpu::python::bind_custom_autograd(m);
   torch_tpu::python::bind_compile_targets(m);
+  torch_tpu::python::bind_host_caches(m);
 
   py::class_<torch_tpu::pjrt::Executable, std::shared_ptr<torch_tpu::pjrt::Executable>>(m, "Executable")
       .def_property_readonly("num_outputs", &torch_tpu::pjrt::Executable::num_outputs);

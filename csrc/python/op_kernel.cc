@@ -395,20 +395,18 @@ void bind_op_kernels(py::module& m) {
       "The dtype a python number takes as a Scalar operand of a program (eager keys and compiled "
       "graphs alike): bool, int64, or float32/complex64 (float64/complex128 when `wide`).");
   m.def("_plan_cache_stats", [] {
-    auto& c = eager::plan_cache();
+    auto s = eager::plan_cache().stats();
     py::dict d;
-    d["entries"] = c.size();
-    d["hits"] = c.hits.load();
-    d["misses"] = c.misses.load();
-    d["fast_runs"] = c.fast_runs.load();
+    d["entries"] = s.entries;
+    d["hits"] = s.hits;
+    d["misses"] = s.misses;
+    d["fast_runs"] = eager::plan_fast_runs().load();
     return d;
-  });
+  }, "The eager plan cache: entries, hits, misses, and calls run in C++ with no Python (fast_runs).");
   m.def("_plan_cache_clear", [] { eager::plan_cache().clear(); });
   m.def("_plan_cache_reset_stats", [] {
-    auto& c = eager::plan_cache();
-    c.hits = 0;
-    c.misses = 0;
-    c.fast_runs = 0;
+    eager::plan_cache().reset_stats();
+    eager::plan_fast_runs() = 0;
   });
   m.def("_eager_mode", [] { return static_cast<int>(eager::mode()); }, "This thread's eager mode: 0 debug, 1 strict, 2 fused.");
   m.def("_set_default_eager_mode", [](int m) { eager::set_default_mode(static_cast<eager::Mode>(m)); });

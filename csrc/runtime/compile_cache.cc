@@ -179,19 +179,7 @@ void CompileCache::reset_stats() {
   for (auto& t : tiers_) t->stats = CacheTierStats{t->config.name};
 }
 
-void CompileCache::clear_memory() {
-  std::lock_guard<std::mutex> g(mu_);
-  memory_.clear();
-}
-
-void CompileCache::remember_locked(const std::string& key, std::shared_ptr<pjrt::Executable> exe) {
-  // Each loaded executable holds a few JIT code mappings; a process with tens of thousands of them
-  // hits the kernel's map limit (LLVM: "Unable to allocate section memory"). Past the cap the memory
-  // tier starts over: entries stay in the directory tiers, and live front-end entries keep their own
-  // references.
-  if (memory_.size() >= kMaxMemoryEntries) memory_.clear();
-  memory_[key] = std::move(exe);
-}
+void CompileCache::clear_memory() { memory_.clear(); }
 
 std::vector<std::shared_ptr<CompileCache::Tier>> CompileCache::usable_tiers() {
   std::vector<std::shared_ptr<Tier>> all;
@@ -221,13 +209,10 @@ std::vector<std::shared_ptr<CompileCache::Tier>> CompileCache::usable_tiers() {
 std::shared_ptr<pjrt::Executable> CompileCache::get_or_compile(pjrt::Client& client, const std::string& key,
                                                                const std::string& mlir, const std::string& name,
                                                                const std::string& options) {
-  {
+  if (auto hit = memory_.find(key)) {
     std::lock_guard<std::mutex> g(mu_);
-    auto it = memory_.find(key);
-    if (it != memory_.end()) {
-      memory_hits_++;
-      return it->second;
-    }
+    memory_hits_++;
+    return hit;
   }
   auto tiers = usable_tiers();
   std::string entry;
@@ -239,8 +224,8 @@ std::shared_ptr<pjrt::Executable> CompileCache::get_or_compile(pjrt::Client& cli
       std::lock_guard<std::mutex> g(mu_);
       tiers[i]->stats.hits++;
       saved_seconds_ += seconds;
-      remember_locked(key, exe);
     }
+    memory_.put(key, exe);
     for (size_t j = 0; j < i; ++j) write(*tiers[j], key, entry);  // promote into the faster tiers
     return exe;
   }
@@ -256,8 +241,8 @@ std::shared_ptr<pjrt::Executable> CompileCache::get_or_compile(pjrt::Client& cli
     std::lock_guard<std::mutex> g(mu_);
     misses_++;
     compile_seconds_ += seconds;
-    remember_locked(key, exe);
   }
+  memory_.put(key, exe);
   if (tiers.empty()) return exe;
   std::string payload;
   try {

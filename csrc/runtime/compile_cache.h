@@ -21,10 +21,10 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "pjrt/pjrt.h"
+#include "runtime/lru_cache.h"
 
 namespace torch_tpu::runtime {
 
@@ -103,11 +103,13 @@ class CompileCache {
                                          const std::string& name, std::string* entry, double* seconds);
   bool write(Tier& tier, const std::string& key, const std::string& entry);  // false: not written
   void evict(Tier& tier);
-  void remember_locked(const std::string& key, std::shared_ptr<pjrt::Executable> exe);
+  // Each loaded executable holds a few JIT code mappings; a process with tens of thousands of them
+  // hits the kernel's map limit (LLVM: "Unable to allocate section memory"). Past the cap the least
+  // recently used go: they stay in the directory tiers, and live plans keep their own references.
   static constexpr size_t kMaxMemoryEntries = 4096;
+  LruCache<std::string, std::shared_ptr<pjrt::Executable>> memory_{"executables in memory", kMaxMemoryEntries};
 
   std::mutex mu_;
-  std::unordered_map<std::string, std::shared_ptr<pjrt::Executable>> memory_;
   // Shared so that a lookup in flight keeps the tiers it started with across a configure().
   std::vector<std::shared_ptr<Tier>> tiers_;
   int64_t memory_hits_ = 0, misses_ = 0;

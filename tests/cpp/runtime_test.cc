@@ -253,22 +253,68 @@ TEST(ScalarOperands, OneBufferPerValueFromManyThreads) {
   runtime().free_cell(in);
 }
 
-TEST(PlanCache, FindsWhatWasPutAndEvictsTheOldest) {
-  torch_tpu::eager::PlanCache cache;
-  cache.capacity = 8;
+TEST(PlanCache, FindsWhatWasPutAndEvictsTheLeastRecentlyUsed) {
+  torch_tpu::eager::PlanCache cache("test plans", 8);
   for (int64_t i = 0; i < 8; ++i) cache.put({i}, std::make_shared<torch_tpu::eager::Plan>());
   ASSERT_TRUE(cache.find({0}) != nullptr);  // now the most recently used
-  cache.put({100}, std::make_shared<torch_tpu::eager::Plan>());  // full: the oldest quarter goes
-  EXPECT_EQ(cache.size(), 7u);
+  cache.put({100}, std::make_shared<torch_tpu::eager::Plan>());  // full: the least recently used goes
+  EXPECT_EQ(cache.size(), 8u);
   EXPECT_TRUE(cache.find({0}) != nullptr);
   EXPECT_TRUE(cache.find({1}) == nullptr);
-  EXPECT_TRUE(cache.find({2}) == nullptr);
+  EXPECT_TRUE(cache.find({2}) != nullptr);
   EXPECT_TRUE(cache.find({100}) != nullptr);
+  auto s = cache.stats();
+  EXPECT_EQ(s.name, "test plans");
+  EXPECT_EQ(s.entries, 8);
+  EXPECT_EQ(s.capacity, 8);
+  EXPECT_EQ(s.hits, 4);
+  EXPECT_EQ(s.misses, 1);
+  EXPECT_EQ(s.evictions, 1);
+}
+
+// A value leaves the cache after its lock is released: here an evicted value's destructor uses the
+// cache (as a plan's Python entry may wait for the GIL that a thread inside the cache holds).
+TEST(LruCache, EvictedValuesAreReleasedOutsideTheLock) {
+  using Cache = torch_tpu::runtime::LruCache<int, std::shared_ptr<int>>;
+  Cache cache("test reentrant", 2);
+  int seen_size = -1;
+  for (int i = 0; i < 3; ++i) {
+    auto v = std::shared_ptr<int>(new int(i), [&cache, &seen_size](int* p) {
+      seen_size = static_cast<int>(cache.size());  // would deadlock under the cache's lock
+      delete p;
+    });
+    cache.put(i, std::move(v));
+  }
+  EXPECT_EQ(seen_size, 2);  // the evicted first value, released once the third was in
+  EXPECT_TRUE(cache.find(0) == nullptr);
+  cache.clear();
+  EXPECT_EQ(cache.size(), 0u);
+}
+
+TEST(LruCache, CountersOfEveryLiveCacheByName) {
+  using Cache = torch_tpu::runtime::LruCache<int, std::shared_ptr<int>>;
+  auto named = [](const std::string& name) {
+    for (const auto& s : torch_tpu::runtime::host_caches())
+      if (s.name == name) return s;
+    return torch_tpu::runtime::HostCacheStats{};
+  };
+  {
+    Cache a("test shapes", 4), b("test shapes", 4);
+    a.put(1, std::make_shared<int>(1));
+    b.put(2, std::make_shared<int>(2));
+    a.find(1);
+    b.find(3);
+    auto s = named("test shapes");
+    EXPECT_EQ(s.entries, 2);
+    EXPECT_EQ(s.capacity, 8);
+    EXPECT_EQ(s.hits, 1);
+    EXPECT_EQ(s.misses, 1);
+  }
+  EXPECT_EQ(named("test shapes").name, "");  // destroyed caches are gone from the list
 }
 
 TEST(PlanCache, ManyThreadsFindAndPut) {
-  torch_tpu::eager::PlanCache cache;
-  cache.capacity = 64;
+  torch_tpu::eager::PlanCache cache("test plans", 64);
   std::vector<std::thread> threads;
   std::atomic<int> wrong{0};
   for (int t = 0; t < kThreads; ++t) {

@@ -31,7 +31,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 
-from .. import _state
+from .. import _C, _state
 from ..lowering.overloads import resolve
 from . import collectives
 from .lower_graph import GraphProgram, Unsupported, log
@@ -134,13 +134,18 @@ def _boxed(prog):
     return run
 
 
+# Programs kept per graph with symbolic shapes (the least recently used shapes go past it, and are
+# re-traced if they come back; their executables reload from the compilation cache).
+PER_SHAPE_PROGRAMS = 256
+
+
 class _PerShape:
     """A graph with symbolic shapes: re-traced with each call's concrete shapes, one program each."""
     _boxed_call = True
 
     def __init__(self, gm, name, fullgraph):
         self.gm, self.name, self.fullgraph = gm, name, fullgraph
-        self.programs = {}
+        self.programs = _C.LruCache("compiled graph shapes", PER_SHAPE_PROGRAMS)
 
     def __call__(self, args):
         key = tuple((tuple(a.shape), a.dtype, a.device) if isinstance(a, torch.Tensor) else a for a in args)
@@ -150,7 +155,8 @@ class _PerShape:
             log.info("%s graph: compiling for input shapes %s", self.name,
                      [k[0] if isinstance(k, tuple) else k for k in key])
             static = make_fx(self.gm, tracing_mode="fake")(*args)
-            prog = self.programs[key] = compile_graph(static, args, self.name, self.fullgraph)
+            prog = compile_graph(static, args, self.name, self.fullgraph)
+            self.programs.put(key, prog)
         return prog(args)
 
 

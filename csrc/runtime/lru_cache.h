@@ -1,0 +1,140 @@
+#pragma once
+
+// The one in-memory cache policy of the runtime: a least-recently-used map bounded by its entry
+// count, with per-cache counters. Plans (eager), executables in memory (the compile cache's first
+// tier), scalar operand buffers, fused programs and the per-shape graphs of torch.compile each hold
+// one; torch_tpu.metrics.host_caches() reports them all by name.
+//
+// Why bounded: each cached value holds device or JIT memory (a loaded executable keeps about three
+// code mappings; tens of thousands exhaust a process's map limit), and a job whose shapes keep
+// changing would otherwise grow without limit. An evicted program is found again in the compile
+// cache's disk tiers, so eviction costs a reload, never a recompile.
+
+#include <cstdint>
+#include <list>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace torch_tpu::runtime {
+
+// One cache's counters. entries / capacity: current and maximum entry counts; hits, misses
+// (lookups that found nothing) and evictions (entries dropped to stay within capacity) since the
+// last reset_stats().
+struct HostCacheStats {
+  std::string name;
+  int64_t entries = 0, capacity = 0, hits = 0, misses = 0, evictions = 0;
+};
+
+// What every cache answers, whatever its key and value types; caches register themselves for the
+// lifetime of the object (host_caches() lists them).
+class HostCache {
+ public:
+  explicit HostCache(std::string name);
+  virtual ~HostCache();
+  HostCache(const HostCache&) = delete;
+  HostCache& operator=(const HostCache&) = delete;
+  const std::string& name() const { return name_; }
+  virtual HostCacheStats stats() = 0;
+  virtual void reset_stats() = 0;
+  virtual void clear() = 0;
+
+ private:
+  std::string name_;
+};
+
+// The counters of every live cache, those of one name (e.g. each compiled graph's shapes) summed.
+std::vector<HostCacheStats> host_caches();
+// reset_stats() on every live cache.
+void reset_host_cache_stats();
+
+// A thread-safe LRU map of at most `capacity` entries (>= 1). find() marks an entry most recently
+// used; put() past capacity drops the least recently used ones. Values that leave the cache are
+// destroyed after its lock is released: a value may hold a Python object whose release takes the
+// GIL, which a thread waiting on this lock may hold.
+template <class K, class V, class Hash = std::hash<K>, class Eq = std::equal_to<K>>
+class LruCache final : public HostCache {
+ public:
+  LruCache(std::string name, size_t capacity) : HostCache(std::move(name)), capacity_(capacity ? capacity : 1) {}
+
+  // The value cached for `key`, or a default V (counted as a miss).
+  V find(const K& key) {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = index_.find(key);
+    if (it == index_.end()) {
+      ++misses_;
+      return V{};
+    }
+    ++hits_;
+    lru_.splice(lru_.begin(), lru_, it->second);
+    return it->second->second;
+  }
+
+  // Caches `value` for `key` (replacing any value it had) as the most recently used entry.
+  void put(K key, V value) {
+    Entries gone;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      auto it = index_.find(key);
+      if (it != index_.end()) {
+        std::swap(it->second->second, value);  // the old value goes with `value`, after the lock
+        lru_.splice(lru_.begin(), lru_, it->second);
+      } else {
+        while (index_.size() >= capacity_) {
+          index_.erase(lru_.back().first);
+          gone.splice(gone.end(), lru_, std::prev(lru_.end()));
+          ++evictions_;
+        }
+        lru_.emplace_front(key, std::move(value));
+        index_.emplace(std::move(key), lru_.begin());
+      }
+    }
+  }
+
+  size_t size() {
+    std::lock_guard<std::mutex> g(mu_);
+    return index_.size();
+  }
+
+  // Sets the maximum entry count (>= 1), evicting down to it.
+  void set_capacity(size_t capacity) {
+    Entries gone;
+    std::lock_guard<std::mutex> g(mu_);
+    capacity_ = capacity ? capacity : 1;
+    while (index_.size() > capacity_) {
+      index_.erase(lru_.back().first);
+      gone.splice(gone.end(), lru_, std::prev(lru_.end()));
+      ++evictions_;
+    }
+    // (`gone` is declared before the guard, so it is destroyed after the unlock)
+  }
+
+  void clear() override {
+    Entries gone;
+    std::lock_guard<std::mutex> g(mu_);
+    index_.clear();
+    gone.swap(lru_);
+  }
+
+  HostCacheStats stats() override {
+    std::lock_guard<std::mutex> g(mu_);
+    return {name(), static_cast<int64_t>(index_.size()), static_cast<int64_t>(capacity_), hits_, misses_, evictions_};
+  }
+
+  void reset_stats() override {
+    std::lock_guard<std::mutex> g(mu_);
+    hits_ = misses_ = evictions_ = 0;
+  }
+
+ private:
+  using Entries = std::list<std::pair<K, V>>;  // most recently used first
+  std::mutex mu_;
+  size_t capacity_;
+  Entries lru_;
+  std::unordered_map<K, typename Entries::iterator, Hash, Eq> index_;
+  int64_t hits_ = 0, misses_ = 0, evictions_ = 0;
+};
+
+}  // namespace torch_tpu::runtime
