@@ -4,8 +4,8 @@
 
 1. host time per small eager op: a 64-element float32 add, tpu (strict) / CPU, and the same add
    dispatched by jax.jit on JAX's CPU backend (the PJRT-backed anchor; when jax is installed);
-   and per-call time of small ops with checks (dropout in training, argmax, var, uniform_) against
-   that add's on tpu (strict);
+   and the host CPU time per call of small ops with checks or random draws (dropout in training,
+   argmax, var, uniform_) against that add's, on tpu (strict) and on CPU;
 2. a 1024x1024 float32 matmul's rate (FLOP/s), tpu / CPU;
 3. digits CNN epoch time (examples/train_digits.py, steady-state epochs), tpu strict and fused / CPU;
 4. a Hugging Face GPT-2 training step (small random-init config, AdamW), tpu strict and fused / CPU;
@@ -16,6 +16,7 @@ On a machine without a TPU, "tpu" is OpenXLA's CPU plugin, so (2) compares two C
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import os
 import statistics
@@ -36,19 +37,23 @@ def _sync(dev):
         torch.tpu.synchronize()
 
 
-def time_per_call(fn, dev, n=2000, repeats=5):
-    """Median seconds per call of fn() over `repeats` loops of n calls, each loop ending with a
-    device synchronisation (so the device's work is counted where it cannot overlap the host's)."""
+def time_per_call(fn, dev, n=2000, repeats=5, clock=time.perf_counter):
+    """Median seconds per call of fn() over `repeats` loops of n calls. With the default clock each
+    loop ends with a device synchronisation (the device's work counted where it cannot overlap the
+    host's); with time.thread_time it is the calling thread's CPU time alone (the host cost of a call,
+    whatever else the machine runs), the synchronisation outside the timed part."""
     for _ in range(50):  # warm: compile once, fill caches
         fn()
     _sync(dev)
     best = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = clock()
         for _ in range(n):
             fn()
+        if clock is time.perf_counter:
+            _sync(dev)
+        best.append((clock() - t0) / n)
         _sync(dev)
-        best.append((time.perf_counter() - t0) / n)
     return statistics.median(best)
 
 
@@ -59,12 +64,15 @@ def time_small_add(dev, n=2000, repeats=5):
 
 
 def small_ops(dev):
-    """Per-call seconds of small ops whose lowerings carry a check= (dropout in training, argmax,
-    var, uniform_), each beside the 64-element add, measured alternately in one run."""
-    x, m = torch.randn(64, device=dev), torch.randn(8, 8, device=dev)
-    ops = {"dropout(train)": lambda: torch.nn.functional.dropout(x, 0.1, True), "argmax": lambda: m.argmax(1),
+    """Host CPU seconds per call (the calling thread's) of small ops whose lowerings carry checks or
+    draw random numbers (F.dropout in training, native_dropout, argmax, var, uniform_), each with the
+    64-element add's measured right after it: {name: (op, add)}."""
+    x, y, m = torch.randn(64, device=dev), torch.randn(64, device=dev), torch.randn(8, 8, device=dev)
+    ops = {"F.dropout(train)": lambda: torch.nn.functional.dropout(x, 0.1, True),
+           "native_dropout": lambda: torch.native_dropout(x, 0.1, True), "argmax": lambda: m.argmax(1),
            "var": lambda: m.var(1), "uniform_": lambda: x.uniform_()}
-    return {name: (time_per_call(fn, dev), time_small_add(dev)) for name, fn in ops.items()}
+    cpu_time = functools.partial(time_per_call, dev=dev, clock=time.thread_time)
+    return {name: (cpu_time(fn), cpu_time(lambda: x.add(y))) for name, fn in ops.items()}
 
 
 def matmul_rate(dev, size=1024, n=10, repeats=3):
@@ -171,10 +179,12 @@ def main():
     jax_part = "" if t_jax is None else f"  jax.jit {t_jax * 1e6:6.1f} us  ratio tpu/jax {t_tpu / t_jax:5.2f}"
     print(f"small eager op (64-elem add): tpu {t_tpu * 1e6:8.1f} us  cpu {t_cpu * 1e6:8.1f} us  ratio tpu/cpu "
           f"{t_tpu / t_cpu:6.2f}{jax_part or '  (jax not installed)'}")
+    on_cpu = small_ops(cpu)  # PyTorch's own cost of the same calls, for reference
     with torch_tpu.eager_mode("strict"):
         for name, (t_op, t_add) in small_ops(tpu).items():
-            print(f"{name + ' (strict):':29s} tpu {t_op * 1e6:8.1f} us  64-elem add {t_add * 1e6:6.1f} us  "
-                  f"ratio op/add {t_op / t_add:5.2f}")
+            c_op, c_add = on_cpu[name]
+            print(f"{name + ' host cpu:':29s} tpu {t_op * 1e6:6.1f} us  add {t_add * 1e6:5.1f} us  ratio op/add "
+                  f"{t_op / t_add:5.2f}   (CPU eager: ratio {c_op / c_add:5.2f})")
     r_tpu, r_cpu = matmul_rate(tpu), matmul_rate(cpu)
     print(f"1024^2 f32 matmul:            tpu {r_tpu / 1e9:8.1f} GFLOP/s  cpu {r_cpu / 1e9:8.1f} GFLOP/s  ratio tpu/cpu {r_tpu / r_cpu:6.2f}")
     e_cpu = digits_epoch(cpu)
