@@ -23,6 +23,7 @@ import torch  # noqa: E402
 
 from . import _C  # noqa: F401  (registers the allocator, guard, hooks and metadata kernels)
 from . import runtime
+from . import settings as _settings
 
 runtime.configure()
 runtime.configure_cache()
@@ -76,7 +77,7 @@ from . import integrations as _integrations  # noqa: E402
 
 _integrations.install()  # Hugging Face accelerate picks tpu (integrations/accelerate.py)
 
-if _os.environ.get("TORCH_TPU_SHADOW_TOPOLOGY"):  # every program also compiled for a TPU (torch_tpu.aot)
+if _settings.get("TORCH_TPU_SHADOW_TOPOLOGY"):  # every program also compiled for a TPU (torch_tpu.aot)
     from .aot import shadow as _shadow
     _shadow.from_environment()
 

@@ -14,9 +14,8 @@ See torch_tpu/aten/launch.py for what each mode does.
 from __future__ import annotations
 
 import contextlib
-import os
 
-from . import _C, _state
+from . import _C, _state, settings
 from ._state import MODES
 
 
@@ -61,11 +60,11 @@ def eager_mode(mode: str):
 
 
 def _mode_from_env() -> str:
-    if os.environ.get("TPU_LAUNCH_BLOCKING") == "1":
+    if settings.flag("TPU_LAUNCH_BLOCKING"):
         return "debug"
-    if os.environ.get("TORCH_TPU_DEFER_AND_FUSE") == "1":
+    if settings.flag("TORCH_TPU_DEFER_AND_FUSE"):
         return "fused"
-    mode = os.environ.get("TORCH_TPU_EAGER_MODE", "strict")
+    mode = settings.get("TORCH_TPU_EAGER_MODE")
     if mode not in MODES:
         raise ValueError(f"TORCH_TPU_EAGER_MODE={mode!r}: expected one of {', '.join(MODES)}")
     return mode

@@ -20,7 +20,7 @@ import sys
 import warnings
 from typing import Sequence
 
-from . import _C
+from . import _C, settings
 
 ENV = "TORCH_TPU_PJRT_PLUGIN"
 
@@ -50,7 +50,7 @@ def _cuda_plugin():
 
 
 def _tpu_plugin():
-    return os.environ.get("TPU_LIBRARY_PATH") or _package_file("libtpu", "libtpu.so")
+    return settings.get("TPU_LIBRARY_PATH") or _package_file("libtpu", "libtpu.so")
 
 
 def _has_tpu() -> bool:
@@ -63,7 +63,7 @@ def _has_gpu() -> bool:
 
 def resolve_plugin() -> tuple[str, str]:
     """(path, error): the plugin to load, or why there is none (raised on first use)."""
-    choice = os.environ.get(ENV, "").strip()
+    choice = (settings.get(ENV) or "").strip()
     named = {"cpu": (_cpu_plugin, "xla-cpu-pjrt"), "cuda": (_cuda_plugin, "jax-cuda13-pjrt"),
              "tpu": (_tpu_plugin, "libtpu")}
     if choice in named:
@@ -120,7 +120,7 @@ _OWN_XLA_FLAGS = ("--xla_cpu_enable_fast_min_max=false", "--xla_gpu_enable_fast_
 
 
 def _keyed_xla_flags() -> str:
-    return " ".join(f for f in os.environ.get("XLA_FLAGS", "").split() if f not in _OWN_XLA_FLAGS)
+    return " ".join(f for f in settings.get("XLA_FLAGS").split() if f not in _OWN_XLA_FLAGS)
 
 
 def _follow_xla_min_max(flag: str) -> None:
@@ -129,7 +129,7 @@ def _follow_xla_min_max(flag: str) -> None:
     behaviour; XLA:GPU has the same switch). JAX turns `flag` off in its compile options; we do
     through XLA_FLAGS, which the plugin reads at its first compile, so that lowerings emit the bare
     StableHLO op on every target. A user's own setting of the flag is kept."""
-    flags = os.environ.get("XLA_FLAGS", "")
+    flags = settings.get("XLA_FLAGS")
     if flag not in flags:
         os.environ["XLA_FLAGS"] = (flags + " " + flag + "=false").strip()  # one of _OWN_XLA_FLAGS
 
@@ -165,7 +165,7 @@ def _take_local_share_of_cores() -> None:
     N times as many threads as there are cores. Skipped when there are fewer cores than processes,
     or when TORCH_TPU_CPU_PIN=0."""
     local = _local_world()
-    if local is None or os.environ.get("TORCH_TPU_CPU_PIN", "1") == "0" or not hasattr(os, "sched_setaffinity"):
+    if local is None or settings.get("TORCH_TPU_CPU_PIN") == "0" or not hasattr(os, "sched_setaffinity"):
         return
     rank, size = local
     cores = sorted(os.sched_getaffinity(0))
@@ -186,7 +186,7 @@ def cpu_device_count() -> int:
     compiled GPT training step at width 64 was 1.13-1.16x of jax.jit with 4 devices, 1.01-1.05x with
     2). At least 2, so that multi-device code (`tpu:1`) runs everywhere.
     Raises ValueError when the variable is not a positive integer."""
-    value = os.environ.get("TORCH_TPU_CPU_DEVICE_COUNT", "").strip()
+    value = (settings.get("TORCH_TPU_CPU_DEVICE_COUNT") or "").strip()
     if value:
         if not value.isdigit() or int(value) < 1:
             raise ValueError(f"TORCH_TPU_CPU_DEVICE_COUNT must be a positive integer (the number of devices "
@@ -306,15 +306,15 @@ def configure_cache(cache_dir: str | None = None, disk: bool | None = None, max_
     used entries go first. A hit is copied into the tiers before it; a compile is written to all.
     A tier whose directory cannot be created or written is off, with one warning, from the first
     lookup that needs it. Replaces the previous tiers and zeroes their counters."""
-    cache_dir = cache_dir or os.environ.get("TORCH_TPU_CACHE_DIR") or _default_cache_dir()
+    cache_dir = cache_dir or settings.get("TORCH_TPU_CACHE_DIR") or _default_cache_dir()
     if disk is None:
-        disk = os.environ.get("TORCH_TPU_DISK_CACHE", "1") != "0"
+        disk = settings.get("TORCH_TPU_DISK_CACHE") != "0"
     if max_bytes is None:
-        max_bytes = int(os.environ.get("TORCH_TPU_CACHE_MAX_BYTES", str(2 << 30)))
+        max_bytes = int(settings.get("TORCH_TPU_CACHE_MAX_BYTES"))
     if tier2 is None:
-        tier2 = os.environ.get("TORCH_TPU_TIER2_COMPILATION_CACHE", "")
+        tier2 = settings.get("TORCH_TPU_TIER2_COMPILATION_CACHE")
     if tier3_root is None:
-        tier3_root = os.environ.get("TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT", "")
+        tier3_root = settings.get("TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT")
     if "://" in tier3_root:
         warnings.warn(f"torch_tpu: the tier3 compilation cache is off: {tier3_root!r} is not a directory "
                       "(only file-system paths are supported, e.g. a network file system's mount)", stacklevel=2)
@@ -322,7 +322,7 @@ def configure_cache(cache_dir: str | None = None, disk: bool | None = None, max_
     tier2_dir, tier2_private = _tier2_dir(tier2)
     # Tier 3's entries are executables this process runs: a root that others can write is used only
     # when the user says they trust them (csrc/runtime/compile_cache.h, owner_writes_only).
-    tier3_checked = os.environ.get("TORCH_TPU_TIER3_TRUSTED", "0") != "1"
+    tier3_checked = not settings.flag("TORCH_TPU_TIER3_TRUSTED")
     _C._cache_configure([("tier2", tier2_dir, int(max_bytes), tier2_private, False),
                          ("disk", cache_dir if disk else "", int(max_bytes), False, False),
                          ("tier3", os.path.expanduser(tier3_root), 0, False, tier3_checked)])
@@ -341,7 +341,7 @@ def target_identity(platform_name: str, platform_version: str, api_version: tupl
     executable loads only on the build that wrote it, and their versions do not name the build)."""
     where = "" if platform_name == "tpu" else plugin_path
     return "\0".join([where, platform_name, platform_version, "%d.%d" % tuple(api_version), _CACHE_FORMAT,
-                       _keyed_xla_flags(), os.environ.get("LIBTPU_INIT_ARGS", "")])
+                       _keyed_xla_flags(), settings.get("LIBTPU_INIT_ARGS")])
 
 
 def program_key(identity: str, program: str) -> str:

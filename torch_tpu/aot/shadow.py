@@ -23,7 +23,7 @@ import re
 import threading
 import warnings
 
-from .. import runtime
+from .. import runtime, settings
 from .target import Topology, topology
 
 ENV = "TORCH_TPU_SHADOW_TOPOLOGY"
@@ -190,7 +190,7 @@ def shadow_report(wait: bool = True) -> ShadowReport:
 def from_environment() -> None:
     """torch_tpu's import: enables shadow mode when TORCH_TPU_SHADOW_TOPOLOGY is set (a warning, not an
     error, when it cannot: the job itself still runs)."""
-    name = os.environ.get(ENV, "").strip()
+    name = (settings.get(ENV) or "").strip()
     if not name:
         return
     try:
@@ -207,7 +207,7 @@ def _at_exit():
     active = _active
     dropped = disable()  # after the compile in progress, which the report then counts
     report = dataclasses.replace(active.snapshot(wait=False), pending=len(dropped))
-    path = os.environ.get(REPORT_ENV)
+    path = settings.get(REPORT_ENV)
     if path:
         line = json.dumps({"topology": report.topology, "compiled": report.compiled, "pending": report.pending,
                            "failures": [dataclasses.asdict(f) for f in report.failures]})

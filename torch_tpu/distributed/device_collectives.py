@@ -36,7 +36,7 @@ from typing import Sequence
 
 import torch
 
-from .. import _C, runtime
+from .. import _C, runtime, settings
 from ..lowering import collectives as programs
 
 
@@ -223,7 +223,7 @@ def backend_device_path(store, rank: int, size: int, device: int, group_name: st
     time: the ranks exchange (process, local device, device id) through `store`; the path is kept
     under `group_name` for compiled graphs (graph_replicas), with the group's `timeout`. Raises
     RuntimeError for "1" where the group spans processes of a plugin without cross-process collectives."""
-    mode = (mode or os.environ.get("TORCH_TPU_DIST_DEVICE_COLLECTIVES", "auto")).strip().lower()
+    mode = (mode or settings.get("TORCH_TPU_DIST_DEVICE_COLLECTIVES")).strip().lower()
     if mode not in ("auto", "0", "1"):
         raise ValueError(f"TORCH_TPU_DIST_DEVICE_COLLECTIVES must be auto, 0 or 1, got {mode!r}")
     _PATHS.pop(group_name, None)  # a group of an earlier job by this name

@@ -60,8 +60,6 @@ def _route_inductor_to_tpu() -> None:
     plugin is not a TPU, and on a TPU unless TORCH_TPU_INDUCTOR_PALLAS=1 asks for Inductor's kernels,
     a graph with a tpu tensor among its inputs goes to our backend. Graphs of CPU or CUDA tensors stay
     Inductor's."""
-    import os
-
     import torch
     wrapper = getattr(torch, "_TorchCompileInductorWrapper", None)
     if wrapper is None or getattr(wrapper.__call__, "_torch_tpu_routed", False):
@@ -70,8 +68,8 @@ def _route_inductor_to_tpu() -> None:
 
     def __call__(self, model_, inputs_, **kwargs):
         if any(isinstance(t, torch.Tensor) and t.device.type == "tpu" for t in inputs_):
-            from .. import runtime
-            if runtime.platform().lower() != "tpu" or os.environ.get("TORCH_TPU_INDUCTOR_PALLAS") != "1":
+            from .. import runtime, settings
+            if runtime.platform().lower() != "tpu" or not settings.flag("TORCH_TPU_INDUCTOR_PALLAS"):
                 return tpu_backend(model_, inputs_)
         return inductor_call(self, model_, inputs_, **kwargs)
     __call__._torch_tpu_routed = True

@@ -22,7 +22,6 @@ log "torch_tpu.dynamo".
 from __future__ import annotations
 
 import functools
-import os
 import warnings
 
 import torch
@@ -31,7 +30,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 
-from .. import _C, _state
+from .. import _C, _state, settings
 from ..lowering.overloads import resolve
 from . import collectives
 from .lower_graph import GraphProgram, Unsupported, log
@@ -50,7 +49,7 @@ def decompositions() -> dict:
 
 
 def _fullgraph_requested() -> bool:
-    if os.environ.get("TORCH_TPU_COMPILE_FULLGRAPH") == "1":
+    if settings.flag("TORCH_TPU_COMPILE_FULLGRAPH"):
         return True
     try:
         from torch._dynamo.symbolic_convert import InstructionTranslator
