@@ -8,13 +8,13 @@ from . import _C
 counts: collections.Counter = collections.Counter()
 last_program_text: str | None = None
 
-# Eager modes, in the order of their C++ codes (csrc/eager/mode.h).
-MODES = ("debug", "strict", "fused")
+# The eager modes' names (csrc/eager/mode.h's, through the _C.EagerMode enum).
+MODES = tuple(_C.EagerMode.__members__)
 
 
 def eager_mode() -> str:
     """The calling thread's eager mode: "debug", "strict" or "fused" (torch_tpu/eager.py)."""
-    return MODES[_C._eager_mode()]
+    return _C._eager_mode().name
 
 
 def count(name: str, n: int = 1) -> None:

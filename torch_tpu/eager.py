@@ -22,10 +22,10 @@ from ._state import MODES
 _flush = _C._fused_flush  # runs what fused mode recorded
 
 
-def _code(mode: str) -> int:
+def _code(mode: str) -> "_C.EagerMode":
     if mode not in MODES:
         raise ValueError(f"unknown tpu eager mode {mode!r}: expected one of {', '.join(MODES)}")
-    return MODES.index(mode)
+    return _C.EagerMode.__members__[mode]
 
 
 def set_eager_mode(mode: str) -> None:

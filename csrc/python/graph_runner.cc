@@ -21,11 +21,11 @@ using runtime::Cell;
 using runtime::LaunchArg;
 using runtime::Runtime;
 
-// Kinds of program argument, as torch_tpu/dynamo/lower_graph.py's GraphProgram plans them.
+// Kinds of program argument, as torch_tpu/dynamo/lower_graph.py's GraphProgram plans them (_C.GraphArgKind).
 enum Kind : int { kTpuInput = 0, kCpuInput = 1, kRngState = 2, kHostPack = 3, kConstant = 4 };
 
 struct Arg {
-  int kind;
+  Kind kind;
   int64_t index;                 // the graph input (kTpuInput, kCpuInput) or host pack (kHostPack)
   py::object constant;           // kConstant: a tensor
   std::vector<int64_t> strides;  // kTpuInput: the layout the program reads it in (empty: contiguous)
@@ -62,7 +62,7 @@ class GraphRunner {
         rng_draws_(rng_draws), meet_(std::move(meet)) {
     for (py::handle h : plan) {
       auto entry = h.cast<py::tuple>();
-      Arg a{entry[0].cast<int>(), -1, py::none()};
+      Arg a{entry[0].cast<Kind>(), -1, py::none()};
       if (a.kind == kConstant) {
         a.constant = py::reinterpret_borrow<py::object>(entry[1]);
         const at::Tensor& t = THPVariable_Unpack(a.constant.ptr());
@@ -210,6 +210,12 @@ class GraphRunner {
 }  // namespace
 
 void bind_graph_runner(py::module_& m) {
+  py::enum_<Kind>(m, "GraphArgKind", "Where a compiled graph's program argument comes from, per call (GraphRunner's plan).")
+      .value("tpu_input", kTpuInput)
+      .value("cpu_input", kCpuInput)
+      .value("rng_state", kRngState)
+      .value("host_pack", kHostPack)
+      .value("constant", kConstant);
   py::class_<GraphRunner>(m, "GraphRunner", "The per-call work of one compiled graph (see graph_runner.cc).")
       .def(py::init<std::shared_ptr<pjrt::Executable>, py::list, const std::vector<int64_t>&,
                     std::vector<std::pair<int64_t, int64_t>>, py::list, std::string, uint64_t,

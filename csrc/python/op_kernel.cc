@@ -408,8 +408,12 @@ void bind_op_kernels(py::module& m) {
     eager::plan_cache().reset_stats();
     eager::plan_fast_runs() = 0;
   });
-  m.def("_eager_mode", [] { return static_cast<int>(eager::mode()); }, "This thread's eager mode: 0 debug, 1 strict, 2 fused.");
-  m.def("_set_default_eager_mode", [](int m) { eager::set_default_mode(static_cast<eager::Mode>(m)); });
+  py::enum_<eager::Mode>(m, "EagerMode", "The eager modes (csrc/eager/mode.h; torch_tpu/eager.py names them).")
+      .value("debug", eager::Mode::kDebug)
+      .value("strict", eager::Mode::kStrict)
+      .value("fused", eager::Mode::kFused);
+  m.def("_eager_mode", &eager::mode, "This thread's eager mode.");
+  m.def("_set_default_eager_mode", &eager::set_default_mode, "Sets the process's default eager mode.");
   m.def("_fused_record", [](py::object entry, py::list inputs, py::list sinks, py::list new_specs, int device) {
     auto plan = plan_of_entry(entry, false, false);
     std::vector<runtime::LaunchArg> args;
@@ -475,7 +479,7 @@ void bind_op_kernels(py::module& m) {
   }, "Installs fused eager: build(records, outputs) -> (executable, per @main argument ('c', local) or "
      "('h', host operand)) on a new run signature; op_executable(entry) -> one op's executable (replay); "
      "and the runtime's host-read hook (every host read flushes the recorded ops first).");
-  m.def("_push_eager_mode", [](int m) { eager::push_thread_mode(static_cast<eager::Mode>(m)); },
+  m.def("_push_eager_mode", &eager::push_thread_mode,
         "Enters an eager_mode block on this thread.");
   m.def("_pop_eager_mode", [] { eager::pop_thread_mode(); }, "Leaves this thread's innermost eager_mode block.");
 }

@@ -391,18 +391,18 @@ class GraphProgram:
         self._plan_run()
 
     def _plan_run(self):
-        """The per-call work as flat lists, for _C.GraphRunner: (kind, payload) per program argument
-        (0 tpu input, with the strides it is read in or None for contiguous and the dims of its
-        buffer; 1 CPU input; 2 rng state;
-        3 host pack; 4 constant) and the tpu inputs that receive a result in place (result index,
-        placeholder index)."""
-        kinds = {"rng": 2, "pack": 3, "const": 4}
+        """The per-call work as flat lists, for _C.GraphRunner: (_C.GraphArgKind, payload) per program
+        argument (tpu_input, with the strides it is read in or None for contiguous and the dims of its
+        buffer; cpu_input; rng_state; host_pack; constant) and the tpu inputs that receive a result in
+        place (result index, placeholder index)."""
+        K = _C.GraphArgKind
+        kinds = {"rng": K.rng_state, "pack": K.host_pack, "const": K.constant}
         self.run_plan = []
         for entry in self.arg_plan:
             if entry[0] == "in" and self.ph_devices[entry[1]] == "cpu":
-                self.run_plan.append((1, entry[1]))
+                self.run_plan.append((K.cpu_input, entry[1]))
             elif entry[0] == "in":
-                self.run_plan.append((0, entry[1], self.ph_strides.get(entry[1]), self.ph_dims[entry[1]]))
+                self.run_plan.append((K.tpu_input, entry[1], self.ph_strides.get(entry[1]), self.ph_dims[entry[1]]))
             else:
                 self.run_plan.append((kinds[entry[0]], entry[1] if len(entry) > 1 else None))
         self.sink_plan = sorted((k, i) for i, k in self.mutations if self.ph_devices[i] != "cpu")
