@@ -52,8 +52,10 @@ def _arg_kind(arg) -> str:
     return "V"
 
 
-class _Signature:
-    """Precomputed facts about one overload's schema."""
+class Signature:
+    """Precomputed facts about one overload's schema: argument names and kinds (T, TL, S, SL, G, V),
+    written arguments, return count, whether it is an out= overload; invoke() and bind() call it with
+    values in schema order (eager kernels and torch.compile's graph lowering share it)."""
 
     def __init__(self, overload, float_operands=False):
         self.overload = overload
@@ -152,7 +154,7 @@ def _tensors(v):
             yield from _tensors(x)
 
 
-def cpu_dtype_probe(low: Lowering, sig: "_Signature", vals, host_inputs: bool = False) -> None:
+def cpu_dtype_probe(low: Lowering, sig: "Signature", vals, host_inputs: bool = False) -> None:
     """Raises CPU's NotImplementedError where CPU's kernel has no code for the call's dtypes
     ('"hypot_cpu" not implemented for 'Byte''), which no meta kernel checks: the op runs on CPU
     (eager: once per key; torch.compile: once per graph node, on its example values), on
@@ -383,8 +385,8 @@ class Kernel:
     (F is K itself, or the functional overload whose value K writes in place / into out=)."""
 
     def __init__(self, overload, lowering: Lowering, value_overload, host_inputs=False):
-        self.sig = _Signature(overload, lowering.float_operands)
-        self.fsig = _Signature(value_overload, lowering.float_operands) if value_overload is not overload else self.sig
+        self.sig = Signature(overload, lowering.float_operands)
+        self.fsig = Signature(value_overload, lowering.float_operands) if value_overload is not overload else self.sig
         self.lowering = lowering
         self.host_inputs = host_inputs
         # The ATen overload name ("aten::add.Tensor"), as the C++ kernel, errors and profiler traces name it.

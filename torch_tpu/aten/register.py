@@ -17,7 +17,7 @@ from torch._decomp import core_aten_decompositions
 from .. import _C, _state
 from ..lowering import registry
 from ..lowering.overloads import overload, overload_name, variants
-from .kernel import Kernel, _Signature
+from .kernel import Kernel, Signature
 
 _registered: dict[str, object] = {}
 _LIBRARY = torch.library.Library("aten", "IMPL")
@@ -77,7 +77,7 @@ def _fake_rule(op, meta) -> None:
     device; a meta-kernel override could not tell tpu from CPU or CUDA. Calls with no tpu tensor
     get NotImplemented, which hands them on to PyTorch's meta kernel unchanged."""
     from torch._subclasses.fake_impls import register_op_impl
-    sig = _Signature(op)
+    sig = Signature(op)
 
     def rule(mode, func, *args, **kwargs):
         vals = sig.bind(args, kwargs)

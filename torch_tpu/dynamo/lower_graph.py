@@ -34,7 +34,7 @@ from torch._guards import CompileContext
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from .. import _C, _state, runtime
-from ..aten.kernel import _Signature, cpu_dtype_probe
+from ..aten.kernel import Signature, cpu_dtype_probe
 from ..lowering.builder import Builder, TensorType, Value
 from ..lowering.overloads import overload_name, resolve
 from ..lowering.precision import matmul_precision
@@ -63,7 +63,7 @@ _SIGS: dict = {}
 def _sig(target):
     s = _SIGS.get(target)
     if s is None:
-        s = _SIGS[target] = _Signature(target)
+        s = _SIGS[target] = Signature(target)
     return s
 
 

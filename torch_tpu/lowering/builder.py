@@ -14,7 +14,8 @@ from typing import Sequence
 
 import torch
 
-_ELEMENT = {
+# torch dtype -> StableHLO element type name (the pallas launcher reads it back the other way).
+ELEMENT_TYPES = {
     torch.float32: "f32", torch.float64: "f64", torch.float16: "f16", torch.bfloat16: "bf16",
     torch.int8: "i8", torch.int16: "i16", torch.int32: "i32", torch.int64: "i64",
     torch.uint8: "ui8", torch.uint16: "ui16", torch.uint32: "ui32", torch.uint64: "ui64",
@@ -29,7 +30,7 @@ _FLOAT_BITS = {torch.float32: ("<f", "<I", 8), torch.float64: ("<d", "<Q", 16),
 def element_type(dtype: torch.dtype) -> str:
     """MLIR element type of a torch dtype; raises TypeError for dtypes StableHLO cannot hold."""
     try:
-        return _ELEMENT[dtype]
+        return ELEMENT_TYPES[dtype]
     except KeyError:
         raise TypeError(f"dtype {dtype} is not supported on the tpu device") from None
 

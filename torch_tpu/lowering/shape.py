@@ -1,5 +1,5 @@
-"""Shape-producing ops: cat, constant_pad_nd, flip, roll, repeat, tril/triu, sort, topk.
-(stack, argsort, where with scalars, masked_select's broadcast are PyTorch composites over these.)"""
+"""Shape-producing ops: cat, constant_pad_nd, flip, roll, repeat, tril/triu, padding.
+(stack, where with scalars, masked_select's broadcast are PyTorch composites over these.)"""
 from __future__ import annotations
 
 import torch
@@ -113,64 +113,6 @@ def _triangle(lower):
 
 register("tril")(_triangle(True))
 register("triu")(_triangle(False))
-
-
-def _nan_last_less(descending):
-    """Sort comparator on (value, index) pairs: NaN is the largest value, as on CPU."""
-    def less(sb, a, c, i, j):
-        if a.dtype.is_floating_point:
-            if descending:
-                return sb.or_(sb.compare(a, c, "GT"), sb.and_(sb.is_nan(a), sb.not_(sb.is_nan(c))))
-            return sb.or_(sb.compare(a, c, "LT"), sb.and_(sb.not_(sb.is_nan(a)), sb.is_nan(c)))
-        return sb.compare(a, c, "GT" if descending else "LT")
-    return less
-
-
-def _sort(b, x, dim, descending):
-    """Stable sort along dim: (values, int64 indices)."""
-    if x.rank == 0:
-        return x, b.constant(0, torch.int64)
-    d = _norm(dim, x.rank)
-    if x.type.numel == 0:
-        return x, b.constant(0, torch.int64, x.shape)
-    return tuple(b.sort([x, b.iota(x.shape, d)], d, _nan_last_less(descending), stable=True))
-
-
-def _no_complex_order(name, x):
-    if x.dtype.is_complex:  # as CPU (" Sort does not support complex dtypes on CPU"): no order on C
-        raise RuntimeError(f"{name} does not support complex dtypes")
-
-
-@register("sort.stable")
-def sort(ctx, x, stable=None, dim=-1, descending=False):
-    _no_complex_order("Sort", x)
-    return _sort(ctx.b, x, dim, descending)
-
-
-@register("sort")
-def sort_default(ctx, x, dim=-1, descending=False):
-    """sort.default, which compiled graphs call (eager reaches it through sort.stable): stable, as
-    sort.stable(stable=False) is on tpu and on the CPU."""
-    _no_complex_order("Sort", x)
-    return _sort(ctx.b, x, dim, descending)
-
-
-@register("topk")
-def topk(ctx, x, k, dim=-1, largest=True, sorted=True):
-    """The first k of a stable sort (largest first when largest=True); NaN counts as largest."""
-    b = ctx.b
-    if x.dtype == torch.bool:  # as CPU ("topk does not support bool dtypes on CPU")
-        raise RuntimeError("topk does not support bool dtypes")
-    _no_complex_order("topk", x)
-    if ctx.out[0].numel == 0 or x.rank == 0:
-        vals, idx = _sort(b, x, dim, largest)
-        return (vals, idx) if ctx.out[0].numel else (b.constant(0, x.dtype, ctx.out[0].shape),
-                                                      b.constant(0, torch.int64, ctx.out[1].shape))
-    d = _norm(dim, x.rank)
-    vals, idx = _sort(b, x, d, largest)
-    limit = list(x.shape)
-    limit[d] = k
-    return b.slice(vals, [0] * x.rank, limit), b.slice(idx, [0] * x.rank, limit)
 
 
 # -- reflection / replication padding ---------------------------------------------------------------

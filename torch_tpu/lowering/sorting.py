@@ -1,7 +1,8 @@
-"""Order statistics and searches: median / nanmedian (all and along a dim), kthvalue, mode,
-searchsorted / bucketize, histc, histogram; and the kernels with host-side logic: unique and
-unique_consecutive (the number of distinct values is read back, the rest runs on the device),
-bincount (its length is data), equal (returns a python bool) and the triangle-index factories.
+"""Sorting, order statistics and searches: sort and topk (stable, NaN last), median / nanmedian (all
+and along a dim), kthvalue, mode, searchsorted / bucketize, histc, histogram; and the kernels with
+host-side logic: unique and unique_consecutive (the number of distinct values is read back, the rest
+runs on the device), bincount (its length is data), equal (returns a python bool) and the
+triangle-index factories.
 
 CPU's choice of index among equal values is reproduced:
 - median.dim / nanmedian.dim partition by (value, index), so the answer is the element at the
@@ -25,8 +26,66 @@ import torch
 from .elementwise import compute_dtype
 from .reduction import arg_reduce, reduce_sum
 from .registry import host_kernel, register
-from .shape import _nan_last_less, _sort
 from .utils import scalar_type_name
+
+
+# -- sort and topk ---------------------------------------------------------------------------------
+def _nan_last_less(descending):
+    """Sort comparator on (value, index) pairs: NaN is the largest value, as on CPU."""
+    def less(sb, a, c, i, j):
+        if a.dtype.is_floating_point:
+            if descending:
+                return sb.or_(sb.compare(a, c, "GT"), sb.and_(sb.is_nan(a), sb.not_(sb.is_nan(c))))
+            return sb.or_(sb.compare(a, c, "LT"), sb.and_(sb.not_(sb.is_nan(a)), sb.is_nan(c)))
+        return sb.compare(a, c, "GT" if descending else "LT")
+    return less
+
+
+def _sort(b, x, dim, descending):
+    """Stable sort along dim: (values, int64 indices)."""
+    if x.rank == 0:
+        return x, b.constant(0, torch.int64)
+    d = dim % x.rank
+    if x.type.numel == 0:
+        return x, b.constant(0, torch.int64, x.shape)
+    return tuple(b.sort([x, b.iota(x.shape, d)], d, _nan_last_less(descending), stable=True))
+
+
+def _no_complex_order(name, x):
+    if x.dtype.is_complex:  # as CPU (" Sort does not support complex dtypes on CPU"): no order on C
+        raise RuntimeError(f"{name} does not support complex dtypes")
+
+
+@register("sort.stable")
+def sort(ctx, x, stable=None, dim=-1, descending=False):
+    _no_complex_order("Sort", x)
+    return _sort(ctx.b, x, dim, descending)
+
+
+@register("sort")
+def sort_default(ctx, x, dim=-1, descending=False):
+    """sort.default, which compiled graphs call (eager reaches it through sort.stable): stable, as
+    sort.stable(stable=False) is on tpu and on the CPU."""
+    _no_complex_order("Sort", x)
+    return _sort(ctx.b, x, dim, descending)
+
+
+@register("topk")
+def topk(ctx, x, k, dim=-1, largest=True, sorted=True):
+    """The first k of a stable sort (largest first when largest=True); NaN counts as largest."""
+    b = ctx.b
+    if x.dtype == torch.bool:  # as CPU ("topk does not support bool dtypes on CPU")
+        raise RuntimeError("topk does not support bool dtypes")
+    _no_complex_order("topk", x)
+    if ctx.out[0].numel == 0 or x.rank == 0:
+        vals, idx = _sort(b, x, dim, largest)
+        return (vals, idx) if ctx.out[0].numel else (b.constant(0, x.dtype, ctx.out[0].shape),
+                                                      b.constant(0, torch.int64, ctx.out[1].shape))
+    d = dim % x.rank
+    vals, idx = _sort(b, x, d, largest)
+    limit = list(x.shape)
+    limit[d] = k
+    return b.slice(vals, [0] * x.rank, limit), b.slice(idx, [0] * x.rank, limit)
 
 
 

@@ -18,7 +18,7 @@ import warnings
 import torch
 
 from .. import runtime
-from ..lowering.builder import _ELEMENT, TensorType
+from ..lowering.builder import ELEMENT_TYPES, TensorType
 from . import _jax
 
 _CACHE: dict = {}
@@ -136,7 +136,7 @@ def _tensor_type(t) -> TensorType:
     from jax._src.lib.mlir import ir
     rt = ir.RankedTensorType(t)
     element = str(rt.element_type)
-    dtype = next((d for d, e in _ELEMENT.items() if e == element), None)
+    dtype = next((d for d, e in ELEMENT_TYPES.items() if e == element), None)
     if dtype is None:
         raise TypeError(f"torch_tpu.pallas: element type {element} has no torch dtype")
     return TensorType(tuple(rt.shape), dtype)
