@@ -448,6 +448,16 @@ void bind_op_kernels(py::module& m) {
     return d;
   });
   m.def("_fused_reset_stats", [] { eager::fused().reset_stats(); });
+  py::class_<eager::Wire>(m, "FusedWire",
+                          "Where a fused program's argument comes from: local storage `index` of the run "
+                          "(local=True) or host operand `index` (csrc/eager/fused.h).")
+      .def(py::init([](bool local, int index) { return eager::Wire{local, index}; }), py::arg("local"),
+           py::arg("index"))
+      .def_readonly("local", &eager::Wire::local)
+      .def_readonly("index", &eager::Wire::index)
+      .def("__repr__", [](const eager::Wire& w) {
+        return std::string(w.local ? "FusedWire(local " : "FusedWire(host ") + std::to_string(w.index) + ")";
+      });
   m.def("_fused_install", [](py::object build, py::object op_executable) {
     auto b = std::make_shared<py::object>(std::move(build));
     auto e = std::make_shared<py::object>(std::move(op_executable));
@@ -457,17 +467,14 @@ void bind_op_kernels(py::module& m) {
           py::list recs;
           for (const auto& r : records) {
             py::list wiring;
-            for (const auto& w : r.wiring) wiring.append(py::make_tuple(w.local ? "c" : "h", w.index));
+            for (const auto& w : r.wiring) wiring.append(py::cast(w));
             recs.append(py::make_tuple(py::reinterpret_borrow<py::object>(static_cast<PyObject*>(r.plan->entry.get())),
                                        py::tuple(wiring), py::tuple(py::cast(r.outs))));
           }
           py::tuple got = (*b)(recs, py::cast(outputs));
           eager::FusedProgram p;
           p.exe = got[0].cast<std::shared_ptr<pjrt::Executable>>();
-          for (auto h : got[1]) {
-            auto w = h.cast<py::tuple>();
-            p.args.push_back({w[0].cast<std::string>() == "c", w[1].cast<int>()});
-          }
+          for (auto h : got[1]) p.args.push_back(h.cast<eager::Wire>());
           return p;
         },
         [e](const Plan& plan) -> std::shared_ptr<const pjrt::Executable> {
@@ -476,9 +483,10 @@ void bind_op_kernels(py::module& m) {
               .cast<std::shared_ptr<pjrt::Executable>>();
         });
     runtime::Runtime::get().set_host_read_hook([] { eager::fused().flush(); });
-  }, "Installs fused eager: build(records, outputs) -> (executable, per @main argument ('c', local) or "
-     "('h', host operand)) on a new run signature; op_executable(entry) -> one op's executable (replay); "
-     "and the runtime's host-read hook (every host read flushes the recorded ops first).");
+  }, "Installs fused eager: build(records, outputs) -> (executable, per @main argument its FusedWire) on a "
+     "new run signature (records: (entry, FusedWire per op argument, output locals)); "
+     "op_executable(entry) -> one op's executable (replay); and the runtime's host-read hook (every "
+     "host read flushes the recorded ops first).");
   m.def("_push_eager_mode", &eager::push_thread_mode,
         "Enters an eager_mode block on this thread.");
   m.def("_pop_eager_mode", [] { eager::pop_thread_mode(); }, "Leaves this thread's innermost eager_mode block.");

@@ -33,7 +33,7 @@ def pending() -> int:
 
 
 def _text(records, outputs):
-    """The fused module, and what each @main argument is: ("c", local storage) or ("h", host operand).
+    """The fused module, and what each @main argument is (_C.FusedWire: a local storage or a host operand).
     Each op's program is a private function @op<uid>; @main calls them in order, each storage's
     current value threaded from one call to the next."""
     b = Builder()
@@ -47,15 +47,16 @@ def _text(records, outputs):
             for f in entry.functions:  # what the op calls (a custom kernel's functions), once
                 b.add_function(f, f)
         operands = []
-        for (kind, i), t in zip(wiring, entry.arg_types):
-            if kind == "c" and i in current:
+        for w, t in zip(wiring, entry.arg_types):
+            i = w.index
+            if w.local and i in current:
                 # The same storage's elements; the dims an op wrote it in may not be those the next
                 # one was keyed with (a new tensor's allocation hint), so they are made to agree.
                 operands.append(b.reshape(current[i], t.shape))
                 continue
             a = b.arg(t)
-            ext.append((kind, i))
-            if kind == "c":
+            ext.append(w)
+            if w.local:
                 current[i] = args[i] = a
             operands.append(a)
         for i, r in zip(out_idx, b.call(f"op{entry.uid}", operands, entry.result_types)):
