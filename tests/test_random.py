@@ -196,6 +196,7 @@ def test_errors_match_cpu(i):
     assert torch.equal(x.cpu(), torch.zeros(3))
 
 
+@torch_tpu.eager_mode("strict")  # the C++ path (debug eager runs every op through Python)
 def test_random_ops_whose_checks_the_key_fixes_stay_in_cpp():
     # uniform_ / normal_ / exponential_ / random_ / geometric_ / cauchy_ / log_normal_ check only the
     # dtype and their number arguments, which the eager key holds (check_per_key): a passing call runs

@@ -3,6 +3,8 @@ import math
 import pytest
 import torch
 
+import torch_tpu
+
 from helpers import check, to_tpu
 
 FLOATS = [torch.float32, torch.bfloat16]
@@ -105,6 +107,7 @@ def test_empty_errors():
         to_tpu(torch.ones(3, dtype=torch.int32)).var()
 
 
+@torch_tpu.eager_mode("strict")  # the C++ path (debug eager runs every op through Python)
 def test_checks_the_key_fixes_run_once_per_key():
     # argmax / max / var check only dtypes and shapes (check_per_key): a passing call runs in C++
     # with no Python (generate() calls argmax and max every token); a refused one raises every time.

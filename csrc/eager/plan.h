@@ -24,11 +24,18 @@ struct FreshSpec {
   c10::ScalarType dtype = c10::ScalarType::Float;
 };
 
+// Where one program output goes: fresh result tensor `index`, or the storage of operand `index`
+// (a written argument's).
+struct Sink {
+  bool fresh;
+  int index;
+};
+
 struct Plan {
   std::shared_ptr<const pjrt::Executable> exe;  // null: the Python path runs it (fused eager builds later)
   std::vector<int> order;                       // operand positions, in program argument order
   std::vector<FreshSpec> fresh;                 // new result tensors
-  std::vector<std::pair<bool, int>> sinks;      // per program output: (fresh, index) or (false, operand slot)
+  std::vector<Sink> sinks;                      // per program output
   enum Structure : uint8_t { kOne, kTuple, kList, kWritten } structure = kOne;
   // results the program does not compute, by position: undefined tensors (an output_mask's
   // left-out gradients) and ints the shapes fix (fused attention's max_q / max_k)

@@ -168,15 +168,8 @@ std::shared_ptr<Plan> plan_of_entry(const py::object& entry, bool written, bool 
     if (spec.size() > 2 && !spec[2].is_none()) s.strides = spec[2].cast<std::vector<int64_t>>();
     p->fresh.push_back(std::move(s));
   }
-  for (auto h : entry.attr("sinks")) {
-    auto sink = h.cast<py::tuple>();
-    p->sinks.emplace_back(sink[0].cast<std::string>() == "new", sink[1].cast<int>());
-  }
-  std::string structure = entry.attr("structure").cast<std::string>();
-  p->structure = written              ? Plan::kWritten
-                 : structure == "T"    ? Plan::kOne
-                 : structure == "list" ? Plan::kList
-                                       : Plan::kTuple;
+  for (auto h : entry.attr("sinks")) p->sinks.push_back(h.cast<eager::Sink>());
+  p->structure = written ? Plan::kWritten : entry.attr("structure").cast<Plan::Structure>();
   for (auto h : entry.attr("fixed")) {
     auto f = h.cast<py::tuple>();
     p->fixed.emplace_back(f[0].cast<int>(), f[1].is_none() ? c10::IValue(at::Tensor()) : c10::IValue(f[1].cast<int64_t>()));
@@ -448,6 +441,20 @@ void bind_op_kernels(py::module& m) {
     return d;
   });
   m.def("_fused_reset_stats", [] { eager::fused().reset_stats(); });
+  py::class_<eager::Sink>(m, "PlanSink",
+                          "Where an eager program's output goes: fresh result tensor `index` (fresh=True) "
+                          "or the storage of operand `index` (csrc/eager/plan.h).")
+      .def(py::init([](bool fresh, int index) { return eager::Sink{fresh, index}; }), py::arg("fresh"),
+           py::arg("index"))
+      .def_readonly("fresh", &eager::Sink::fresh)
+      .def_readonly("index", &eager::Sink::index);
+  py::enum_<Plan::Structure>(m, "ResultStructure",
+                             "How an op's results are returned: one tensor, a tuple, a list, or its written "
+                             "arguments (csrc/eager/plan.h).")
+      .value("one", Plan::kOne)
+      .value("tuple", Plan::kTuple)
+      .value("list", Plan::kList)
+      .value("written", Plan::kWritten);
   py::class_<eager::Wire>(m, "FusedWire",
                           "Where a fused program's argument comes from: local storage `index` of the run "
                           "(local=True) or host operand `index` (csrc/eager/fused.h).")

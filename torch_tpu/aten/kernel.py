@@ -125,8 +125,8 @@ class _Entry:
     exe: object
     plan: list          # operand positions, in program argument order
     new_outputs: list   # (shape, dtype) or (shape, dtype, strides) of fresh result tensors
-    sinks: list         # per program output: ("new", j) or ("arg", operand position)
-    structure: str      # "T", "tuple", "list", "none" for functional results
+    sinks: list         # per program output: _C.PlanSink (fresh result j, or operand position j)
+    structure: object   # _C.ResultStructure: one, tuple, list; written for in-place / out= ops
     rng_draws: int = 0
     resize: list = field(default_factory=list)  # out= args to resize first: (arg index, shape, strides)
     # (position, value) of results the program does not compute: None (an undefined tensor, e.g.
@@ -476,7 +476,7 @@ class Kernel:
             if o.__class__ is _Gen:
                 o = (_C._generator_next(o.gen, entry.rng_draws), torch.uint64)
             inputs.append(o)
-        sinks = [None if kind == "new" else call.operands[j] for kind, j in entry.sinks]
+        sinks = [None if s.fresh else call.operands[s.index] for s in entry.sinks]
         new = launch(entry, inputs, sinks, call.device, self.name)
         if entry.fixed:  # results not computed: None (an undefined tensor, as on CPU) or shape ints
             new = list(new)
@@ -484,9 +484,9 @@ class Kernel:
                 new.insert(i, v)
         sig = self.sig
         if not sig.written:
-            if entry.structure == "T":
+            if entry.structure == _C.ResultStructure.one:
                 return new[0]
-            if entry.structure == "list":
+            if entry.structure == _C.ResultStructure.list:
                 return new
             return tuple(new)
         if sig.num_returns == 0:
@@ -575,23 +575,24 @@ class Kernel:
                     if sig.kinds[i] == "T" and tuple(k_meta[i].shape) != tuple(vals[i].shape):
                         resize.append((i, tuple(k_meta[i].shape)))
                 if resize:
-                    return _Entry(None, [], [], [], "none", resize=self._resized_layouts(resize, vals, meta_vals))
+                    return _Entry(None, [], [], [], _C.ResultStructure.written,
+                                  resize=self._resized_layouts(resize, vals, meta_vals))
         f_vals = [vals[i] for i in self.f_index]
         f_kinds = [sig.kinds[i] for i in self.f_index]
         if fsig is sig and sig.written:
             value_meta = [k_meta[i] for i in sig.written]
             value_meta = [x for v in value_meta for x in (v if isinstance(v, list) else [v])]
-            structure = "none"
+            structure = _C.ResultStructure.written
         else:
             f_meta = meta_vals(f_vals, f_kinds)
             value_meta = _as_cpu_raises(self.lowering.meta, *f_meta) if self.lowering.meta else \
                 _as_cpu_raises(fsig.invoke, f_meta)
             if isinstance(value_meta, torch.Tensor):
-                structure, value_meta = "T", [value_meta]
+                structure, value_meta = _C.ResultStructure.one, [value_meta]
             elif isinstance(value_meta, list):
-                structure = "list"
+                structure = _C.ResultStructure.list
             else:
-                structure, value_meta = "tuple", list(value_meta)
+                structure, value_meta = _C.ResultStructure.tuple, list(value_meta)
             if sig.written and not sig.is_out:
                 _check_inplace_cast(vals, sig, value_meta)
         out_types = [TensorType(tuple(m.shape), m.dtype) if isinstance(m, torch.Tensor) else None for m in value_meta]
@@ -709,7 +710,7 @@ class Kernel:
                 if order is not None:
                     r = b.transpose(r, order)
                 outputs.append(r)  # the new storage's buffer: the result's sizes in memory order
-                sinks.append(("new", len(new_outputs)))
+                sinks.append(_C.PlanSink(True, len(new_outputs)))
                 new_outputs.append(spec)
         else:
             targets = []
@@ -737,13 +738,13 @@ class Kernel:
                 if failed is not None:  # bad indices: the storage keeps its value
                     v = b.select(b.broadcast_to(failed, v.shape), storage_arg(slot), v)
                 outputs.append(v)
-                sinks.append(("arg", slot))
+                sinks.append(_C.PlanSink(False, slot))
                 if slot in arg_of:  # donate the old buffer: the program's result replaces it
                     b.donate(arg_of[slot], len(outputs) - 1)
         if status is not None:  # the device's index-error status, updated in place
             slot = call.key[-1][5]
             outputs.append(b.reshape(status, list(arg_of[slot].shape)))
-            sinks.append(("arg", slot))
+            sinks.append(_C.PlanSink(False, slot))
             b.donate(arg_of[slot], len(outputs) - 1)
         text = b.module(outputs)
         _state.last_program_text = text
