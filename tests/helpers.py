@@ -1,6 +1,7 @@
 """Compare an op on tpu with PyTorch's CPU result: forward values, dtypes and gradients."""
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -9,6 +10,20 @@ import torch
 from torch._prims_common import check_significant_strides
 
 TPU = torch.device("tpu")
+
+
+@contextlib.contextmanager
+def python_entries():
+    """Yields the list of op names whose calls enter the eager front-end's Python half (Kernel._slow)
+    inside the block: empty when every call ran on the C++ path."""
+    from torch_tpu.aten.kernel import Kernel
+    names = []
+    real = Kernel._slow
+    Kernel._slow = lambda self, *a: names.append(self.name) or real(self, *a)
+    try:
+        yield names
+    finally:
+        Kernel._slow = real
 
 
 def to_tpu(x):

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import torch_tpu
+from helpers import python_entries
 
 TPU = torch.device("tpu")
 FLOATS = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
@@ -201,25 +202,19 @@ def test_random_ops_whose_checks_the_key_fixes_stay_in_cpp():
     # uniform_ / normal_ / exponential_ / random_ / geometric_ / cauchy_ / log_normal_ check only the
     # dtype and their number arguments, which the eager key holds (check_per_key): a passing call runs
     # in C++ with no Python (dropout's, every step); a refused one raises on every call.
-    from torch_tpu.aten.kernel import Kernel
     x = torch.zeros(7, device=TPU)
     ops = [lambda: x.uniform_(-1, 1), lambda: x.normal_(0, 2), lambda: x.exponential_(3.0),
            lambda: x.random_(0, 9), lambda: x.geometric_(0.5), lambda: x.cauchy_(0, 1),
            lambda: x.log_normal_(0, 1), lambda: torch.nn.functional.dropout(x, 0.3, True)]
     for op in ops:
         op()
-    slow = []
-    real = Kernel._slow
-    Kernel._slow = lambda self, *a: slow.append(self.name) or real(self, *a)
-    try:
+    with python_entries() as slow:
         for _ in range(3):
             for op in ops:
                 op()
-        assert slow == [], slow
-        for _ in range(2):
-            with pytest.raises(RuntimeError, match="from=2 > to=1"):
-                x.uniform_(2, 1)
-            with pytest.raises(RuntimeError, match="expects lambda > 0.0"):
-                x.exponential_(-1.0)
-    finally:
-        Kernel._slow = real
+    assert slow == [], slow
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="from=2 > to=1"):
+            x.uniform_(2, 1)
+        with pytest.raises(RuntimeError, match="expects lambda > 0.0"):
+            x.exponential_(-1.0)

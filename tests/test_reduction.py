@@ -5,7 +5,7 @@ import torch
 
 import torch_tpu
 
-from helpers import check, to_tpu
+from helpers import check, python_entries, to_tpu
 
 FLOATS = [torch.float32, torch.bfloat16]
 INTS = [torch.int32, torch.int64, torch.uint8, torch.bool]
@@ -111,28 +111,22 @@ def test_empty_errors():
 def test_checks_the_key_fixes_run_once_per_key():
     # argmax / max / var check only dtypes and shapes (check_per_key): a passing call runs in C++
     # with no Python (generate() calls argmax and max every token); a refused one raises every time.
-    from torch_tpu.aten.kernel import Kernel
     x, i, e = to_tpu(torch.randn(3, 5)), to_tpu(torch.ones(4, dtype=torch.int32)), to_tpu(torch.randn(0, 2))
     ops = [lambda: x.argmax(1), lambda: x.max(), lambda: x.var(0), lambda: x.bernoulli(0.25)]
     for op in ops:
         op()
-    slow = []
-    real = Kernel._slow
-    Kernel._slow = lambda self, *a: slow.append(self.name) or real(self, *a)
-    try:
+    with python_entries() as slow:
         for _ in range(3):
             for op in ops:
                 op()
-        assert slow == [], slow
-        for _ in range(2):
-            with pytest.raises(RuntimeError, match="floating point"):
-                i.var()
-            with pytest.raises(IndexError, match="Expected reduction dim"):
-                e.argmax()
-            with pytest.raises(RuntimeError, match="does not support bool"):
-                to_tpu(torch.ones(2, dtype=torch.bool)).argmax()
-    finally:
-        Kernel._slow = real
+    assert slow == [], slow
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="floating point"):
+            i.var()
+        with pytest.raises(IndexError, match="Expected reduction dim"):
+            e.argmax()
+        with pytest.raises(RuntimeError, match="does not support bool"):
+            to_tpu(torch.ones(2, dtype=torch.bool)).argmax()
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
