@@ -98,19 +98,6 @@ class LruCache final : public HostCache {
     return index_.size();
   }
 
-  // Sets the maximum entry count (>= 1), evicting down to it.
-  void set_capacity(size_t capacity) {
-    Entries gone;
-    std::lock_guard<std::mutex> g(mu_);
-    capacity_ = capacity ? capacity : 1;
-    while (index_.size() > capacity_) {
-      index_.erase(lru_.back().first);
-      gone.splice(gone.end(), lru_, std::prev(lru_.end()));
-      ++evictions_;
-    }
-    // (`gone` is declared before the guard, so it is destroyed after the unlock)
-  }
-
   void clear() override {
     Entries gone;
     std::lock_guard<std::mutex> g(mu_);
