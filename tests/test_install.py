@@ -88,6 +88,20 @@ def test_broken_torch_tpu_imported_first_raises_its_own_error(tmp_path):
     assert AUTOLOAD_WARNING not in r.stderr
 
 
+def test_an_import_that_failed_part_way_is_named_on_the_next_import():
+    """This checkout's torch_tpu failing past the device's registration (a bad TORCH_TPU_EAGER_MODE):
+    importing it again raises an ImportError that points at the first error, not PyTorch's "already
+    registered" about the half that the first import left."""
+    env = dict(os.environ, TORCH_TPU_EAGER_MODE="bogus", TORCH_DEVICE_BACKEND_AUTOLOAD="0", PYTHONPATH=ROOT)
+    prog = ("import torch\nfor i in range(2):\n    try:\n        import torch_tpu\n"
+            "    except Exception as e:\n        print(i, type(e).__name__, e)\n")
+    r = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, env=env, timeout=300)
+    first, second = r.stdout.strip().splitlines()
+    assert first.startswith("0 ValueError TORCH_TPU_EAGER_MODE='bogus'"), r.stdout
+    assert second.startswith("1 ImportError torch_tpu: its first import in this process failed part way"), r.stdout
+    assert "already been registered" not in r.stdout + r.stderr
+
+
 @pytest.mark.parametrize("first", ["torch", "torch_tpu"])
 def test_import_torch_autoloads_torch_tpu(tmp_path, first):
     """Either import order gives a usable tpu device, through this checkout's entry point."""

@@ -21,6 +21,15 @@ import os as _os  # noqa: E402
 
 import torch  # noqa: E402
 
+# An import that failed part way (its error raised then; under PyTorch's autoload, the RuntimeWarning
+# of `import torch`) leaves the device half-registered, and running this module again would fail on
+# the half, hiding the cause.
+if getattr(torch, "_torch_tpu_import_started", False):
+    raise ImportError("torch_tpu: its first import in this process failed part way; the error raised then "
+                      "(with PyTorch's device autoload: the RuntimeWarning of `import torch`) is the cause. "
+                      "Fix that and start a new process.")
+torch._torch_tpu_import_started = True
+
 from . import _C  # noqa: F401  (registers the allocator, guard, hooks and metadata kernels)
 from . import runtime
 from . import settings as _settings
