@@ -29,7 +29,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from .. import runtime
 from ..dynamo import backend as tpu_backend
 from ..dynamo.lower_graph import GraphProgram
-from ..lowering.strided import _contiguous_strides
+from ..lowering.strided import contiguous_strides
 from .report import ProgramReport
 
 _active: "Session | None" = None  # process-wide: autograd runs backwards on its device threads
@@ -143,7 +143,7 @@ class _StandIn:
         def standin(k):
             spec = prog.prog_specs[k]
             shape, dtype = spec[0], spec[1]
-            stride = spec[2] if len(spec) > 2 else _contiguous_strides(shape)
+            stride = spec[2] if len(spec) > 2 else contiguous_strides(shape)
             return torch.empty_strided(shape, stride, dtype=dtype, device="cpu" if prog.prog_to_cpu[k] else device)
         return prog.outputs(real, host, standin)
 

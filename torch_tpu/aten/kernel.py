@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 import torch
 from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
 
-from .. import _C, _state, runtime
+from .. import _C, _state
 from ..lowering.builder import Builder, TensorType, Value
+from ..lowering.helpers.checks import cpp_type_name, scalar_type_name
 from ..lowering.registry import Lowering, LoweringContext, NotLowered, bounds_status, fit, lower_arguments, rng_draws
-from ..lowering.utils import cpp_type_name, scalar_type_name
-from ..lowering.strided import _contiguous_strides, dense_order, is_whole, read_view, write_view
+from ..lowering.strided import contiguous_strides, dense_order, is_whole, read_view, write_view
 from .launch import compile_entry_text, launch
 
 
@@ -110,7 +110,7 @@ def _fresh_layout(t: TensorType, strides: tuple):
     transpose that puts the value in memory order, None when none is needed. Strides that are not a
     dense permutation (no CPU kernel makes them for a fresh result) fall back to row-major."""
     shape, strides = tuple(t.shape), tuple(strides)
-    if strides == tuple(_contiguous_strides(shape)):
+    if strides == tuple(contiguous_strides(shape)):
         return (shape, t.dtype), None
     if t.numel == 0:
         return (shape, t.dtype, strides), None

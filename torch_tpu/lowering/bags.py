@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from .elementwise import compute_dtype
-from .indexing import _combine_fn, _coords, _host, _i64, _point_gather, _point_scatter
+from .helpers import points
 from .reduction import reduce_sum
 from .registry import NotLowered, check_reads, fit, register
 
@@ -67,8 +67,8 @@ def _not_padding(b, idx, padding_idx):
 @check_reads('indices', 'offsets')
 def _check_embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
                          per_sample_weights=None, include_last_offset=False, padding_idx=-1):
-    h = _host(indices)
-    o = _host(offsets)
+    h = points.host_indices(indices)
+    o = points.host_indices(offsets)
     if o.numel() and int(o[0]) != 0:
         raise RuntimeError("offsets[0] has to be 0, i.e., the first sequence in the mini-batch has to "
                            f"start from position 0. However, got {int(o[0])}")
@@ -92,8 +92,8 @@ def embedding_bag(ctx, weight, indices, offsets, scale_grad_by_freq=False, mode=
     nbags, dim = out_t.shape
     n = indices.type.numel
     cd = compute_dtype(out_t.dtype)
-    idx = b.reshape(_i64(b, indices), (n,))
-    offs = b.reshape(_i64(b, offsets), (offsets.type.numel,))
+    idx = b.reshape(points.to_i64(b, indices), (n,))
+    offs = b.reshape(points.to_i64(b, offsets), (offsets.type.numel,))
     if offs.shape[0] != nbags:
         offs = b.slice(offs, [0], [nbags])
 
@@ -107,7 +107,8 @@ def embedding_bag(ctx, weight, indices, offsets, scale_grad_by_freq=False, mode=
     keep = _not_padding(b, idx, padding_idx)
     ones = b.constant(1, torch.int64, (n,))
     counted = ones if keep is None else b.convert(keep, torch.int64)
-    bag_size = _scatter_rows(b, b.constant(0, torch.int64, (nbags,)), o2b, counted, _combine_fn("sum", torch.int64))
+    bag_size = _scatter_rows(b, b.constant(0, torch.int64, (nbags,)), o2b, counted,
+                             points.combine_fn("sum", torch.int64))
     rows = b.convert(_rows(b, weight, idx, n), cd)                     # (n, dim)
     max_idx = None
     if mode == MODE_MAX:
@@ -118,7 +119,7 @@ def embedding_bag(ctx, weight, indices, offsets, scale_grad_by_freq=False, mode=
             rows = b.multiply(rows, b.broadcast_in_dim(psw, rows.shape, [0]))
         if keep is not None:
             rows = _mask_rows(b, keep, rows)
-        res = _scatter_rows(b, b.constant(0, cd, (nbags, dim)), o2b, rows, _combine_fn("sum", cd))
+        res = _scatter_rows(b, b.constant(0, cd, (nbags, dim)), o2b, rows, points.combine_fn("sum", cd))
         if mode == MODE_MEAN:
             den = b.convert(b.maximum(bag_size, b.constant(1, torch.int64, (nbags,))), cd)
             res = b.divide(res, b.broadcast_in_dim(den, res.shape, [0]))
@@ -139,7 +140,7 @@ def _bag_max(b, rows, idx, o2b, keep, nbags, dim):
     pos = b.iota((n,), 0)
     big = b.constant(n, i64, (n,))
     vpos = pos if keep is None else b.select(keep, pos, big)
-    first = _scatter_rows(b, b.constant(n, i64, (nbags,)), o2b, vpos, _combine_fn("amin", i64))  # (nbags,)
+    first = _scatter_rows(b, b.constant(n, i64, (nbags,)), o2b, vpos, points.combine_fn("amin", i64))  # (nbags,)
     nonempty = b.compare(first, b.constant(n, i64, (nbags,)), "LT")
     # The largest non-NaN value of each bag (padding rows take no part)...
     lowest = b.constant(float("-inf"), rows.dtype, rows.shape)
@@ -154,13 +155,13 @@ def _bag_max(b, rows, idx, o2b, keep, nbags, dim):
     if keep is not None:
         hit = b.and_(hit, b.broadcast_in_dim(keep, hit.shape, [0]))
     posd = b.select(hit, b.broadcast_in_dim(pos, hit.shape, [0]), b.constant(n, i64, hit.shape))
-    arg = _scatter_rows(b, b.constant(n, i64, (nbags, dim)), o2b, posd, _combine_fn("amin", i64))
+    arg = _scatter_rows(b, b.constant(n, i64, (nbags, dim)), o2b, posd, points.combine_fn("amin", i64))
     # A NaN first element sticks (nothing compares greater than it).
     firstc = b.clamp(b.constant(0, i64), first, b.constant(n - 1, i64))
     first_nan = b.is_nan(_rows(b, rows, firstc, nbags))                  # (nbags, dim)
     arg = b.select(first_nan, b.broadcast_in_dim(firstc, arg.shape, [0]), arg)
     arg = b.clamp(b.constant(0, i64), arg, b.constant(n - 1, i64))
-    vals = _point_gather(b, rows, _coords(b, arg, 0, 2))
+    vals = points.point_gather(b, rows, points.coords(b, arg, 0, 2))
     words = _rows(b, idx, b.reshape(arg, (nbags * dim,)), nbags * dim)
     words = b.reshape(words, (nbags, dim))
     return _mask_rows(b, nonempty, vals), _mask_rows(b, nonempty, words)
@@ -170,10 +171,10 @@ def _bag_max(b, rows, idx, o2b, keep, nbags, dim):
 def _bag_of(b, offset2bag, offsets, n):
     """offset2bag as given, or (CPU's fast sum path leaves it empty) recomputed from offsets."""
     if offset2bag.type.numel == n:
-        return b.reshape(_i64(b, offset2bag), (n,))
+        return b.reshape(points.to_i64(b, offset2bag), (n,))
     if offsets is None:
         raise NotLowered("_embedding_bag backward without offset2bag")
-    return _offset2bag(b, b.reshape(_i64(b, offsets), (offsets.type.numel,)), n)
+    return _offset2bag(b, b.reshape(points.to_i64(b, offsets), (offsets.type.numel,)), n)
 
 
 def _cpu_freq(b, idx, n, num_weights):
@@ -182,7 +183,7 @@ def _cpu_freq(b, idx, n, num_weights):
     indices below this one) rather than at the group's own start, so a row's gradient is scaled by
     the frequency of sorted[g]; reproduced here, since CPU is the reference."""
     i64 = torch.int64
-    add = _combine_fn("sum", i64)
+    add = points.combine_fn("sum", i64)
     counts = _scatter_rows(b, b.constant(0, i64, (num_weights,)), idx, b.constant(1, i64, (n,)), add)
     present = b.convert(b.compare(counts, b.zeros_like(counts), "GT"), i64)
     # distinct indices below each row: exclusive cumulative sum of `present`
@@ -204,15 +205,15 @@ def _dense_backward(ctx, grad, indices, offsets, offset2bag, bag_size, max_indic
     if out.numel == 0 or n == 0 or nbags == 0:
         return b.constant(0, out.dtype, out.shape)
     g = b.convert(grad, cd)
-    add = _combine_fn("sum", cd)
+    add = points.combine_fn("sum", cd)
     if mode == MODE_MAX:
         # Bags that counted nothing (empty, or all padding) send no gradient.
-        sizes = b.slice(b.reshape(_i64(b, bag_size), (bag_size.type.numel,)), [0], [nbags])
+        sizes = b.slice(b.reshape(points.to_i64(b, bag_size), (bag_size.type.numel,)), [0], [nbags])
         g = _mask_rows(b, b.compare(sizes, b.constant(0, torch.int64, (nbags,)), "NE"), g)
-        words = b.reshape(_i64(b, max_indices), (nbags, dim))
-        r = _point_scatter(b, b.constant(0, cd, out.shape), _coords(b, words, 0, 2), g, add)
+        words = b.reshape(points.to_i64(b, max_indices), (nbags, dim))
+        r = points.point_scatter(b, b.constant(0, cd, out.shape), points.coords(b, words, 0, 2), g, add)
         return b.convert(r, out.dtype)
-    idx = b.reshape(_i64(b, indices), (n,))
+    idx = b.reshape(points.to_i64(b, indices), (n,))
     o2b = _bag_of(b, offset2bag, offsets, n)
     rows = _rows(b, g, o2b, n)                                           # (n, dim)
     if per_sample_weights is not None:
@@ -220,7 +221,7 @@ def _dense_backward(ctx, grad, indices, offsets, offset2bag, bag_size, max_indic
         rows = b.multiply(rows, b.broadcast_in_dim(psw, rows.shape, [0]))
     scale = None
     if mode == MODE_MEAN:
-        sizes = b.slice(b.reshape(_i64(b, bag_size), (bag_size.type.numel,)), [0], [nbags])
+        sizes = b.slice(b.reshape(points.to_i64(b, bag_size), (bag_size.type.numel,)), [0], [nbags])
         sizes = b.maximum(sizes, b.constant(1, torch.int64, (nbags,)))
         scale = b.convert(_rows(b, sizes, o2b, n), cd)
     if scale_grad_by_freq:
@@ -261,7 +262,7 @@ def embedding_bag_per_sample_weights_backward(ctx, grad, weight, indices, offset
     if n == 0 or grad.shape[0] == 0:
         return b.constant(0, out.dtype, out.shape)
     cd = compute_dtype(out.dtype)
-    idx = b.reshape(_i64(b, indices), (n,))
+    idx = b.reshape(points.to_i64(b, indices), (n,))
     o2b = _bag_of(b, offset2bag, offsets, n)
     prod = b.multiply(b.convert(_rows(b, grad, o2b, n), cd), b.convert(_rows(b, weight, idx, n), cd))
     r = reduce_sum(b, prod, [1])
@@ -281,7 +282,7 @@ _SEG_COMBINE = {"sum": "sum", "mean": "sum", "prod": "prod", "max": "amax", "min
 def _segment_bounds(b, lengths, offsets, axis):
     """(starts, ends), int64 of shape rows + (S,), from lengths (cumulative sums) or offsets."""
     if lengths is not None:
-        ln = _i64(b, lengths)
+        ln = points.to_i64(b, lengths)
         r = ln.rank
         s = ln.shape[-1]
         window = [1] * r
@@ -291,7 +292,7 @@ def _segment_bounds(b, lengths, offsets, axis):
         ends = b.reduce_window([ln], [b.constant(0, torch.int64)], window, [1] * r, padding,
                                lambda q, a, e: q.add(a, e))[0]
         return b.subtract(ends, ln), ends
-    of = _i64(b, offsets)
+    of = points.to_i64(b, offsets)
     r = of.rank
     s = of.shape[-1] - 1
     lo = [0] * r
@@ -362,7 +363,8 @@ def segment_reduce(ctx, data, reduce, lengths=None, indices=None, offsets=None, 
     init = _initial(b, "sum" if reduce == "mean" else reduce, None if reduce == "mean" else initial, cd, out.shape)
     if data.type.numel:
         seg, _ = _segment_ids(b, starts, ends, data.shape, ax)
-        r = _point_scatter(b, init, _coords(b, seg, ax, data.rank), x, _combine_fn(_SEG_COMBINE[reduce], cd))
+        r = points.point_scatter(b, init, points.coords(b, seg, ax, data.rank), x,
+                                 points.combine_fn(_SEG_COMBINE[reduce], cd))
     else:
         r = init
     if reduce == "mean":
@@ -392,33 +394,34 @@ def segment_reduce_backward(ctx, grad, output, data, reduce, lengths=None, offse
     seg, inside = _segment_ids(b, starts, ends, data.shape, ax)
     nseg = grad.shape[ax]
     segc = b.clamp(b.constant(0, torch.int64), seg, b.constant(nseg - 1, torch.int64))
-    coords = _coords(b, segc, ax, data.rank)
-    scoords = _coords(b, seg, ax, data.rank)                  # outside elements: dropped by scatters
+    coords = points.coords(b, segc, ax, data.rank)
+    scoords = points.coords(b, seg, ax, data.rank)                  # outside elements: dropped by scatters
     x = b.convert(data, cd)
-    g = _point_gather(b, b.convert(grad, cd), coords)         # each element's segment gradient
-    y = _point_gather(b, b.convert(output, cd), coords)
-    add = _combine_fn("sum", cd)
+    g = points.point_gather(b, b.convert(grad, cd), coords)         # each element's segment gradient
+    y = points.point_gather(b, b.convert(output, cd), coords)
+    add = points.combine_fn("sum", cd)
     if reduce == "sum":
         r = g
     elif reduce == "mean":
         length = b.convert(b.broadcast_in_dim(b.subtract(ends, starts), grad.shape, list(range(ax + 1))), cd)
-        r = b.divide(g, _point_gather(b, length, coords))
+        r = b.divide(g, points.point_gather(b, length, coords))
     elif reduce in ("max", "min"):
         hit = b.or_(b.compare(x, y, "EQ"), b.and_(b.is_nan(x), b.is_nan(y)))
         ones = b.convert(hit, cd)
-        count = _point_scatter(b, b.constant(0, cd, grad.shape), scoords, ones, add)
-        r = b.select(hit, b.divide(g, _point_gather(b, count, coords)), b.zeros_like(g))
+        count = points.point_scatter(b, b.constant(0, cd, grad.shape), scoords, ones, add)
+        r = b.select(hit, b.divide(g, points.point_gather(b, count, coords)), b.zeros_like(g))
     elif reduce == "prod":
         zero = b.compare(x, b.zeros_like(x), "EQ")
         nan = b.is_nan(x)
         special = b.or_(zero, nan)
         plain = b.select(special, b.constant(1, cd, x.shape), x)
-        pn = _point_scatter(b, _initial(b, "prod", initial, cd, grad.shape), scoords, plain, _combine_fn("prod", cd))
-        nz = _point_scatter(b, b.constant(0, cd, grad.shape), scoords, b.convert(zero, cd), add)
-        nn = _point_scatter(b, b.constant(0, cd, grad.shape), scoords, b.convert(nan, cd), add)
-        other_z = b.subtract(_point_gather(b, nz, coords), b.convert(zero, cd))
-        other_n = b.subtract(_point_gather(b, nn, coords), b.convert(nan, cd))
-        excl = _point_gather(b, pn, coords)
+        pn = points.point_scatter(b, _initial(b, "prod", initial, cd, grad.shape), scoords, plain,
+                                  points.combine_fn("prod", cd))
+        nz = points.point_scatter(b, b.constant(0, cd, grad.shape), scoords, b.convert(zero, cd), add)
+        nn = points.point_scatter(b, b.constant(0, cd, grad.shape), scoords, b.convert(nan, cd), add)
+        other_z = b.subtract(points.point_gather(b, nz, coords), b.convert(zero, cd))
+        other_n = b.subtract(points.point_gather(b, nn, coords), b.convert(nan, cd))
+        excl = points.point_gather(b, pn, coords)
         excl = b.select(b.compare(other_z, b.zeros_like(x), "GT"), b.multiply(excl, b.zeros_like(x)), excl)
         excl = b.select(b.compare(other_n, b.zeros_like(x), "GT"), b.constant(float("nan"), cd, x.shape), excl)
         r = b.multiply(g, b.select(special, excl, b.divide(y, x)))

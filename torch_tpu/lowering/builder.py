@@ -81,18 +81,18 @@ class Value:
         return f"Value({self.name}: {self.type})"
 
 
-def _i64_array(xs):
+def i64_array(xs):
     return "array<i64" + ("" if not xs else ": " + ", ".join(str(int(x)) for x in xs)) + ">"
 
 
-def _scalar_literal(value, dtype: torch.dtype) -> str:
+def scalar_literal(value, dtype: torch.dtype) -> str:
     if dtype == torch.bool:
         return "true" if value else "false"
     if dtype.is_complex:
         c = complex(value)
-        return f"({_scalar_literal(c.real, torch.float32)}, {_scalar_literal(c.imag, torch.float32)})" \
+        return f"({scalar_literal(c.real, torch.float32)}, {scalar_literal(c.imag, torch.float32)})" \
             if dtype == torch.complex64 else \
-            f"({_scalar_literal(c.real, torch.float64)}, {_scalar_literal(c.imag, torch.float64)})"
+            f"({scalar_literal(c.real, torch.float64)}, {scalar_literal(c.imag, torch.float64)})"
     if dtype.is_floating_point:
         v = float(value)
         if dtype == torch.bfloat16:  # bits of the float32 rounded to bfloat16 (round to nearest even)
@@ -217,7 +217,7 @@ class Builder:
     def constant(self, value, dtype: torch.dtype, shape: tuple = ()) -> Value:
         """A splat constant of `shape` (python number, inf and nan included)."""
         t = TensorType(tuple(shape), dtype)
-        return self.op("stablehlo.constant", [], [t], {"value": f"dense<{_scalar_literal(value, dtype)}> : {t}"})[0]
+        return self.op("stablehlo.constant", [], [t], {"value": f"dense<{scalar_literal(value, dtype)}> : {t}"})[0]
 
     def iota(self, shape, dim: int, dtype=torch.int64) -> Value:
         return self.op("stablehlo.iota", [], [TensorType(tuple(shape), dtype)], {"iota_dimension": f"{dim} : i64"})[0]
@@ -258,7 +258,7 @@ class Builder:
         if x.shape == shape and list(dims) == list(range(len(shape))):
             return x
         return self.op("stablehlo.broadcast_in_dim", [x], [TensorType(shape, x.dtype)],
-                       {"broadcast_dimensions": _i64_array(dims)})[0]
+                       {"broadcast_dimensions": i64_array(dims)})[0]
 
     def broadcast_to(self, x: Value, shape) -> Value:
         """numpy-style broadcast of x to `shape` (trailing dimensions aligned)."""
@@ -276,7 +276,7 @@ class Builder:
         if perm == list(range(x.rank)):
             return x
         return self.op("stablehlo.transpose", [x], [TensorType(tuple(x.shape[p] for p in perm), x.dtype)],
-                       {"permutation": _i64_array(perm)})[0]
+                       {"permutation": i64_array(perm)})[0]
 
     def slice(self, x: Value, start, limit, strides=None) -> Value:
         strides = strides or [1] * x.rank
@@ -284,8 +284,8 @@ class Builder:
         if shape == x.shape:
             return x
         return self.op("stablehlo.slice", [x], [TensorType(shape, x.dtype)],
-                       {"start_indices": _i64_array(start), "limit_indices": _i64_array(limit),
-                        "strides": _i64_array(strides)})[0]
+                       {"start_indices": i64_array(start), "limit_indices": i64_array(limit),
+                        "strides": i64_array(strides)})[0]
 
     def concatenate(self, xs: Sequence[Value], dim: int) -> Value:
         if len(xs) == 1:
@@ -299,18 +299,18 @@ class Builder:
         interior = interior or [0] * x.rank
         shape = tuple(lo + hi + s + max(0, s - 1) * it for s, lo, hi, it in zip(x.shape, low, high, interior))
         return self.op("stablehlo.pad", [x, value], [TensorType(shape, x.dtype)],
-                       {"edge_padding_low": _i64_array(low), "edge_padding_high": _i64_array(high),
-                        "interior_padding": _i64_array(interior)})[0]
+                       {"edge_padding_low": i64_array(low), "edge_padding_high": i64_array(high),
+                        "interior_padding": i64_array(interior)})[0]
 
     def reverse(self, x: Value, dims) -> Value:
-        return self.op("stablehlo.reverse", [x], [x.type], {"dimensions": _i64_array(dims)})[0]
+        return self.op("stablehlo.reverse", [x], [x.type], {"dimensions": i64_array(dims)})[0]
 
     def dynamic_update_slice(self, x: Value, update: Value, starts: Sequence[Value]) -> Value:
         return self.op("stablehlo.dynamic_update_slice", [x, update, *starts], [x.type])[0]
 
     def dynamic_slice(self, x: Value, starts: Sequence[Value], sizes) -> Value:
         return self.op("stablehlo.dynamic_slice", [x, *starts], [TensorType(tuple(sizes), x.dtype)],
-                       {"slice_sizes": _i64_array(sizes)})[0]
+                       {"slice_sizes": i64_array(sizes)})[0]
 
     # -- elementwise ----------------------------------------------------------------------------------
     def unary(self, name: str, x: Value, dtype=None) -> Value:
@@ -391,7 +391,7 @@ class Builder:
         scalar_types = [TensorType((), x.dtype) for x in xs]
         region = self.region(scalar_types + scalar_types, body)
         return self.op("stablehlo.reduce", [*xs, *inits], [TensorType(out_shape, x.dtype) for x in xs],
-                       {"dimensions": _i64_array(dims)}, regions=[region])
+                       {"dimensions": i64_array(dims)}, regions=[region])
 
     def reduce_window(self, xs, inits, window, strides, padding, body, base_dilations=None,
                       window_dilations=None) -> list[Value]:
@@ -407,9 +407,9 @@ class Builder:
         region = self.region(scalar_types + scalar_types, body)
         pad = ", ".join(f"[{lo}, {hi}]" for lo, hi in padding)
         return self.op("stablehlo.reduce_window", [*xs, *inits], [TensorType(tuple(shape), x.dtype) for x in xs],
-                       {"window_dimensions": _i64_array(window), "window_strides": _i64_array(strides),
-                        "base_dilations": _i64_array(base_dilations),
-                        "window_dilations": _i64_array(window_dilations),
+                       {"window_dimensions": i64_array(window), "window_strides": i64_array(strides),
+                        "base_dilations": i64_array(base_dilations),
+                        "window_dilations": i64_array(window_dilations),
                         "padding": f"dense<[{pad}]> : tensor<{rank}x2xi64>"}, regions=[region])
 
     # -- indexing ---------------------------------------------------------------------------------------
@@ -420,7 +420,7 @@ class Builder:
                 f"start_index_map = [{', '.join(map(str, start_index_map))}], "
                 f"index_vector_dim = {index_vector_dim}>")
         return self.op("stablehlo.gather", [x, idx], [TensorType(tuple(out_shape), x.dtype)],
-                       {"dimension_numbers": attr, "slice_sizes": _i64_array(slice_sizes),
+                       {"dimension_numbers": attr, "slice_sizes": i64_array(slice_sizes),
                         "indices_are_sorted": "false"})[0]
 
     def scatter(self, x: Value, idx: Value, upd: Value, update_window_dims, inserted_window_dims,

@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 from torch._prims_common import suggest_memory_format
 
-from .builder import TensorType, _i64_array
+from .builder import TensorType, i64_array
 from .elementwise import compute_dtype
-from .linalg import _name
+from .helpers.checks import scalar_type_name
 from .precision import precision_config
 from .registry import in_format, register
 
@@ -36,9 +36,9 @@ def _conv(b, lhs, rhs, dims, strides, padding, lhs_dil, rhs_dil, fgc=1, bgc=1):
     layout = lambda s: "[" + ", ".join(s) + "]"  # noqa: E731
     pad = ", ".join(f"[{l}, {h}]" for l, h in zip(lo, hi))
     attrs = {"dimension_numbers": f"#stablehlo.conv<{layout(dims[0])}x{layout(dims[1])}->{layout(dims[2])}>",
-             "window_strides": _i64_array(strides),
+             "window_strides": i64_array(strides),
              "padding": f"dense<[{pad}]> : tensor<{n}x2xi64>" if n else "dense<> : tensor<0x2xi64>",
-             "lhs_dilation": _i64_array(lhs_dil), "rhs_dilation": _i64_array(rhs_dil),
+             "lhs_dilation": i64_array(lhs_dil), "rhs_dilation": i64_array(rhs_dil),
              "feature_group_count": f"{fgc} : i64", "batch_group_count": f"{bgc} : i64"}
     if precision_config(lhs.dtype):
         attrs["precision_config"] = precision_config(lhs.dtype)
@@ -114,7 +114,7 @@ def _bias(b, x, cd):
 def _validate(x, w, groups, transposed):
     """CPU's argument checks that PyTorch's meta kernel of convolution leaves out."""
     if w.dtype != x.dtype:
-        raise RuntimeError(f"expected scalar type {_name(x.dtype)} but found {_name(w.dtype)}")
+        raise RuntimeError(f"expected scalar type {scalar_type_name(x.dtype)} but found {scalar_type_name(w.dtype)}")
     xs, ws = list(x.shape), list(w.shape)
     if x.rank == w.rank - 1:
         xs = [1] + xs

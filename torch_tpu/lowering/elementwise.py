@@ -7,9 +7,9 @@ import math
 
 import torch
 
-from .builder import Value
+from .helpers import arith
+from .helpers.checks import not_implemented
 from .registry import register
-from .utils import not_implemented
 
 
 def _is_float(dt):
@@ -93,15 +93,6 @@ def mul(ctx, x, y):
     return _finish(ctx, b.multiply(rounded_operand(ctx, x), operand(ctx, y, cd)))
 
 
-def _floor_div_int(b, x, y):
-    """Integer division rounding toward -inf (StableHLO divide truncates)."""
-    q = b.divide(x, y)
-    r = b.subtract(x, b.multiply(q, y))
-    zero = b.zeros_like(q)
-    adjust = b.and_(b.compare(r, zero, "NE"), b.compare(b.compare(r, zero, "LT"), b.compare(y, zero, "LT"), "NE"))
-    return b.select(adjust, b.subtract(q, b.full_like(q, 1)), q)
-
-
 def _floor_div_float(b, x, y, out):
     """x // y for floats as CPU's div_floor_floating: through fmod, so that an infinite dividend
     gives NaN (-inf // 4 is nan, as in Python) and the quotient is exact where x / y rounds across an
@@ -137,7 +128,7 @@ def _div(ctx, x, y, mode):
         return _finish(ctx, q)
     # Integer inputs: true division is float (out is float then); trunc/floor stay integer.
     xi, yi = operand(ctx, x, out), operand(ctx, y, out)
-    return b.divide(xi, yi) if mode == "trunc" else _floor_div_int(b, xi, yi)
+    return b.divide(xi, yi) if mode == "trunc" else arith.floor_div_int(b, xi, yi)
 
 
 @register("div.Tensor", "div.Scalar")

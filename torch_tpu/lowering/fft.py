@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from .builder import Builder, TensorType, Value, _i64_array
+from .builder import Builder, TensorType, Value, i64_array
 from .registry import in_format, register
 
 _MAX_FFT_RANK = 3  # stablehlo.fft transforms at most the three innermost dims
@@ -36,7 +36,7 @@ def _fft(b: Builder, x: Value, kind: str, lengths) -> Value:
     if t.numel == 0:  # nothing to transform (an empty batch): XLA need not see it
         return b.constant(0, dtype, t.shape)
     return b.op("stablehlo.fft", [x], [t], {"fft_type": f"#stablehlo<fft_type {kind}>",
-                                            "fft_length": _i64_array(lengths)})[0]
+                                            "fft_length": i64_array(lengths)})[0]
 
 
 def _c2c(b: Builder, x: Value, dims, kind: str) -> Value:

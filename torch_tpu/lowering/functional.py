@@ -13,7 +13,7 @@ import torch
 
 from .builder import Value
 from .registry import REGISTRY, register
-from .strided import _contiguous_strides, read_view, write_view
+from .strided import contiguous_strides, read_view, write_view
 
 
 def graph_register(*names):
@@ -147,7 +147,7 @@ def _strided_read(ctx, x, offset, sizes, strides):
 @graph_register("diagonal", "diagonal_copy")
 def _diagonal(ctx, x, offset=0, dim1=0, dim2=1):
     o = ctx.out[0]
-    st = _contiguous_strides(x.shape)
+    st = contiguous_strides(x.shape)
     d1, d2 = dim1 % x.rank, dim2 % x.rank
     start = offset * st[d2] if offset >= 0 else -offset * st[d1]
     keep = [d for d in range(x.rank) if d not in (d1, d2)]
@@ -159,7 +159,7 @@ def _unfold(ctx, x, dim, size, step):
     o = ctx.out[0]
     if x.rank == 0:
         return ctx.b.reshape(x, o.shape)
-    st = _contiguous_strides(x.shape)
+    st = contiguous_strides(x.shape)
     dim %= x.rank
     strides = list(st)
     strides[dim] = st[dim] * step
@@ -188,7 +188,7 @@ def _strided_write(ctx, base, src, offset, sizes, strides):
 
 @graph_register("slice_scatter")
 def _slice_scatter(ctx, base, src, dim=0, start=None, end=None, step=1):
-    st = _contiguous_strides(base.shape)
+    st = contiguous_strides(base.shape)
     dim %= base.rank
     s, e, step = _slice_bounds(base.shape[dim], start, end, step)
     sizes = list(base.shape)
@@ -200,7 +200,7 @@ def _slice_scatter(ctx, base, src, dim=0, start=None, end=None, step=1):
 
 @graph_register("diagonal_scatter")
 def _diagonal_scatter(ctx, base, src, offset=0, dim1=0, dim2=1):
-    st = _contiguous_strides(base.shape)
+    st = contiguous_strides(base.shape)
     d1, d2 = dim1 % base.rank, dim2 % base.rank
     start = offset * st[d2] if offset >= 0 else -offset * st[d1]
     keep = [d for d in range(base.rank) if d not in (d1, d2)]

@@ -16,8 +16,9 @@ import warnings
 import torch
 
 from .elementwise import compute_dtype
+from .helpers import arith, points
+from .helpers.checks import meta_result
 from .registry import IndexBound, check_reads, host_kernel, in_format, register
-from .utils import meta_result
 
 
 
@@ -27,58 +28,14 @@ def _empty_out(ctx, i=0):
     return ctx.b.constant(0, t.dtype, t.shape) if t.numel == 0 else None
 
 
-def _i64(b, x):
-    return b.convert(x, torch.int64)
-
-
 def _wrap(b, idx, size):
     """Negative indices count from the end (as CPU does where it allows them)."""
     zero = b.zeros_like(idx)
     return b.select(b.compare(idx, zero, "LT"), b.add(idx, b.full_like(idx, size)), idx)
 
 
-def _coords(b, idx, dim, rank):
-    """Full coordinates (idx.shape + (rank,)) of a gather/scatter along `dim`: iota elsewhere."""
-    shape = idx.shape
-    cols = [idx if d == dim else b.iota(shape, d) for d in range(rank)]
-    return b.concatenate([b.reshape(c, shape + (1,)) for c in cols], len(shape))
-
-
-def _point_gather(b, x, coords):
-    r = x.rank
-    return b.gather(x, coords, offset_dims=[], collapsed=list(range(r)), start_index_map=list(range(r)),
-                    index_vector_dim=coords.rank - 1, slice_sizes=[1] * r, out_shape=coords.shape[:-1])
-
-
-def _point_scatter(b, x, coords, upd, combine=None):
-    r = x.rank
-    return b.scatter(x, coords, upd, update_window_dims=[], inserted_window_dims=list(range(r)),
-                     scatter_dims_to_operand_dims=list(range(r)), index_vector_dim=coords.rank - 1,
-                     combine=combine)
-
-
-def _host(idx):
-    return idx.detach().cpu().long().reshape(-1)
-
-
 def _dim(d, rank):
     return d % rank if rank else 0
-
-
-def _combine_fn(name, dtype):
-    def fn(b, old, new):
-        if name in ("sum", "add"):
-            return b.or_(old, new) if dtype == torch.bool else b.add(old, new)
-        if name in ("prod", "multiply"):
-            return b.and_(old, new) if dtype == torch.bool else b.multiply(old, new)
-        if name == "amax":
-            r = b.maximum(old, new)
-            return b.select(b.is_nan(new), new, r) if dtype.is_floating_point else r
-        if name == "amin":
-            r = b.minimum(old, new)
-            return b.select(b.is_nan(new), new, r) if dtype.is_floating_point else r
-        return new
-    return fn
 
 
 _IDENTITY = {"sum": 0, "mean": 0, "prod": 1, "amax": "-inf", "amin": "inf"}
@@ -115,7 +72,7 @@ def index_select(ctx, x, dim, index):
         x = b.reshape(x, [1])
     d = _dim(dim, x.rank)
     n = index.type.numel
-    idx = b.reshape(_i64(b, index), [n, 1])
+    idx = b.reshape(points.to_i64(b, index), [n, 1])
     sizes = list(x.shape)
     sizes[d] = 1
     out = list(x.shape)
@@ -145,7 +102,7 @@ def gather(ctx, x, dim, index, sparse_grad=False):
     if e is not None:
         return e
     x, index = _as_rank1(b, x, index)
-    return _point_gather(b, x, _coords(b, _i64(b, index), _dim(dim, x.rank), x.rank))
+    return points.point_gather(b, x, points.coords(b, points.to_i64(b, index), _dim(dim, x.rank), x.rank))
 
 
 def _scatter(ctx, x, dim, index, src, reduce=None, include_self=True):
@@ -157,7 +114,7 @@ def _scatter(ctx, x, dim, index, src, reduce=None, include_self=True):
     dt = out.dtype
     x, index = _as_rank1(b, b.convert(x, dt), index)
     d = _dim(dim, x.rank)
-    coords = _coords(b, _i64(b, index), d, x.rank)
+    coords = points.coords(b, points.to_i64(b, index), d, x.rank)
     shape = index.shape
     src = b.convert(src, dt)
     if src.rank == 0:
@@ -165,25 +122,24 @@ def _scatter(ctx, x, dim, index, src, reduce=None, include_self=True):
     else:
         upd = b.slice(src, [0] * src.rank, list(shape)) if src.shape != shape else src
     if reduce is None:
-        return _point_scatter(b, x, coords, upd)
+        return points.point_scatter(b, x, coords, upd)
     cd = compute_dtype(dt)
     xc, uc = b.convert(x, cd), b.convert(upd, cd)
     if not include_self:
         ident = b.constant(_identity(reduce, cd), cd, shape)
-        xc = _point_scatter(b, xc, coords, ident)
+        xc = points.point_scatter(b, xc, coords, ident)
     if reduce == "mean":
-        total = _point_scatter(b, xc, coords, uc, _combine_fn("sum", cd))
+        total = points.point_scatter(b, xc, coords, uc, points.combine_fn("sum", cd))
         ones = b.constant(1, cd, shape)
         count = b.constant(1 if include_self else 0, cd, x.shape)
-        count = _point_scatter(b, count, coords, ones, _combine_fn("sum", cd))
+        count = points.point_scatter(b, count, coords, ones, points.combine_fn("sum", cd))
         count = b.maximum(count, b.constant(1, cd, x.shape))
         if cd.is_floating_point:
             r = b.divide(total, count)
         else:
-            from .elementwise import _floor_div_int
-            r = _floor_div_int(b, total, count)
+            r = arith.floor_div_int(b, total, count)
     else:
-        r = _point_scatter(b, xc, coords, uc, _combine_fn(reduce, cd))
+        r = points.point_scatter(b, xc, coords, uc, points.combine_fn(reduce, cd))
     return b.convert(r, dt)
 
 
@@ -218,7 +174,7 @@ def embedding(ctx, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sp
     e = _empty_out(ctx)
     if e is not None:
         return e
-    idx = b.reshape(_i64(b, indices), indices.shape + (1,))
+    idx = b.reshape(points.to_i64(b, indices), indices.shape + (1,))
     dims = list(range(indices.rank, indices.rank + weight.rank - 1))
     return b.gather(weight, idx, offset_dims=dims, collapsed=[0], start_index_map=[0],
                     index_vector_dim=indices.rank, slice_sizes=[1] + list(weight.shape[1:]),
@@ -235,10 +191,10 @@ def embedding_dense_backward(ctx, grad, indices, num_weights, padding_idx, scale
         return b.constant(0, out.dtype, out.shape)
     row = out.shape[1:]
     g = b.reshape(b.convert(grad, cd), (n,) + row)
-    idx = b.reshape(_i64(b, indices), [n, 1])
+    idx = b.reshape(points.to_i64(b, indices), [n, 1])
     if padding_idx is not None and padding_idx >= 0:  # its rows get no gradient: send them out of range
         idx = b.select(b.compare(idx, b.full_like(idx, padding_idx), "EQ"), b.full_like(idx, num_weights), idx)
-    add = _combine_fn("sum", cd)
+    add = points.combine_fn("sum", cd)
     if scale_grad_by_freq:
         counts = b.scatter(b.constant(0, cd, (num_weights,)), idx, b.constant(1, cd, (n,)), [], [0], [0], 1, add)
         mine = b.gather(counts, b.clamp(b.constant(0, torch.int64), idx, b.constant(num_weights - 1, torch.int64)),
@@ -398,7 +354,7 @@ def _advanced(ctx, x, indices):
     bshape = tuple(torch.broadcast_shapes(*[indices[d].shape for d in adv]))
     cols = []
     for d in adv:
-        i = b.broadcast_to(_i64(b, indices[d]), bshape)
+        i = b.broadcast_to(points.to_i64(b, indices[d]), bshape)
         cols.append(b.reshape(_wrap(b, i, x.shape[d]), bshape + (1,)))
     idx = b.concatenate(cols, len(bshape))
     rest = [d for d in range(x.rank) if d not in adv]
@@ -436,7 +392,7 @@ def index_put(ctx, x, indices, values, accumulate=False, unsafe=False):
         return x
     dt = out.dtype
     upd = b.broadcast_to(b.convert(values, dt), shape)
-    combine = _combine_fn("sum", dt) if accumulate else None
+    combine = points.combine_fn("sum", dt) if accumulate else None
     return b.scatter(x, idx, upd, update_window_dims=window, inserted_window_dims=adv,
                      scatter_dims_to_operand_dims=adv, index_vector_dim=idx.rank - 1, combine=combine)
 
@@ -452,7 +408,7 @@ def _along(ctx, x, dim, index, src, combine):
     n = index.type.numel
     if n == 0 or ctx.out[0].numel == 0:
         return x
-    idx = b.reshape(_i64(b, index), [n, 1])
+    idx = b.reshape(points.to_i64(b, index), [n, 1])
     src = b.reshape(src, x.shape[:d] + (n,) + x.shape[d + 1:])
     return b.scatter(x, idx, src, update_window_dims=[i for i in range(x.rank) if i != d], inserted_window_dims=[d],
                      scatter_dims_to_operand_dims=[d], index_vector_dim=1, combine=combine)
@@ -480,7 +436,7 @@ def index_add(ctx, x, dim, index, source, alpha=None):
     src = b.convert(source, cd)
     if alpha is not None:
         src = b.multiply(src, b.broadcast_to(b.convert(alpha, cd), src.shape))
-    return _along(ctx, b.convert(x, dt), dim, index, b.convert(src, dt), _combine_fn("sum", dt))
+    return _along(ctx, b.convert(x, dt), dim, index, b.convert(src, dt), points.combine_fn("sum", dt))
 
 
 @register("index_copy", bounds=_along_bounds(IndexError, "index_copy_(): index {value} is out of bounds for "
@@ -509,7 +465,7 @@ def index_fill(ctx, x, dim, index, value):
         return x
     d = _dim(dim, x.rank)
     size = x.shape[d] if x.rank else 1
-    idx = _wrap(b, b.reshape(_i64(b, index), [1, n]), size)
+    idx = _wrap(b, b.reshape(points.to_i64(b, index), [1, n]), size)
     hit = b.compare(b.iota((size, n), 0), b.broadcast_in_dim(idx, (size, n), [0, 1]), "EQ")
     hit = b.reduce([hit], [b.constant(False, torch.bool)], [1], lambda sb, a, c: sb.or_(a, c))[0]
     mask = b.broadcast_in_dim(hit, x.shape, [d]) if x.rank else b.reshape(hit, [])
@@ -533,7 +489,7 @@ def _flat_bounds(x, index, *rest):
 
 
 def _flat_index(b, index, n):
-    return b.reshape(_wrap(b, _i64(b, index), n), index.shape + (1,))
+    return b.reshape(_wrap(b, points.to_i64(b, index), n), index.shape + (1,))
 
 
 @register("take", bounds=_flat_bounds)
@@ -553,9 +509,10 @@ def put(ctx, x, index, source, accumulate=False):
     k = index.type.numel
     if k == 0 or n == 0:
         return x
-    idx = b.reshape(_wrap(b, _i64(b, index), n), [k, 1])
+    idx = b.reshape(_wrap(b, points.to_i64(b, index), n), [k, 1])
     upd = b.reshape(b.convert(source, x.dtype), [k])
-    r = b.scatter(b.reshape(x, [n]), idx, upd, [], [0], [0], 1, _combine_fn("sum", x.dtype) if accumulate else None)
+    combine = points.combine_fn("sum", x.dtype) if accumulate else None
+    r = b.scatter(b.reshape(x, [n]), idx, upd, [], [0], [0], 1, combine)
     return b.reshape(r, x.shape)
 
 
@@ -597,8 +554,8 @@ def index_reduce(ctx, x, dim, index, source, reduce, include_self=True):
     if not include_self:
         xc = _along(ctx, xc, dim, index, b.constant(_identity(reduce, cd), cd, src.shape), None)
     if reduce != "mean":
-        return b.convert(_along(ctx, xc, dim, index, src, _combine_fn(reduce, cd)), dt)
-    add = _combine_fn("sum", cd)
+        return b.convert(_along(ctx, xc, dim, index, src, points.combine_fn(reduce, cd)), dt)
+    add = points.combine_fn("sum", cd)
     total = _along(ctx, xc, dim, index, src, add)
     count = _along(ctx, b.constant(1 if include_self else 0, cd, xc.shape), dim, index,
                    b.constant(1, cd, src.shape), add)
@@ -606,6 +563,5 @@ def index_reduce(ctx, x, dim, index, source, reduce, include_self=True):
     if cd.is_floating_point:
         r = b.divide(total, count)
     else:
-        from .elementwise import _floor_div_int
-        r = _floor_div_int(b, total, count)
+        r = arith.floor_div_int(b, total, count)
     return b.convert(r, dt)

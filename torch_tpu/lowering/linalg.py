@@ -12,9 +12,10 @@ import torch
 
 from .builder import TensorType, Value
 from .elementwise import compute_dtype
+from .helpers import arith
+from .helpers.checks import cpp_type_name, scalar_type_name
 from .precision import precision_config
 from .registry import register
-from .utils import cpp_type_name, scalar_type_name
 
 _NAMES = {"mm": "addmm_impl_cpu_", "addmm": "addmm_impl_cpu_", "mv": "addmv_impl_cpu",
           "addmv": "addmv_impl_cpu", "dot": "dot", "bmm": "bmm", "baddbmm": "baddbmm_cpu"}
@@ -75,26 +76,6 @@ def _product(ctx, op, x, y):
     return dot(b, x, y, ([], []), ([0], [0]), out)
 
 
-def _add_scaled(ctx, self, prod, beta, alpha):
-    """beta * self + alpha * prod; with beta == 0 self is not read (its NaNs do not propagate), as on
-    CPU. Scalars are converted to the result dtype first (an int result truncates them)."""
-    b = ctx.b
-    out = ctx.out[0].dtype
-    cd = prod.dtype
-    shape = ctx.out[0].shape
-    prod = b.broadcast_to(prod, shape)
-    if alpha is not None:
-        a = b.convert(b.convert(alpha, out), cd)
-        prod = b.multiply(prod, b.broadcast_to(a, shape))
-    s = b.broadcast_to(b.convert(self, cd), shape)
-    if beta is not None:
-        bt = b.convert(beta, out)
-        zero = b.compare(bt, b.zeros_like(bt), "EQ")
-        bt = b.broadcast_to(b.convert(bt, cd), shape)
-        s = b.select(b.broadcast_to(zero, shape), b.zeros_like(s), b.multiply(s, bt))
-    return b.convert(b.add(s, prod), out)
-
-
 @register("mm")
 def mm(ctx, x, y):
     _check_same("mm", None, x, y)
@@ -120,17 +101,17 @@ def dot_(ctx, x, y):
 @register("addmm")
 def addmm(ctx, self, x, y, beta=None, alpha=None):
     _check_same("addmm", None, self, x, y)
-    return _add_scaled(ctx, self, _product(ctx, "addmm", x, y), beta, alpha)
+    return arith.add_scaled(ctx, self, _product(ctx, "addmm", x, y), beta, alpha)
 
 
 @register("baddbmm")
 def baddbmm(ctx, self, x, y, beta=None, alpha=None):
-    return _add_scaled(ctx, self, _product(ctx, "baddbmm", x, y), beta, alpha)
+    return arith.add_scaled(ctx, self, _product(ctx, "baddbmm", x, y), beta, alpha)
 
 
 @register("addmv")
 def addmv(ctx, self, x, y, beta=None, alpha=None):
-    return _add_scaled(ctx, self, _product(ctx, "addmv", x, y), beta, alpha)
+    return arith.add_scaled(ctx, self, _product(ctx, "addmv", x, y), beta, alpha)
 
 
 # -- grouped products ---------------------------------------------------------------------------

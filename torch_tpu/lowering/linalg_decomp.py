@@ -20,186 +20,12 @@ import math
 
 import torch
 
-from .builder import TensorType, Value
-from .linalg import dot
+from .builder import TensorType
+from .helpers import matrix
 from .registry import column_major, host_kernel, register
-
-_I64 = torch.int64
-
 
 # ---------------------------------------------------------------------------------------------------
 # helpers
-def _real_dtype(dt):
-    """The real dtype of a complex one (itself otherwise)."""
-    return {torch.complex64: torch.float32, torch.complex128: torch.float64}.get(dt, dt)
-
-
-def _re(b, x):
-    """Real part (x itself for a real dtype)."""
-    if not x.dtype.is_complex:
-        return x
-    return b.op("stablehlo.real", [x], [TensorType(x.shape, _real_dtype(x.dtype))])[0]
-
-
-def _im(b, x):
-    return b.op("stablehlo.imag", [x], [TensorType(x.shape, _real_dtype(x.dtype))])[0]
-
-
-def _complex(b, re, im, dtype):
-    return b.op("stablehlo.complex", [re, im], [TensorType(re.shape, dtype)])[0]
-
-
-def _to(b, x, dtype):
-    """x converted to `dtype`; a real value becomes the real part of a complex one."""
-    if x.dtype == dtype:
-        return x
-    if dtype.is_complex and not x.dtype.is_complex:
-        x = b.convert(x, _real_dtype(dtype))
-        return _complex(b, x, b.zeros_like(x), dtype)
-    return b.convert(x, dtype)
-
-
-def _conj(b, x):
-    if not x.dtype.is_complex:
-        return x
-    return _complex(b, _re(b, x), b.negate(_im(b, x)), x.dtype)
-
-
-def _abs(b, x):
-    """|x| with a real result."""
-    return b.op("stablehlo.abs", [x], [TensorType(x.shape, _real_dtype(x.dtype))])[0]
-
-
-def _abs1(b, x):
-    """|re| + |im|: the magnitude LAPACK's i?amax compares (|x| for reals)."""
-    if not x.dtype.is_complex:
-        return b.abs(x)
-    return b.add(b.abs(_re(b, x)), b.abs(_im(b, x)))
-
-
-def _mT(b, x):
-    """Transpose of the last two dims."""
-    r = x.rank
-    return b.transpose(x, list(range(r - 2)) + [r - 1, r - 2])
-
-
-def _mH(b, x):
-    """Conjugate transpose of the last two dims."""
-    return _conj(b, _mT(b, x))
-
-
-def _expand(b, x, shape):
-    """x (same rank, some dims of size 1) broadcast to shape."""
-    return b.broadcast_in_dim(x, shape, list(range(x.rank)))
-
-
-def _bcast_batch(b, x, batch, core=None):
-    """x broadcast to batch dims `batch` (numpy rules), its last two dims kept (or set to `core`)."""
-    core = tuple(x.shape[-2:]) if core is None else tuple(core)
-    return b.broadcast_to(x, tuple(batch) + core)
-
-
-def _zero(b):
-    return b.constant(0, _I64)
-
-
-def _scalar_to(b, k, shape):
-    """A 0-dim value broadcast to `shape`."""
-    return b.broadcast_in_dim(k, shape, [])
-
-
-def _index(b, shape, dim):
-    return b.iota(shape, dim, _I64)
-
-
-def _col(b, a, k):
-    """Column k (a 0-dim i64 Value) of each matrix: shape (*B, m, 1)."""
-    return b.dynamic_slice(a, [_zero(b)] * (a.rank - 1) + [k], a.shape[:-1] + (1,))
-
-
-def _row(b, a, k):
-    """Row k of each matrix: shape (*B, 1, n)."""
-    return b.dynamic_slice(a, [_zero(b)] * (a.rank - 2) + [k, _zero(b)], a.shape[:-2] + (1, a.shape[-1]))
-
-
-def _entry(b, a, i, j):
-    """a[..., i, j] as shape (*B, 1, 1)."""
-    return b.dynamic_slice(a, [_zero(b)] * (a.rank - 2) + [i, j], a.shape[:-2] + (1, 1))
-
-
-def _matmul(b, x, y):
-    """Batched x @ y (equal batch dims), full precision."""
-    r = x.rank
-    batch = list(range(r - 2))
-    return dot(b, x, y, (batch, batch), ([r - 1], [r - 2]), x.dtype)
-
-
-def _eye(b, shape, dtype):
-    """Identity matrices of shape (*B, n, n) (or rectangular)."""
-    r = len(shape)
-    on = b.compare(_index(b, shape, r - 2), _index(b, shape, r - 1), "EQ")
-    return b.select(on, b.constant(1, dtype, shape), b.constant(0, dtype, shape))
-
-
-def _tri(b, x, lower, diagonal=0):
-    """tril(x, diagonal) (lower) or triu(x, diagonal)."""
-    r = x.rank
-    diff = b.subtract(_index(b, x.shape, r - 1), _index(b, x.shape, r - 2))
-    keep = b.compare(diff, b.constant(diagonal, _I64, x.shape), "LE" if lower else "GE")
-    return b.select(keep, x, b.zeros_like(x))
-
-
-def _sum_last(b, x):
-    """Sum over the last dim."""
-    return b.reduce([x], [b.constant(0, x.dtype)], [x.rank - 1], lambda s, a, e: s.add(a, e))[0]
-
-
-def _pick(b, x, onehot):
-    """Sum over the last dim of x where `onehot` holds: the selected entry, exactly (no 0 * inf)."""
-    return _sum_last(b, b.select(onehot, x, b.zeros_like(x)))
-
-
-def loop(b, n, init, body):
-    """`for k in range(n): state = body(b, k, *state)` as a stablehlo.while; n is an int or a 0-dim
-    i64 Value; k is a 0-dim i64 Value. Returns the final state."""
-    init = list(init)
-    bound = n if isinstance(n, Value) else b.constant(int(n), _I64)
-    types = [TensorType((), _I64)] + [v.type for v in init]
-
-    def cond(s, k, *rest):
-        return s.compare(k, bound, "LT")
-
-    def step(s, k, *rest):
-        new = body(s, k, *rest)
-        return [s.add(k, s.constant(1, _I64)), *new]
-
-    regions = [b.region(types, cond), b.region(types, step)]
-    return b.op("stablehlo.while", [_zero(b), *init], types, regions=regions)[1:]
-
-
-def _empty(shape):
-    return any(s == 0 for s in shape)
-
-
-def _trsm(b, a, x, *, left, lower, unit=False, transpose="NO_TRANSPOSE"):
-    """stablehlo.triangular_solve: op(a) y = x (left) or y op(a) = x; a and x with equal batch dims.
-    Only a's `lower`/upper triangle is read (and not its diagonal if `unit`)."""
-    if _empty(x.shape) or _empty(a.shape):
-        return b.zeros_like(x)
-    tf = lambda v: "true" if v else "false"  # noqa: E731
-    return b.op("stablehlo.triangular_solve", [a, x], [x.type],
-                {"left_side": tf(left), "lower": tf(lower), "unit_diagonal": tf(unit),
-                 "transpose_a": f"#stablehlo<transpose {transpose}>"})[0]
-
-
-def _broadcast_pair(b, a, x, out_batch):
-    return _bcast_batch(b, a, out_batch), _bcast_batch(b, x, out_batch)
-
-
-def _int32(b, x):
-    return b.convert(x, torch.int32)
-
-
 # ---------------------------------------------------------------------------------------------------
 # Cholesky
 def cholesky_lower(b, a):
@@ -210,52 +36,53 @@ def cholesky_lower(b, a):
     n = a.shape[-1]
     r = a.rank
     batch = a.shape[:-2]
-    rows, cols = _index(b, a.shape, r - 2), _index(b, a.shape, r - 1)
+    rows, cols = matrix.iota(b, a.shape, r - 2), matrix.iota(b, a.shape, r - 1)
     info0 = b.constant(0, torch.int32, batch)
 
     def body(s, k, x, info):
-        kk = _scalar_to(s, k, x.shape)
+        kk = matrix.scalar_to(s, k, x.shape)
         done = s.compare(info, s.zeros_like(info), "NE")                       # (*B,)
         left_of_k = s.compare(cols, kk, "LT")
         xl = s.select(left_of_k, x, s.zeros_like(x))                              # L[:, :k]
-        rowk = _row(s, xl, k)                                                     # (*B, 1, n)
+        rowk = matrix.row(s, xl, k)                                                     # (*B, 1, n)
         # a_kk - sum_j |L[k, j]|^2
-        akk = _re(s, s.reshape(_entry(s, x, k, k), batch))
+        akk = matrix.real_part(s, s.reshape(matrix.entry(s, x, k, k), batch))
         rk = s.reshape(rowk, batch + (n,))
-        sq = _sum_last(s, _re(s, s.multiply(rk, _conj(s, rk))))
+        sq = matrix.sum_last(s, matrix.real_part(s, s.multiply(rk, matrix.conj(s, rk))))
         ajj = s.subtract(akk, sq)
         bad = s.or_(s.compare(ajj, s.zeros_like(ajj), "LE"), s.is_nan(ajj))
         fail_now = s.and_(bad, s.not_(done))
         ok = s.and_(s.not_(bad), s.not_(done))
         root = s.sqrt(s.select(bad, s.full_like(ajj, 1), ajj))
         # column below the diagonal: (a[k+1:, k] - L[k+1:, :k] @ conj(L[k, :k])) / L[k, k]
-        prod = _matmul(s, xl, _mH(s, rowk))                                       # (*B, n, 1)
-        colk = s.subtract(_col(s, x, k), prod)
-        colk = s.multiply(colk, _expand(s, s.reshape(_to(s, s.divide(s.full_like(root, 1), root), x.dtype),
+        prod = matrix.matmul(s, xl, matrix.mH(s, rowk))                                       # (*B, n, 1)
+        colk = s.subtract(matrix.col(s, x, k), prod)
+        colk = s.multiply(colk, matrix.expand(s, s.reshape(matrix.convert_to(s, s.divide(s.full_like(root, 1), root), x.dtype),
                                                      batch + (1, 1)), colk.shape))
-        diag_new = _to(s, s.select(bad, ajj, root), x.dtype)
+        diag_new = matrix.convert_to(s, s.select(bad, ajj, root), x.dtype)
         okb = s.broadcast_in_dim(ok, x.shape, list(range(r - 2)))
         failb = s.broadcast_in_dim(fail_now, x.shape, list(range(r - 2)))
         at_col = s.compare(cols, kk, "EQ")
         below = s.and_(at_col, s.compare(rows, kk, "GT"))
         at_diag = s.and_(at_col, s.compare(rows, kk, "EQ"))
-        x = s.select(s.and_(okb, below), _expand(s, colk, x.shape), x)
+        x = s.select(s.and_(okb, below), matrix.expand(s, colk, x.shape), x)
         x = s.select(s.and_(s.or_(okb, failb), at_diag),
                      s.broadcast_in_dim(diag_new, x.shape, list(range(r - 2))), x)
-        info = s.select(fail_now, s.add(_scalar_to(s, _int32(s, k), info.shape), s.constant(1, torch.int32, info.shape)), info)
+        kth = s.add(matrix.scalar_to(s, matrix.to_int32(s, k), info.shape), s.constant(1, torch.int32, info.shape))
+        info = s.select(fail_now, kth, info)
         return [x, info]
 
-    if n == 0 or _empty(batch):
+    if n == 0 or matrix.is_empty(batch):
         return a, info0
-    x, info = loop(b, n, [a, info0], body)
-    return _tri(b, x, True), info
+    x, info = matrix.loop(b, n, [a, info0], body)
+    return matrix.tri(b, x, True), info
 
 
 def _cholesky(b, a, upper):
     """(L or U, info) of linalg.cholesky_ex."""
     if upper:  # A = U^H U from the upper triangle: the lower factorization of A^H, transposed back
-        low, info = cholesky_lower(b, _mH(b, a))
-        return _mH(b, low), info
+        low, info = cholesky_lower(b, matrix.mH(b, a))
+        return matrix.mH(b, low), info
     return cholesky_lower(b, a)
 
 
@@ -283,24 +110,24 @@ def cholesky(ctx, a, upper=False):
 def _cholesky_solve(b, x, f, upper):
     """Solves (F F^H) y = x (lower F) or (F^H F) y = x (upper F); equal batch dims."""
     if upper:
-        y = _trsm(b, f, x, left=True, lower=False, transpose="ADJOINT")
-        return _trsm(b, f, y, left=True, lower=False)
-    y = _trsm(b, f, x, left=True, lower=True)
-    return _trsm(b, f, y, left=True, lower=True, transpose="ADJOINT")
+        y = matrix.trsm(b, f, x, left=True, lower=False, transpose="ADJOINT")
+        return matrix.trsm(b, f, y, left=True, lower=False)
+    y = matrix.trsm(b, f, x, left=True, lower=True)
+    return matrix.trsm(b, f, y, left=True, lower=True, transpose="ADJOINT")
 
 
 @register("_cholesky_solve_helper")
 def cholesky_solve_helper(ctx, x, f, upper):
     out = ctx.out[0]
     batch = out.shape[:-2]
-    f, x = _broadcast_pair(ctx.b, f, x, batch)
+    f, x = matrix.broadcast_pair(ctx.b, f, x, batch)
     return _cholesky_solve(ctx.b, x, f, upper)
 
 
 @register("cholesky_inverse")
 def cholesky_inverse(ctx, f, upper=False):
     b = ctx.b
-    return _cholesky_solve(b, _eye(b, f.shape, f.dtype), f, upper)
+    return _cholesky_solve(b, matrix.eye(b, f.shape, f.dtype), f, upper)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -310,8 +137,8 @@ def linalg_solve_triangular(ctx, a, x, upper, left=True, unitriangular=False):
     b = ctx.b
     out = ctx.out[0]
     batch = out.shape[:-2]
-    a, x = _bcast_batch(b, a, batch), _bcast_batch(b, x, batch)
-    return _trsm(b, a, x, left=left, lower=not upper, unit=unitriangular)
+    a, x = matrix.bcast_batch(b, a, batch), matrix.bcast_batch(b, x, batch)
+    return matrix.trsm(b, a, x, left=left, lower=not upper, unit=unitriangular)
 
 
 @register("triangular_solve")
@@ -319,8 +146,8 @@ def triangular_solve(ctx, x, a, upper=True, transpose=False, unitriangular=False
     b = ctx.b
     sol_t, coef_t = ctx.out
     batch = sol_t.shape[:-2]
-    a, x = _bcast_batch(b, a, batch), _bcast_batch(b, x, batch)
-    sol = _trsm(b, a, x, left=True, lower=not upper, unit=unitriangular,
+    a, x = matrix.bcast_batch(b, a, batch), matrix.bcast_batch(b, x, batch)
+    sol = matrix.trsm(b, a, x, left=True, lower=not upper, unit=unitriangular,
                 transpose="TRANSPOSE" if transpose else "NO_TRANSPOSE")
     return sol, a
 
@@ -336,55 +163,56 @@ def lu_factor(b, a):
     kmax = min(m, n)
     r = a.rank
     batch = a.shape[:-2]
-    rd = _real_dtype(a.dtype)
-    rows, cols = _index(b, a.shape, r - 2), _index(b, a.shape, r - 1)
-    vec_rows = _index(b, batch + (m,), r - 2)
+    rd = matrix.real_dtype(a.dtype)
+    rows, cols = matrix.iota(b, a.shape, r - 2), matrix.iota(b, a.shape, r - 1)
+    vec_rows = matrix.iota(b, batch + (m,), r - 2)
     piv0 = b.constant(0, torch.int32, batch + (kmax,))
     info0 = b.constant(0, torch.int32, batch)
     bdims = list(range(r - 2))
 
     def body(s, k, x, piv, info):
-        kk = _scalar_to(s, k, x.shape)
-        kv = _scalar_to(s, k, vec_rows.shape)
+        kk = matrix.scalar_to(s, k, x.shape)
+        kv = matrix.scalar_to(s, k, vec_rows.shape)
         # pivot row: first max of |re| + |im| among rows >= k (NaNs lose to numbers)
-        score = _abs1(s, s.reshape(_col(s, x, k), batch + (m,)))
+        score = matrix.abs1(s, s.reshape(matrix.col(s, x, k), batch + (m,)))
         score = s.select(s.is_nan(score), s.full_like(score, -0.5), score)
         score = s.select(s.compare(vec_rows, kv, "LT"), s.full_like(score, -1), score)
         best = s.reduce([score], [s.constant(-2, rd)], [r - 2], lambda t, u, v: t.maximum(u, v))[0]
         cand = s.select(s.compare(score, s.broadcast_in_dim(best, score.shape, bdims), "EQ"), vec_rows,
                         s.full_like(vec_rows, m))
-        p = s.reduce([cand], [s.constant(m, _I64)], [r - 2], lambda t, u, v: t.minimum(u, v))[0]  # (*B,)
+        p = s.reduce([cand], [s.constant(m, matrix.I64)], [r - 2], lambda t, u, v: t.minimum(u, v))[0]  # (*B,)
         # swap rows k and p
         pb = s.broadcast_in_dim(p, x.shape, bdims)
         is_p = s.compare(rows, pb, "EQ")
-        row_k = _expand(s, _row(s, x, k), x.shape)
-        row_p = _pick(s, _mT(s, x), _mT(s, is_p))                              # (*B, n)
+        row_k = matrix.expand(s, matrix.row(s, x, k), x.shape)
+        row_p = matrix.pick(s, matrix.mT(s, x), matrix.mT(s, is_p))                              # (*B, n)
         row_p = s.broadcast_in_dim(row_p, x.shape, bdims + [r - 1])
         is_k = s.compare(rows, kk, "EQ")
         x = s.select(is_k, row_p, s.select(is_p, row_k, x))
         # multipliers l = a[k+1:, k] / a[k, k] (not when the pivot is zero)
-        pivot = _expand(s, _entry(s, x, k, k), x.shape)
+        pivot = matrix.expand(s, matrix.entry(s, x, k, k), x.shape)
         nonzero = s.compare(pivot, s.zeros_like(pivot), "NE")
-        colk = _expand(s, _col(s, x, k), x.shape)
+        colk = matrix.expand(s, matrix.col(s, x, k), x.shape)
         l = s.select(nonzero, s.multiply(colk, s.divide(s.full_like(pivot, 1), pivot)), colk)
         below = s.compare(rows, kk, "GT")
         at_col = s.compare(cols, kk, "EQ")
         x = s.select(s.and_(below, at_col), l, x)
         # trailing update a[k+1:, k+1:] -= l * a[k, k+1:]
-        row_k = _expand(s, _row(s, x, k), x.shape)
+        row_k = matrix.expand(s, matrix.row(s, x, k), x.shape)
         upd = s.subtract(x, s.multiply(l, row_k))
         x = s.select(s.and_(below, s.compare(cols, kk, "GT")), upd, x)
-        piv = s.dynamic_update_slice(piv, s.reshape(s.add(_int32(s, p), s.constant(1, torch.int32, p.shape)),
-                                                    batch + (1,)), [_zero(s)] * (r - 2) + [k])
-        pz = s.reshape(_entry(s, x, k, k), batch)
+        piv = s.dynamic_update_slice(piv, s.reshape(s.add(matrix.to_int32(s, p), s.constant(1, torch.int32, p.shape)),
+                                                    batch + (1,)), [matrix.zero_index(s)] * (r - 2) + [k])
+        pz = s.reshape(matrix.entry(s, x, k, k), batch)
         zero_piv = s.compare(pz, s.zeros_like(pz), "EQ")
         first = s.and_(zero_piv, s.compare(info, s.zeros_like(info), "EQ"))
-        info = s.select(first, s.add(_scalar_to(s, _int32(s, k), info.shape), s.constant(1, torch.int32, info.shape)), info)
+        kth = s.add(matrix.scalar_to(s, matrix.to_int32(s, k), info.shape), s.constant(1, torch.int32, info.shape))
+        info = s.select(first, kth, info)
         return [x, piv, info]
 
-    if kmax == 0 or _empty(batch):
+    if kmax == 0 or matrix.is_empty(batch):
         return a, piv0, info0
-    return tuple(loop(b, kmax, [a, piv0, info0], body))
+    return tuple(matrix.loop(b, kmax, [a, piv0, info0], body))
 
 
 def pivots_to_perm(b, piv, m):
@@ -393,23 +221,23 @@ def pivots_to_perm(b, piv, m):
     batch = piv.shape[:-1]
     r = len(batch) + 1
     k = piv.shape[-1]
-    idx = _index(b, batch + (m,), r - 1)
+    idx = matrix.iota(b, batch + (m,), r - 1)
     bdims = list(range(r - 1))
 
     def body(s, i, perm):
-        iv = _scalar_to(s, i, perm.shape)
-        pi = s.subtract(s.convert(s.reshape(s.dynamic_slice(piv, [_zero(s)] * (r - 1) + [i], batch + (1,)),
-                                            batch), _I64), s.constant(1, _I64, batch))
+        iv = matrix.scalar_to(s, i, perm.shape)
+        pi = s.subtract(s.convert(s.reshape(s.dynamic_slice(piv, [matrix.zero_index(s)] * (r - 1) + [i], batch + (1,)),
+                                            batch), matrix.I64), s.constant(1, matrix.I64, batch))
         pb = s.broadcast_in_dim(pi, perm.shape, bdims)
         is_p = s.compare(idx, pb, "EQ")
-        vi = s.broadcast_in_dim(s.reshape(s.dynamic_slice(perm, [_zero(s)] * (r - 1) + [i], batch + (1,)), batch),
+        vi = s.broadcast_in_dim(s.reshape(s.dynamic_slice(perm, [matrix.zero_index(s)] * (r - 1) + [i], batch + (1,)), batch),
                                 perm.shape, bdims)
-        vp = s.broadcast_in_dim(_pick(s, perm, is_p), perm.shape, bdims)
+        vp = s.broadcast_in_dim(matrix.pick(s, perm, is_p), perm.shape, bdims)
         return [s.select(s.compare(idx, iv, "EQ"), vp, s.select(is_p, vi, perm))]
 
-    if k == 0 or m == 0 or _empty(batch):
+    if k == 0 or m == 0 or matrix.is_empty(batch):
         return idx
-    return loop(b, k, [idx], body)[0]
+    return matrix.loop(b, k, [idx], body)[0]
 
 
 def take_rows(b, x, idx):
@@ -418,9 +246,9 @@ def take_rows(b, x, idx):
     nb = len(batch)
     r = idx.shape[-1]
     c = x.shape[-1]
-    if _empty(x.shape) or r == 0:
+    if matrix.is_empty(x.shape) or r == 0:
         return b.constant(0, x.dtype, batch + (r, c))
-    parts = [b.reshape(_index(b, idx.shape, d), idx.shape + (1,)) for d in range(nb)]
+    parts = [b.reshape(matrix.iota(b, idx.shape, d), idx.shape + (1,)) for d in range(nb)]
     parts.append(b.reshape(idx, idx.shape + (1,)))
     full = b.concatenate(parts, nb + 1)
     return b.gather(x, full, offset_dims=[nb + 1], collapsed=list(range(nb + 1)),
@@ -433,7 +261,7 @@ def inverse_perm(b, perm):
     m = perm.shape[-1]
     if m == 0:
         return perm
-    pos = _index(b, perm.shape, perm.rank - 1)
+    pos = matrix.iota(b, perm.shape, perm.rank - 1)
     return b.sort([perm, pos], perm.rank - 1, lambda s, a0, a1, p0, p1: s.compare(a0, a1, "LT"))[1]
 
 
@@ -442,15 +270,15 @@ def lu_solve(b, lu, piv, x, left=True, adjoint=False):
     LU (*B, n, n), pivots (*B, n), x (*B, n, c) or (*B, c, n): equal batch dims."""
     n = lu.shape[-1]
     if not left:  # y A = x  <=>  A^H y^H = x^H
-        return _mH(b, lu_solve(b, lu, piv, _mH(b, x), True, not adjoint))
+        return matrix.mH(b, lu_solve(b, lu, piv, matrix.mH(b, x), True, not adjoint))
     perm = pivots_to_perm(b, piv, n)
     if not adjoint:  # y = U^-1 L^-1 P^T x
         y = take_rows(b, x, perm)
-        y = _trsm(b, lu, y, left=True, lower=True, unit=True)
-        return _trsm(b, lu, y, left=True, lower=False)
+        y = matrix.trsm(b, lu, y, left=True, lower=True, unit=True)
+        return matrix.trsm(b, lu, y, left=True, lower=False)
     # A^H = U^H L^H P^T: y = P L^-H U^-H x
-    y = _trsm(b, lu, x, left=True, lower=False, transpose="ADJOINT")
-    y = _trsm(b, lu, y, left=True, lower=True, unit=True, transpose="ADJOINT")
+    y = matrix.trsm(b, lu, x, left=True, lower=False, transpose="ADJOINT")
+    y = matrix.trsm(b, lu, y, left=True, lower=True, unit=True, transpose="ADJOINT")
     return take_rows(b, y, inverse_perm(b, perm))
 
 
@@ -476,16 +304,17 @@ def _unpack(b, lu, piv, out_types, unpack_data=True, unpack_pivots=True):
         perm = pivots_to_perm(b, piv, m)                              # (*B, m): P[perm[i], i] = 1
         shape = perm.shape[:-1] + (m, m)
         r = len(shape)
-        hit = b.compare(b.broadcast_in_dim(perm, shape, list(range(r - 2)) + [r - 1]), _index(b, shape, r - 2), "EQ")
+        hit = b.compare(b.broadcast_in_dim(perm, shape, list(range(r - 2)) + [r - 1]), matrix.iota(b, shape, r - 2),
+                        "EQ")
         p = b.select(hit, b.constant(1, p_t.dtype, shape), b.constant(0, p_t.dtype, shape))
     else:
         p = b.constant(0, p_t.dtype, p_t.shape)
     if unpack_data and l_t.numel + u_t.numel:
         r = lu.rank
         lpart = b.slice(lu, [0] * r, list(lu.shape[:-1]) + [k])
-        low = b.add(_tri(b, lpart, True, -1), _eye(b, lpart.shape, lu.dtype))
+        low = b.add(matrix.tri(b, lpart, True, -1), matrix.eye(b, lpart.shape, lu.dtype))
         upart = b.slice(lu, [0] * r, list(lu.shape[:-2]) + [k, n])
-        up = _tri(b, upart, False)
+        up = matrix.tri(b, upart, False)
     else:
         low = b.constant(0, l_t.dtype, l_t.shape)
         up = b.constant(0, u_t.dtype, u_t.shape)
@@ -496,7 +325,7 @@ def _unpack(b, lu, piv, out_types, unpack_data=True, unpack_pivots=True):
 def lu_unpack(ctx, lu, piv, unpack_data=True, unpack_pivots=True):
     b = ctx.b
     batch = ctx.out[1].shape[:-2] if unpack_data else ctx.out[0].shape[:-2]
-    lu = _bcast_batch(b, lu, batch) if len(batch) >= lu.rank - 2 else lu
+    lu = matrix.bcast_batch(b, lu, batch) if len(batch) >= lu.rank - 2 else lu
     piv = b.broadcast_to(piv, lu.shape[:-2] + piv.shape[-1:])
     return _unpack(b, lu, piv, ctx.out, unpack_data, unpack_pivots)
 
@@ -518,9 +347,9 @@ def linalg_lu_solve(ctx, lu, piv, x, left=True, adjoint=False):
     b = ctx.b
     out = ctx.out[0]
     batch = out.shape[:-2]
-    lu = _bcast_batch(b, lu, batch)
+    lu = matrix.bcast_batch(b, lu, batch)
     piv = b.broadcast_to(piv, batch + piv.shape[-1:])
-    x = _bcast_batch(b, x, batch)
+    x = matrix.bcast_batch(b, x, batch)
     return lu_solve(b, lu, piv, x, left, adjoint)
 
 
@@ -544,9 +373,9 @@ def linalg_solve_ex(ctx, a, x, left=True, check_errors=False):
     if vec:
         x = b.reshape(x, x.shape + (1,) if left else x.shape[:-1] + (1, x.shape[-1]))
     batch = tuple(torch.broadcast_shapes(a.shape[:-2], x.shape[:-2]))
-    lub = _bcast_batch(b, lu, batch)
+    lub = matrix.bcast_batch(b, lu, batch)
     pivb = b.broadcast_to(piv, batch + piv.shape[-1:])
-    x = _bcast_batch(b, x, batch)
+    x = matrix.bcast_batch(b, x, batch)
     res = lu_solve(b, lub, pivb, x, left, False)
     return res, lu, piv, info
 
@@ -561,7 +390,7 @@ def _check_inv_ex(a, check_errors=False):
 def linalg_inv_ex(ctx, a, check_errors=False):
     b = ctx.b
     lu, piv, info = lu_factor(b, a)
-    return lu_solve(b, lu, piv, _eye(b, a.shape, a.dtype)), info
+    return lu_solve(b, lu, piv, matrix.eye(b, a.shape, a.dtype)), info
 
 
 def _perm_sign(b, piv, dtype):
@@ -569,7 +398,7 @@ def _perm_sign(b, piv, dtype):
     k = piv.shape[-1]
     pos = b.add(b.iota(piv.shape, piv.rank - 1, torch.int32), b.constant(1, torch.int32, piv.shape))
     swaps = b.convert(b.compare(piv, pos, "NE"), torch.int32)
-    count = _sum_last(b, swaps) if k else b.constant(0, torch.int32, piv.shape[:-1])
+    count = matrix.sum_last(b, swaps) if k else b.constant(0, torch.int32, piv.shape[:-1])
     odd = b.compare(b.remainder(count, b.full_like(count, 2)), b.zeros_like(count), "NE")
     return b.select(odd, b.constant(-1, dtype, odd.shape), b.constant(1, dtype, odd.shape))
 
@@ -577,8 +406,8 @@ def _perm_sign(b, piv, dtype):
 def _diagonal(b, x):
     """The main diagonal of each (*B, n, n) matrix: (*B, n)."""
     r = x.rank
-    on = b.compare(_index(b, x.shape, r - 2), _index(b, x.shape, r - 1), "EQ")
-    return _pick(b, x, on)
+    on = b.compare(matrix.iota(b, x.shape, r - 2), matrix.iota(b, x.shape, r - 1), "EQ")
+    return matrix.pick(b, x, on)
 
 
 def _det_lu(b, a):
@@ -586,7 +415,7 @@ def _det_lu(b, a):
     a contiguous real A to LAPACK as the column-major A^T, so that case factors A^T, as CPU does."""
     ex = a.example
     if isinstance(ex, torch.Tensor) and ex.is_contiguous() and not a.dtype.is_complex:
-        a = _mT(b, a)
+        a = matrix.mT(b, a)
     return lu_factor(b, a)
 
 
@@ -604,7 +433,7 @@ def linalg_slogdet(ctx, a):
     b = ctx.b
     lu, piv, _ = _det_lu(b, a)
     d = _diagonal(b, lu)
-    mag = _abs(b, d)
+    mag = matrix.magnitude(b, d)
     if a.dtype.is_complex:
         unit = b.unary("sign", d)                          # d / |d|, 0 at 0
     else:
@@ -612,7 +441,7 @@ def linalg_slogdet(ctx, a):
         unit = b.select(b.compare(d, zero, "EQ"), zero, b.unary("sign", d))
     sign = b.reduce([unit], [b.constant(1, d.dtype)], [d.rank - 1], lambda s, u, v: s.multiply(u, v))[0]
     sign = b.multiply(sign, _perm_sign(b, piv, a.dtype))
-    logabs = _sum_last(b, b.log(mag))
+    logabs = matrix.sum_last(b, b.log(mag))
     return sign, logabs, lu, piv
 
 
@@ -632,21 +461,21 @@ _THETA = {7: 3.925724783138660, 13: 5.371920351148152}
 def _pade(b, a, m):
     """(U, V): odd and even parts of the degree-m Pade numerator, exp(A) ~ (V - U)^-1 (V + U)."""
     c = _PADE[m]
-    eye = _eye(b, a.shape, a.dtype)
+    eye = matrix.eye(b, a.shape, a.dtype)
     scale = lambda x, v: b.multiply(x, b.constant(v, a.dtype, a.shape))  # noqa: E731
-    a2 = _matmul(b, a, a)
+    a2 = matrix.matmul(b, a, a)
     if m == 13:
-        a4 = _matmul(b, a2, a2)
-        a6 = _matmul(b, a4, a2)
-        u = _matmul(b, a6, b.add(b.add(scale(a6, c[13]), scale(a4, c[11])), scale(a2, c[9])))
+        a4 = matrix.matmul(b, a2, a2)
+        a6 = matrix.matmul(b, a4, a2)
+        u = matrix.matmul(b, a6, b.add(b.add(scale(a6, c[13]), scale(a4, c[11])), scale(a2, c[9])))
         u = b.add(u, b.add(b.add(b.add(scale(a6, c[7]), scale(a4, c[5])), scale(a2, c[3])), scale(eye, c[1])))
-        u = _matmul(b, a, u)
-        v = _matmul(b, a6, b.add(b.add(scale(a6, c[12]), scale(a4, c[10])), scale(a2, c[8])))
+        u = matrix.matmul(b, a, u)
+        v = matrix.matmul(b, a6, b.add(b.add(scale(a6, c[12]), scale(a4, c[10])), scale(a2, c[8])))
         v = b.add(v, b.add(b.add(b.add(scale(a6, c[6]), scale(a4, c[4])), scale(a2, c[2])), scale(eye, c[0])))
         return u, v
     powers = [eye, a2]
     while 2 * len(powers) <= m:
-        powers.append(_matmul(b, powers[-1], a2))
+        powers.append(matrix.matmul(b, powers[-1], a2))
     u = v = None
     for j, pw in enumerate(powers):
         if 2 * j + 1 <= m:
@@ -654,7 +483,7 @@ def _pade(b, a, m):
             u = t if u is None else b.add(u, t)
         t = scale(pw, c[2 * j])
         v = t if v is None else b.add(v, t)
-    return _matmul(b, a, u), v
+    return matrix.matmul(b, a, u), v
 
 
 @register("linalg_matrix_exp")
@@ -669,37 +498,37 @@ def _matrix_exp(b, a):
     """exp of each (*B, n, n) matrix: scaling and squaring with a Pade approximant of degree 7
     (single precision) or 13 (double)."""
     n = a.shape[-1]
-    if n == 0 or _empty(a.shape):
+    if n == 0 or matrix.is_empty(a.shape):
         return a
     if n == 1:
         return b.exp(a)
     m = 13 if a.dtype in (torch.float64, torch.complex128) else 7
-    rd = _real_dtype(a.dtype)
+    rd = matrix.real_dtype(a.dtype)
     batch = a.shape[:-2]
     r = a.rank
     bdims = list(range(r - 2))
     # s = max(0, ceil(log2(|A|_1 / theta))) per matrix
-    colsum = b.reduce([_abs(b, a)], [b.constant(0, rd)], [r - 2], lambda s, u, v: s.add(u, v))[0]
+    colsum = b.reduce([matrix.magnitude(b, a)], [b.constant(0, rd)], [r - 2], lambda s, u, v: s.add(u, v))[0]
     norm = b.reduce([colsum], [b.constant(-math.inf, rd)], [r - 2], lambda s, u, v: s.maximum(u, v))[0]
     ratio = b.divide(norm, b.constant(_THETA[m], rd, batch))
     steps = b.unary("ceil", b.divide(b.log(ratio), b.constant(math.log(2.0), rd, batch)))
     finite = b.and_(b.compare(steps, b.constant(-1, rd, batch), "GT"), b.compare(steps, b.constant(1000, rd, batch), "LT"))
     steps = b.select(finite, steps, b.zeros_like(steps))
-    steps = b.op("stablehlo.convert", [steps], [TensorType(batch, _I64)])[0]
+    steps = b.op("stablehlo.convert", [steps], [TensorType(batch, matrix.I64)])[0]
     big = b.compare(ratio, b.constant(1, rd, batch), "GT")
     steps = b.select(big, steps, b.zeros_like(steps))
     factor = b.power(b.constant(2, rd, batch), b.convert(b.negate(steps), rd))
-    a_s = b.multiply(a, b.broadcast_in_dim(_to(b, factor, a.dtype), a.shape, bdims))
+    a_s = b.multiply(a, b.broadcast_in_dim(matrix.convert_to(b, factor, a.dtype), a.shape, bdims))
     u, v = _pade(b, a_s, m)
     lu, piv, _ = lu_factor(b, b.subtract(v, u))
     e = lu_solve(b, lu, piv, b.add(v, u))
-    most = b.reduce([steps], [b.constant(0, _I64)], bdims, lambda s, x, y: s.maximum(x, y))[0] if bdims else steps
+    most = b.reduce([steps], [b.constant(0, matrix.I64)], bdims, lambda s, x, y: s.maximum(x, y))[0] if bdims else steps
 
     def square(s, k, x):
-        again = s.broadcast_in_dim(s.compare(_scalar_to(s, k, steps.shape), steps, "LT"), x.shape, bdims)
-        return [s.select(again, _matmul(s, x, x), x)]
+        again = s.broadcast_in_dim(s.compare(matrix.scalar_to(s, k, steps.shape), steps, "LT"), x.shape, bdims)
+        return [s.select(again, matrix.matmul(s, x, x), x)]
 
-    return loop(b, most, [e], square)[0]
+    return matrix.loop(b, most, [e], square)[0]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -714,21 +543,20 @@ def geqrf(b, a):
     r = a.rank
     batch = a.shape[:-2]
     bdims = list(range(r - 2))
-    rd = _real_dtype(a.dtype)
-    rows, cols = _index(b, a.shape, r - 2), _index(b, a.shape, r - 1)
-    vrows = _index(b, batch + (m,), r - 2)
+    rows, cols = matrix.iota(b, a.shape, r - 2), matrix.iota(b, a.shape, r - 1)
+    vrows = matrix.iota(b, batch + (m,), r - 2)
     tau0 = b.constant(0, a.dtype, batch + (kmax,))
 
     def body(s, k, x, tau):
-        kk = _scalar_to(s, k, x.shape)
-        kv = _scalar_to(s, k, vrows.shape)
-        col = s.reshape(_col(s, x, k), batch + (m,))
+        kk = matrix.scalar_to(s, k, x.shape)
+        kv = matrix.scalar_to(s, k, vrows.shape)
+        col = s.reshape(matrix.col(s, x, k), batch + (m,))
         below = s.compare(vrows, kv, "GT")
         xs = s.select(below, col, s.zeros_like(col))
-        alpha = s.reshape(_entry(s, x, k, k), batch)
-        xnorm2 = _sum_last(s, _re(s, s.multiply(xs, _conj(s, xs))))
-        ar = _re(s, alpha)
-        ai = _im(s, alpha) if a.dtype.is_complex else None
+        alpha = s.reshape(matrix.entry(s, x, k, k), batch)
+        xnorm2 = matrix.sum_last(s, matrix.real_part(s, s.multiply(xs, matrix.conj(s, xs))))
+        ar = matrix.real_part(s, alpha)
+        ai = matrix.imag_part(s, alpha) if a.dtype.is_complex else None
         norm2 = s.add(s.multiply(ar, ar), xnorm2)
         if ai is not None:
             norm2 = s.add(norm2, s.multiply(ai, ai))
@@ -739,7 +567,7 @@ def geqrf(b, a):
         if ai is not None:
             skip = s.and_(skip, s.compare(ai, s.zeros_like(ai), "EQ"))
         safe_beta = s.select(skip, s.full_like(beta, 1), beta)
-        bc = _to(s, safe_beta, a.dtype)
+        bc = matrix.convert_to(s, safe_beta, a.dtype)
         t = s.divide(s.subtract(bc, alpha), bc)                         # (beta - alpha) / beta
         t = s.select(skip, s.zeros_like(t), t)
         denom = s.subtract(alpha, bc)
@@ -751,22 +579,22 @@ def geqrf(b, a):
         vm = s.reshape(v, batch + (m, 1))
         rows_ok = s.compare(rows, kk, "GE")
         xa = s.select(rows_ok, x, s.zeros_like(x))
-        w = _matmul(s, _mH(s, vm), xa)                                  # (*B, 1, n)
-        tc = s.broadcast_in_dim(_conj(s, t), x.shape, bdims)
-        upd = s.subtract(x, s.multiply(tc, _matmul(s, vm, w)))
+        w = matrix.matmul(s, matrix.mH(s, vm), xa)                                  # (*B, 1, n)
+        tc = s.broadcast_in_dim(matrix.conj(s, t), x.shape, bdims)
+        upd = s.subtract(x, s.multiply(tc, matrix.matmul(s, vm, w)))
         right = s.compare(cols, kk, "GT")
         x = s.select(s.and_(right, rows_ok), upd, x)
         # store beta on the diagonal and v below it (unless the reflection is skipped)
         at_col = s.compare(cols, kk, "EQ")
-        diag = s.broadcast_in_dim(s.select(skip, alpha, _to(s, beta, a.dtype)), v.shape, bdims)
+        diag = s.broadcast_in_dim(s.select(skip, alpha, matrix.convert_to(s, beta, a.dtype)), v.shape, bdims)
         newcol = s.select(s.compare(vrows, kv, "EQ"), diag, s.select(s.broadcast_in_dim(skip, v.shape, bdims), col, v))
         x = s.select(s.and_(at_col, rows_ok), s.broadcast_in_dim(newcol, x.shape, bdims + [r - 2]), x)
-        tau = s.dynamic_update_slice(tau, s.reshape(t, batch + (1,)), [_zero(s)] * (r - 2) + [k])
+        tau = s.dynamic_update_slice(tau, s.reshape(t, batch + (1,)), [matrix.zero_index(s)] * (r - 2) + [k])
         return [x, tau]
 
-    if kmax == 0 or _empty(batch):
+    if kmax == 0 or matrix.is_empty(batch):
         return a, tau0
-    return tuple(loop(b, kmax, [a, tau0], body))
+    return tuple(matrix.loop(b, kmax, [a, tau0], body))
 
 
 def _reflector(s, v_all, tau, i):
@@ -774,12 +602,12 @@ def _reflector(s, v_all, tau, i):
     m = v_all.shape[-2]
     r = v_all.rank
     batch = v_all.shape[:-2]
-    vrows = _index(s, batch + (m,), r - 2)
-    iv = _scalar_to(s, i, vrows.shape)
-    col = s.reshape(_col(s, v_all, i), batch + (m,))
+    vrows = matrix.iota(s, batch + (m,), r - 2)
+    iv = matrix.scalar_to(s, i, vrows.shape)
+    col = s.reshape(matrix.col(s, v_all, i), batch + (m,))
     v = s.select(s.compare(vrows, iv, "GT"), col, s.zeros_like(col))
     v = s.select(s.compare(vrows, iv, "EQ"), s.full_like(v, 1), v)
-    t = s.reshape(s.dynamic_slice(tau, [_zero(s)] * (r - 2) + [i], batch + (1,)), batch)
+    t = s.reshape(s.dynamic_slice(tau, [matrix.zero_index(s)] * (r - 2) + [i], batch + (1,)), batch)
     return s.reshape(v, batch + (m, 1)), t
 
 
@@ -790,18 +618,19 @@ def apply_reflectors(b, v_all, tau, c, left=True, adjoint=False, reverse=False):
     bdims = list(range(c.rank - 2))
 
     def body(s, i, x):
-        j = s.subtract(s.constant(k - 1, _I64), i) if reverse else i
+        j = s.subtract(s.constant(k - 1, matrix.I64), i) if reverse else i
         v, t = _reflector(s, v_all, tau, j)
         if adjoint:
-            t = _conj(s, t)
+            t = matrix.conj(s, t)
         tb = s.broadcast_in_dim(t, x.shape, bdims)
         if left:   # x - t v (v^H x)
-            return [s.subtract(x, s.multiply(tb, _matmul(s, v, _matmul(s, _mH(s, v), x))))]
-        return [s.subtract(x, s.multiply(tb, _matmul(s, _matmul(s, x, v), _mH(s, v))))]  # x - t (x v) v^H
+            return [s.subtract(x, s.multiply(tb, matrix.matmul(s, v, matrix.matmul(s, matrix.mH(s, v), x))))]
+        xvvh = matrix.matmul(s, matrix.matmul(s, x, v), matrix.mH(s, v))
+        return [s.subtract(x, s.multiply(tb, xvvh))]  # x - t (x v) v^H
 
-    if k == 0 or _empty(c.shape):
+    if k == 0 or matrix.is_empty(c.shape):
         return c
-    return loop(b, k, [c], body)[0]
+    return matrix.loop(b, k, [c], body)[0]
 
 
 def _geqrf_meta(a):
@@ -825,7 +654,7 @@ def geqrf_(ctx, a):
 def householder_product(b, v_all, tau, ncols):
     """The first `ncols` columns of H_1 ... H_k (LAPACK's orgqr), v_all (*B, m, >=k)."""
     m = v_all.shape[-2]
-    eye = _eye(b, v_all.shape[:-2] + (m, ncols), v_all.dtype)
+    eye = matrix.eye(b, v_all.shape[:-2] + (m, ncols), v_all.dtype)
     return apply_reflectors(b, v_all, tau, eye, left=True, reverse=True)
 
 
@@ -834,7 +663,7 @@ def linalg_householder_product(ctx, v, tau):
     b = ctx.b
     out = ctx.out[0]
     batch = out.shape[:-2]
-    v = _bcast_batch(b, v, batch)
+    v = matrix.bcast_batch(b, v, batch)
     tau = b.broadcast_to(tau, batch + tau.shape[-1:])
     return householder_product(b, v, tau, v.shape[-1])
 
@@ -844,9 +673,9 @@ def ormqr(ctx, v, tau, c, left=True, transpose=False):
     b = ctx.b
     out = ctx.out[0]
     batch = out.shape[:-2]
-    v = _bcast_batch(b, v, batch)
+    v = matrix.bcast_batch(b, v, batch)
     tau = b.broadcast_to(tau, batch + tau.shape[-1:])
-    c = _bcast_batch(b, c, batch)
+    c = matrix.bcast_batch(b, c, batch)
     # Q = H_1 ... H_k: Q c applies H_k first; Q^H c applies H_1^H first; c Q applies H_1 first
     reverse = (left and not transpose) or (not left and transpose)
     return apply_reflectors(b, v, tau, c, left=left, adjoint=transpose, reverse=reverse)
@@ -859,7 +688,7 @@ def linalg_qr(ctx, a, mode="reduced"):
     n = a.shape[-1]
     fact, tau = geqrf(b, a)
     rows = r_t.shape[-2]
-    r = _tri(b, b.slice(fact, [0] * a.rank, list(a.shape[:-2]) + [rows, n]), False)
+    r = matrix.tri(b, b.slice(fact, [0] * a.rank, list(a.shape[:-2]) + [rows, n]), False)
     if mode == "r":
         return b.constant(0, q_t.dtype, q_t.shape), r
     ncols = q_t.shape[-1]

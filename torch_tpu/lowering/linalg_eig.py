@@ -27,9 +27,8 @@ from __future__ import annotations
 import torch
 
 from .builder import TensorType
-from .linalg_decomp import (_I64, _abs, _bcast_batch, _col, _conj, _empty, _entry, _expand, _eye, _index,
-                            _matmul, _mH, _mT, _re, _real_dtype, _scalar_to, _sum_last, _to, _tri, _zero,
-                            geqrf, householder_product, take_rows)
+from .helpers import matrix
+from .linalg_decomp import geqrf, householder_product, take_rows
 from .registry import column_major, host_kernel, register
 
 # Sweep caps: Jacobi converges quadratically, typically in 5-10 sweeps at these precisions.
@@ -37,14 +36,14 @@ _MAX_SWEEPS = {torch.float32: 20, torch.float64: 30}
 
 
 def _eps(dtype):
-    return torch.finfo(_real_dtype(dtype)).eps
+    return torch.finfo(matrix.real_dtype(dtype)).eps
 
 
 def _pairs(b, n):
     """Constant tables (p, q) of all pairs p < q in cyclic row order, as tensor<Nxi64> values."""
     ps = [p for p in range(n) for q in range(p + 1, n)]
     qs = [q for p in range(n) for q in range(p + 1, n)]
-    t = TensorType((len(ps),), _I64)
+    t = TensorType((len(ps),), matrix.I64)
     mk = lambda xs: b.op("stablehlo.constant", [], [t], {"value": f"dense<[{', '.join(map(str, xs))}]> : {t}"})[0]  # noqa: E731
     return mk(ps), mk(qs)
 
@@ -58,7 +57,7 @@ def _rotation(s, app, aqq, apq, dtype):
     """(c, s, g) of the Jacobi rotation zeroing the (p, q) entry of [[app, apq], [conj apq, aqq]]
     (app, aqq real, apq of `dtype`); c, s real and g of `dtype`, shapes (*B,). The identity where
     apq == 0."""
-    mag = _abs(s, apq)
+    mag = matrix.magnitude(s, apq)
     zero = s.compare(mag, s.zeros_like(mag), "EQ")
     safe = s.select(zero, s.full_like(mag, 1), mag)
     tau = s.divide(s.subtract(aqq, app), s.multiply(s.full_like(safe, 2), safe))
@@ -71,7 +70,10 @@ def _rotation(s, app, aqq, apq, dtype):
     t = s.select(zero, s.zeros_like(t), s.multiply(sign, t))
     c = s.rsqrt(s.add(s.full_like(t, 1), s.multiply(t, t)))
     sn = s.multiply(t, c)
-    g = s.divide(apq, _to(s, safe, dtype)) if dtype.is_complex else s.select(zero, s.full_like(apq, 1), s.unary("sign", apq))
+    if dtype.is_complex:
+        g = s.divide(apq, matrix.convert_to(s, safe, dtype))
+    else:
+        g = s.select(zero, s.full_like(apq, 1), s.unary("sign", apq))
     if dtype.is_complex:
         g = s.select(zero, s.full_like(g, 1), g)
     return c, sn, g
@@ -80,14 +82,14 @@ def _rotation(s, app, aqq, apq, dtype):
 def _rotate_cols(s, x, p, q, c, sn, g):
     """x J for the rotation J (c, s, g) in columns p, q of each (*B, m, n) matrix x."""
     bd = list(range(x.rank - 2))
-    cols = _index(s, x.shape, x.rank - 1)
-    xp, xq = _expand(s, _col(s, x, p), x.shape), _expand(s, _col(s, x, q), x.shape)
-    cb = s.broadcast_in_dim(_to(s, c, x.dtype), x.shape, bd)
-    sg = s.broadcast_in_dim(s.multiply(_to(s, sn, x.dtype), g), x.shape, bd)
-    newp = s.subtract(s.multiply(cb, xp), s.multiply(_conj(s, sg), xq))
+    cols = matrix.iota(s, x.shape, x.rank - 1)
+    xp, xq = matrix.expand(s, matrix.col(s, x, p), x.shape), matrix.expand(s, matrix.col(s, x, q), x.shape)
+    cb = s.broadcast_in_dim(matrix.convert_to(s, c, x.dtype), x.shape, bd)
+    sg = s.broadcast_in_dim(s.multiply(matrix.convert_to(s, sn, x.dtype), g), x.shape, bd)
+    newp = s.subtract(s.multiply(cb, xp), s.multiply(matrix.conj(s, sg), xq))
     newq = s.add(s.multiply(sg, xp), s.multiply(cb, xq))
-    x = s.select(s.compare(cols, _scalar_to(s, p, x.shape), "EQ"), newp, x)
-    return s.select(s.compare(cols, _scalar_to(s, q, x.shape), "EQ"), newq, x)
+    x = s.select(s.compare(cols, matrix.scalar_to(s, p, x.shape), "EQ"), newp, x)
+    return s.select(s.compare(cols, matrix.scalar_to(s, q, x.shape), "EQ"), newq, x)
 
 
 def _sweeps(b, n, dtype, state, converged, rotate):
@@ -95,8 +97,8 @@ def _sweeps(b, n, dtype, state, converged, rotate):
     cap; `rotate(s, p, q, *state)` applies one rotation. Returns the final state."""
     ptab, qtab = _pairs(b, n)
     npairs = n * (n - 1) // 2
-    cap = b.constant(_MAX_SWEEPS[_real_dtype(dtype)], _I64)
-    types = [TensorType((), _I64)] + [v.type for v in state]
+    cap = b.constant(_MAX_SWEEPS[matrix.real_dtype(dtype)], matrix.I64)
+    types = [TensorType((), matrix.I64)] + [v.type for v in state]
 
     def cond(s, k, *st):
         return s.and_(s.compare(k, cap, "LT"), s.not_(converged(s, *st)))
@@ -104,15 +106,15 @@ def _sweeps(b, n, dtype, state, converged, rotate):
     def sweep(s, k, *st):
         def inner(s2, j, *st2):
             return list(rotate(s2, _at(s2, ptab, j), _at(s2, qtab, j), *st2))
-        itypes = [TensorType((), _I64)] + [v.type for v in st]
-        bound = s.constant(npairs, _I64)
+        itypes = [TensorType((), matrix.I64)] + [v.type for v in st]
+        bound = s.constant(npairs, matrix.I64)
         icond = lambda s2, j, *r: s2.compare(j, bound, "LT")  # noqa: E731
-        ibody = lambda s2, j, *r: [s2.add(j, s2.constant(1, _I64)), *inner(s2, j, *r)]  # noqa: E731
-        new = s.op("stablehlo.while", [_zero(s), *st], itypes,
+        ibody = lambda s2, j, *r: [s2.add(j, s2.constant(1, matrix.I64)), *inner(s2, j, *r)]  # noqa: E731
+        new = s.op("stablehlo.while", [matrix.zero_index(s), *st], itypes,
                    regions=[s.region(itypes, icond), s.region(itypes, ibody)])[1:]
-        return [s.add(k, s.constant(1, _I64)), *new]
+        return [s.add(k, s.constant(1, matrix.I64)), *new]
 
-    return b.op("stablehlo.while", [_zero(b), *state], types,
+    return b.op("stablehlo.while", [matrix.zero_index(b), *state], types,
                 regions=[b.region(types, cond), b.region(types, sweep)])[1:]
 
 
@@ -125,21 +127,21 @@ def _all(s, pred):
 
 def _sq_sum(s, x, mask=None):
     """sum |x|^2 over the last two dims (where mask holds), real, shape (*B,)."""
-    a = _abs(s, x)
+    a = matrix.magnitude(s, x)
     sq = s.multiply(a, a)
     if mask is not None:
         sq = s.select(mask, sq, s.zeros_like(sq))
-    return _sum_last(s, _sum_last(s, sq))
+    return matrix.sum_last(s, matrix.sum_last(s, sq))
 
 
 def _permute_cols(b, x, idx):
     """x[..., :, idx] (idx (*B, n) i64) for x (*B, m, n)."""
-    return _mT(b, take_rows(b, _mT(b, x), idx))
+    return matrix.mT(b, take_rows(b, matrix.mT(b, x), idx))
 
 
 def _sort_with_index(b, vals, descending):
     """(sorted vals, their original positions) along the last dim, stable."""
-    idx = _index(b, vals.shape, vals.rank - 1)
+    idx = matrix.iota(b, vals.shape, vals.rank - 1)
     d = "GT" if descending else "LT"
     out = b.sort([vals, idx], vals.rank - 1, lambda s, a0, a1, i0, i1: s.compare(a0, a1, d))
     return out[0], out[1]
@@ -150,11 +152,11 @@ def _sort_with_index(b, vals, descending):
 def hermitian_from(b, a, upper):
     """The Hermitian matrix LAPACK reads: one strict triangle, its conjugate transpose, and the real
     part of the diagonal."""
-    strict = _tri(b, a, not upper, 1 if upper else -1)
+    strict = matrix.tri(b, a, not upper, 1 if upper else -1)
     r = a.rank
-    diag = b.compare(_index(b, a.shape, r - 2), _index(b, a.shape, r - 1), "EQ")
-    d = b.select(diag, _to(b, _re(b, a), a.dtype), b.zeros_like(a))
-    return b.add(b.add(strict, _mH(b, strict)), d)
+    diag = b.compare(matrix.iota(b, a.shape, r - 2), matrix.iota(b, a.shape, r - 1), "EQ")
+    d = b.select(diag, matrix.convert_to(b, matrix.real_part(b, a), a.dtype), b.zeros_like(a))
+    return b.add(b.add(strict, matrix.mH(b, strict)), d)
 
 
 def eigh(b, a, upper=False, vectors=True):
@@ -163,10 +165,10 @@ def eigh(b, a, upper=False, vectors=True):
     n = a.shape[-1]
     r = a.rank
     batch = a.shape[:-2]
-    rd = _real_dtype(a.dtype)
+    rd = matrix.real_dtype(a.dtype)
     h = hermitian_from(b, a, upper)
-    v0 = _eye(b, a.shape, a.dtype)
-    offmask = b.compare(_index(b, a.shape, r - 2), _index(b, a.shape, r - 1), "NE")
+    v0 = matrix.eye(b, a.shape, a.dtype)
+    offmask = b.compare(matrix.iota(b, a.shape, r - 2), matrix.iota(b, a.shape, r - 1), "NE")
     tol = (_eps(a.dtype) * 0.5) ** 2  # squared: compared with sums of squares
 
     def converged(s, x, v):
@@ -175,21 +177,22 @@ def eigh(b, a, upper=False, vectors=True):
         return _all(s, s.compare(off, s.multiply(tot, s.constant(tol, rd, batch)), "LE"))
 
     def rotate(s, p, q, x, v):
-        app = _re(s, s.reshape(_entry(s, x, p, p), batch))
-        aqq = _re(s, s.reshape(_entry(s, x, q, q), batch))
-        apq = s.reshape(_entry(s, x, p, q), batch)
+        app = matrix.real_part(s, s.reshape(matrix.entry(s, x, p, p), batch))
+        aqq = matrix.real_part(s, s.reshape(matrix.entry(s, x, q, q), batch))
+        apq = s.reshape(matrix.entry(s, x, p, q), batch)
         c, sn, g = _rotation(s, app, aqq, apq, a.dtype)
         x = _rotate_cols(s, x, p, q, c, sn, g)
-        x = _mH(s, _rotate_cols(s, _mH(s, x), p, q, c, sn, g))   # J^H (A J) = ((A J)^H J)^H
+        x = matrix.mH(s, _rotate_cols(s, matrix.mH(s, x), p, q, c, sn, g))   # J^H (A J) = ((A J)^H J)^H
         return x, _rotate_cols(s, v, p, q, c, sn, g) if vectors else v
 
-    if n > 1 and not _empty(batch):
+    if n > 1 and not matrix.is_empty(batch):
         h, v = _sweeps(b, n, a.dtype, [h, v0], converged, rotate)
     else:
         v = v0
-    diag = b.compare(_index(b, a.shape, r - 2), _index(b, a.shape, r - 1), "EQ")
-    w = _sum_last(b, _re(b, b.select(diag, h, b.zeros_like(h)))) if n else b.constant(0, rd, batch + (0,))
-    if n == 0 or _empty(batch):
+    diag = b.compare(matrix.iota(b, a.shape, r - 2), matrix.iota(b, a.shape, r - 1), "EQ")
+    w = (matrix.sum_last(b, matrix.real_part(b, b.select(diag, h, b.zeros_like(h)))) if n
+         else b.constant(0, rd, batch + (0,)))
+    if n == 0 or matrix.is_empty(batch):
         return w, (v if vectors else None)
     w, idx = _sort_with_index(b, w, False)
     return w, (_permute_cols(b, v, idx) if vectors else None)
@@ -219,16 +222,17 @@ def _svd_tall(b, a, vectors):
     V (*B, n, n)) such that a V = W, columns sorted by descending norm, and the norms (*B, n)."""
     m, n = a.shape[-2:]
     batch = a.shape[:-2]
-    rd = _real_dtype(a.dtype)
-    v0 = _eye(b, batch + (n, n), a.dtype)
+    rd = matrix.real_dtype(a.dtype)
+    v0 = matrix.eye(b, batch + (n, n), a.dtype)
     tol = _eps(a.dtype) * n
-    offmask = b.compare(_index(b, batch + (n, n), len(batch)), _index(b, batch + (n, n), len(batch) + 1), "NE")
+    square = batch + (n, n)
+    offmask = b.compare(matrix.iota(b, square, len(batch)), matrix.iota(b, square, len(batch) + 1), "NE")
 
     def converged(s, w, v):
         # every pair: |w_p^H w_q| <= tol * |w_p| |w_q| (zero columns are orthogonal to all)
-        g = _matmul(s, _mH(s, w), w)
-        gd = _abs(s, g)
-        diag = _sum_last(s, s.select(offmask, s.zeros_like(gd), gd))               # |w_j|^2 (*B, n)
+        g = matrix.matmul(s, matrix.mH(s, w), w)
+        gd = matrix.magnitude(s, g)
+        diag = matrix.sum_last(s, s.select(offmask, s.zeros_like(gd), gd))               # |w_j|^2 (*B, n)
         nr = s.sqrt(diag)
         bound = s.multiply(s.broadcast_in_dim(nr, gd.shape, list(range(len(batch))) + [len(batch) + 1]),
                            s.broadcast_in_dim(nr, gd.shape, list(range(len(batch))) + [len(batch)]))
@@ -236,19 +240,20 @@ def _svd_tall(b, a, vectors):
         return _all(s, ok)
 
     def rotate(s, p, q, w, v):
-        wp, wq = _col(s, w, p), _col(s, w, q)                                       # (*B, m, 1)
-        alpha = _re(s, s.reshape(_matmul(s, _mH(s, wp), wp), batch))
-        beta = _re(s, s.reshape(_matmul(s, _mH(s, wq), wq), batch))
-        gamma = s.reshape(_matmul(s, _mH(s, wp), wq), batch)
+        wp, wq = matrix.col(s, w, p), matrix.col(s, w, q)                                       # (*B, m, 1)
+        alpha = matrix.real_part(s, s.reshape(matrix.matmul(s, matrix.mH(s, wp), wp), batch))
+        beta = matrix.real_part(s, s.reshape(matrix.matmul(s, matrix.mH(s, wq), wq), batch))
+        gamma = s.reshape(matrix.matmul(s, matrix.mH(s, wp), wq), batch)
         c, sn, g = _rotation(s, alpha, beta, gamma, a.dtype)
         return _rotate_cols(s, w, p, q, c, sn, g), (_rotate_cols(s, v, p, q, c, sn, g) if vectors else v)
 
     w, v = a, v0
-    if n > 1 and not _empty(a.shape):
+    if n > 1 and not matrix.is_empty(a.shape):
         w, v = _sweeps(b, n, a.dtype, [w, v], converged, rotate)
-    aw = _abs(b, w)
-    s_ = b.sqrt(_sum_last(b, _mT(b, b.multiply(aw, aw)))) if m else b.constant(0, rd, batch + (n,))  # column norms
-    if n > 1 and not _empty(a.shape):
+    aw = matrix.magnitude(b, w)
+    # column norms
+    s_ = b.sqrt(matrix.sum_last(b, matrix.mT(b, b.multiply(aw, aw)))) if m else b.constant(0, rd, batch + (n,))
+    if n > 1 and not matrix.is_empty(a.shape):
         s_, idx = _sort_with_index(b, s_, True)
         w, v = _permute_cols(b, w, idx), _permute_cols(b, v, idx)
     return w, v, s_
@@ -264,22 +269,23 @@ def _left_vectors(b, w, s_, full):
     nb = len(batch)
     nz = b.compare(s_, b.zeros_like(s_), "GT")
     inv = b.select(nz, b.divide(b.full_like(s_, 1), s_), b.zeros_like(s_))
-    u = b.multiply(w, b.broadcast_in_dim(_to(b, inv, w.dtype), w.shape, list(range(nb)) + [nb + 1]))
+    u = b.multiply(w, b.broadcast_in_dim(matrix.convert_to(b, inv, w.dtype), w.shape, list(range(nb)) + [nb + 1]))
     if k == 0:
-        return _eye(b, batch + (m, m), w.dtype) if full else u
+        return matrix.eye(b, batch + (m, m), w.dtype) if full else u
     fact, tau = geqrf(b, u)
     q = householder_product(b, fact, tau, m if full else k)
-    on = b.compare(_index(b, (m, k), 0), _index(b, (m, k), 1), "EQ")
-    d = _sum_last(b, _mT(b, b.select(b.broadcast_in_dim(on, w.shape, [nb, nb + 1]), fact, b.zeros_like(fact))))
-    mag = _abs(b, d)
+    on = b.compare(matrix.iota(b, (m, k), 0), matrix.iota(b, (m, k), 1), "EQ")
+    diag = b.select(b.broadcast_in_dim(on, w.shape, [nb, nb + 1]), fact, b.zeros_like(fact))
+    d = matrix.sum_last(b, matrix.mT(b, diag))
+    mag = matrix.magnitude(b, d)
     zero = b.compare(mag, b.zeros_like(mag), "EQ")
-    ph = b.select(zero, b.full_like(d, 1), b.divide(d, _to(b, b.select(zero, b.full_like(mag, 1), mag), d.dtype)))
+    safe = matrix.convert_to(b, b.select(zero, b.full_like(mag, 1), mag), d.dtype)
+    ph = b.select(zero, b.full_like(d, 1), b.divide(d, safe))
     shape = q.shape
-    cols = _index(b, shape, nb + 1)
     phb = b.broadcast_in_dim(ph, batch + (1, k), list(range(nb)) + [nb + 1])
     if full and m > k:
         phb = b.concatenate([phb, b.constant(1, d.dtype, batch + (1, m - k))], nb + 1)
-    return b.multiply(q, _expand(b, phb, shape))
+    return b.multiply(q, matrix.expand(b, phb, shape))
 
 
 def svd(b, a, full, vectors):
@@ -287,14 +293,14 @@ def svd(b, a, full, vectors):
     U and Vh are None unless `vectors`."""
     m, n = a.shape[-2:]
     wide = m < n
-    x = _mH(b, a) if wide else a                                  # tall: (*B, M, N), M >= N
+    x = matrix.mH(b, a) if wide else a                                  # tall: (*B, M, N), M >= N
     w, v, s_ = _svd_tall(b, x, vectors)
     if not vectors:
         return None, s_, None
     u = _left_vectors(b, w, s_, full)                             # (*B, M, N or M)
     if wide:   # a^H = u S v^H  =>  a = v S u^H
-        return v, s_, _mH(b, u)
-    return u, s_, _mH(b, v)
+        return v, s_, matrix.mH(b, u)
+    return u, s_, matrix.mH(b, v)
 
 
 def _check_svd(a, full_matrices=False, compute_uv=True, driver=None):
@@ -315,9 +321,9 @@ def linalg_svd(ctx, a, full_matrices=False, compute_uv=True, driver=None):
     b = ctx.b
     u_t, s_t, vh_t = ctx.out
     m, n = a.shape[-2:]
-    if _empty(a.shape):
+    if matrix.is_empty(a.shape):
         s_ = b.constant(0, s_t.dtype, s_t.shape)
-        mk = lambda t: _eye(b, t.shape, t.dtype) if t.numel else b.constant(0, t.dtype, t.shape)  # noqa: E731
+        mk = lambda t: matrix.eye(b, t.shape, t.dtype) if t.numel else b.constant(0, t.dtype, t.shape)  # noqa: E731
         return (mk(u_t) if compute_uv else b.constant(0, u_t.dtype, u_t.shape), s_,
                 mk(vh_t) if compute_uv else b.constant(0, vh_t.dtype, vh_t.shape))
     u, s_, vh = svd(b, a, full_matrices, compute_uv)
@@ -373,7 +379,7 @@ def _c10_name(dt):
 def _lstsq_meta(a, other, rcond=None, *, driver=None):
     """Result types of linalg_lstsq (PyTorch registers no meta kernel for it)."""
     sol, res, rank, sv, _, _ = _lstsq_shapes(a, other, driver)
-    rd = _real_dtype(a.dtype)
+    rd = matrix.real_dtype(a.dtype)
     return (a.new_empty(sol), a.new_empty(res, dtype=rd), a.new_empty(rank, dtype=torch.int64),
             a.new_empty(sv, dtype=rd))
 
@@ -423,17 +429,17 @@ def linalg_lstsq(ctx, a, other, rcond=None, driver=None):
                                             torch.empty(a.shape, dtype=a.dtype, device="meta"),
                                             torch.empty(other.shape, dtype=other.dtype, device="meta"), driver)
     m, n = a.shape[-2:]
-    rd = _real_dtype(a.dtype)
+    rd = matrix.real_dtype(a.dtype)
     batch = tuple(sol_t.shape[:-1] if vector else sol_t.shape[:-2])
     if vector:
         other = b.reshape(other, other.shape + (1,))
     k = other.shape[-1]
-    a = _bcast_batch(b, a, batch)
-    other = _bcast_batch(b, other, batch)
+    a = matrix.bcast_batch(b, a, batch)
+    other = matrix.bcast_batch(b, other, batch)
     kk = min(m, n)
     if rcond is None or rcond < 0:
         rcond = _eps(a.dtype) * max(m, n)
-    if _empty(a.shape) or k == 0 or _empty(batch):
+    if matrix.is_empty(a.shape) or k == 0 or matrix.is_empty(batch):
         x = b.constant(0, a.dtype, batch + (n, k))
         s_ = b.constant(0, rd, batch + (kk,))
         rank = b.constant(0, torch.int64, batch)
@@ -444,15 +450,15 @@ def linalg_lstsq(ctx, a, other, rcond=None, driver=None):
         cut = b.broadcast_in_dim(b.multiply(smax, b.constant(rcond, rd, batch)), s_.shape, bd)
         keep = b.compare(s_, cut, "GT")
         inv = b.select(keep, b.divide(b.full_like(s_, 1), b.select(keep, s_, b.full_like(s_, 1))), b.zeros_like(s_))
-        uhb = _matmul(b, _mH(b, u), other)                            # (*B, kk, k)
-        uhb = b.multiply(uhb, b.broadcast_in_dim(_to(b, inv, a.dtype), uhb.shape, bd + [len(batch)]))
-        x = _matmul(b, _mH(b, vh), uhb)                               # (*B, n, k)
-        rank = _sum_last(b, b.convert(keep, torch.int64))
+        uhb = matrix.matmul(b, matrix.mH(b, u), other)                            # (*B, kk, k)
+        uhb = b.multiply(uhb, b.broadcast_in_dim(matrix.convert_to(b, inv, a.dtype), uhb.shape, bd + [len(batch)]))
+        x = matrix.matmul(b, matrix.mH(b, vh), uhb)                               # (*B, n, k)
+        rank = matrix.sum_last(b, b.convert(keep, torch.int64))
     outs = [b.reshape(x, sol_t.shape) if vector else x]
     if res_t.numel:
-        r = b.subtract(_matmul(b, a, x), other) if not _empty(a.shape) else other
-        ra = _abs(b, r)
-        outs.append(_sum_last(b, _mT(b, b.multiply(ra, ra))) if m else b.constant(0, rd, res_t.shape))
+        r = b.subtract(matrix.matmul(b, a, x), other) if not matrix.is_empty(a.shape) else other
+        ra = matrix.magnitude(b, r)
+        outs.append(matrix.sum_last(b, matrix.mT(b, b.multiply(ra, ra))) if m else b.constant(0, rd, res_t.shape))
     else:
         outs.append(b.constant(0, rd, res_t.shape))
     outs.append(rank if rank_t.numel or rank_t.shape == () else b.constant(0, torch.int64, rank_t.shape))

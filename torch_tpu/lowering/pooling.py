@@ -18,9 +18,9 @@ import math
 import torch
 
 from .elementwise import compute_dtype
+from .helpers import host_tables
+from .helpers.checks import not_implemented
 from .registry import register
-from .upsample import const_table, linear_map, take, transpose_map
-from .utils import not_implemented
 
 
 def _tuple(v, n, default=None):
@@ -287,8 +287,8 @@ def _adaptive_avg(ctx, x, n, output_size):
     div = None
     for d in reversed(range(n)):
         win = _adaptive_windows(x.shape[lead + d], out.shape[lead + d])
-        y = linear_map(b, y, lead + d, win)
-        cnt = b.broadcast_in_dim(const_table(b, [len(r) for r in win], cd), out.shape, [lead + d])
+        y = host_tables.linear_map(b, y, lead + d, win)
+        cnt = b.broadcast_in_dim(host_tables.const_table(b, [len(r) for r in win], cd), out.shape, [lead + d])
         div = cnt if div is None else b.multiply(div, cnt)
     return b.convert(b.divide(y, div), out.dtype)
 
@@ -305,11 +305,11 @@ def _adaptive_avg_backward(ctx, gy, x, n):
     div = None
     wins = [_adaptive_windows(x.shape[lead + d], gy.shape[lead + d]) for d in range(n)]
     for d in range(n):
-        cnt = b.broadcast_in_dim(const_table(b, [len(r) for r in wins[d]], cd), gy.shape, [lead + d])
+        cnt = b.broadcast_in_dim(host_tables.const_table(b, [len(r) for r in wins[d]], cd), gy.shape, [lead + d])
         div = cnt if div is None else b.multiply(div, cnt)
     g = b.divide(g, div)
     for d in reversed(range(n)):
-        g = linear_map(b, g, lead + d, transpose_map(wins[d], None, x.shape[lead + d])[0])
+        g = host_tables.linear_map(b, g, lead + d, host_tables.transpose_map(wins[d], None, x.shape[lead + d])[0])
     return b.convert(g, out.dtype)
 
 
@@ -339,17 +339,17 @@ def _window_max(b, x, n, wins, lead):
     y = x
     for d in reversed(range(n)):  # (.., m_d, L_d, ..): tap dim right after each output dim
         padded = [r + [r[0]] * (Ls[d] - len(r)) for r in wins[d]]
-        y = take(b, y, lead + d, padded)
+        y = host_tables.take(b, y, lead + d, padded)
     # flat input index of every tap, and the mask of real (not padding) taps
     flat, valid = None, None
     for d in range(n):
         pos = [[(r[l] if l < len(r) else 0) * strides[d] for l in range(Ls[d])] for r in wins[d]]
         ok = [[l < len(r) for l in range(Ls[d])] for r in wins[d]]
         dims = [lead + 2 * d, lead + 2 * d + 1]
-        t = b.broadcast_in_dim(const_table(b, pos, torch.int64), y.shape, dims)
+        t = b.broadcast_in_dim(host_tables.const_table(b, pos, torch.int64), y.shape, dims)
         flat = t if flat is None else b.add(flat, t)
         if not all(all(r) for r in ok):
-            m = b.broadcast_in_dim(const_table(b, ok, torch.bool), y.shape, dims)
+            m = b.broadcast_in_dim(host_tables.const_table(b, ok, torch.bool), y.shape, dims)
             valid = m if valid is None else b.and_(valid, m)
     if valid is not None:  # padding taps: lowest value, an index that loses every tie
         y = b.select(valid, y, b.constant(_lowest(dt), dt, y.shape))

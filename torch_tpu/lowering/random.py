@@ -242,7 +242,6 @@ def _update_to(to, dt):
 
 def _check_in_range(frm, last, dt):
     if dt.is_floating_point:
-        d = _digits(dt)
         fi = torch.finfo(dt)
         for v, n in ((frm, "from"), (last, "to - 1")):
             if not fi.min <= v <= fi.max:

@@ -9,8 +9,9 @@ import math
 import torch
 
 from .elementwise import compute_dtype
+from .helpers import arith
+from .helpers.checks import meta_result
 from .registry import register
-from .utils import meta_result
 
 
 def reduce_dims(dim, rank, empty_means_all=True):
@@ -404,7 +405,7 @@ def logcumsumexp(ctx, x, dim):
 @register("addbmm")
 def addbmm(ctx, self, x, y, beta=None, alpha=None):
     """beta * self + alpha * sum_b x[b] @ y[b]: one dot_general contracting the batch and inner dims."""
-    from .linalg import _add_scaled, dot
+    from .linalg import dot
     out = ctx.out[0]
     if out.dtype == torch.bool:
         raise NotImplementedError("\"addbmm_impl_cpu_\" not implemented for 'Bool'")
@@ -412,7 +413,7 @@ def addbmm(ctx, self, x, y, beta=None, alpha=None):
         prod = ctx.b.constant(0, compute_dtype(out.dtype), out.shape)
     else:
         prod = dot(ctx.b, x, y, ([], []), ([0, 2], [0, 1]), out.dtype)
-    return _add_scaled(ctx, self, prod, beta, alpha)
+    return arith.add_scaled(ctx, self, prod, beta, alpha)
 
 
 def _cum_extreme(is_max):
@@ -598,7 +599,7 @@ def _check_pdist(x, p=2):
     if x.dim() != 2:
         raise RuntimeError(f"pdist only supports 2D tensors, got: {x.dim()}D")
     if not x.dtype.is_floating_point:
-        raise RuntimeError(f"pdist only supports floating-point dtypes")
+        raise RuntimeError("pdist only supports floating-point dtypes")
     if p < 0:
         raise RuntimeError("pdist only supports non-negative p values")
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 from torch._prims_common import compute_elementwise_output_strides
 
+from .helpers import host_tables
+from .helpers.checks import meta_result
 from .registry import register
-from .utils import meta_result
 
 
 def _norm(d, rank):
@@ -141,26 +142,24 @@ def _pad_tables(kind, x_shape, out_shape, padding):
 def _padder(kind):
     def forward(ctx, x, padding):
         """Gathers along each padded dim by a host table of source positions."""
-        from .upsample import take
         b = ctx.b
         out = ctx.out[0]
         if out.numel == 0:
             return b.constant(0, out.dtype, out.shape)
         for d, src in _pad_tables(kind, x.shape, out.shape, padding):
-            x = take(b, x, d, src)
+            x = host_tables.take(b, x, d, src)
         return x
 
     def backward(ctx, gy, x, padding):
         """Sums the gradient of every output position into the input position it read."""
         from .elementwise import compute_dtype
-        from .upsample import linear_map, transpose_map
         b = ctx.b
         out = ctx.out[0]
         if out.numel == 0 or gy.type.numel == 0:
             return b.constant(0, out.dtype, out.shape)
         g = b.convert(gy, compute_dtype(out.dtype))
         for d, src in _pad_tables(kind, x.shape, gy.shape, padding):
-            g = linear_map(b, g, d, transpose_map([[i] for i in src], None, x.shape[d])[0])
+            g = host_tables.linear_map(b, g, d, host_tables.transpose_map([[i] for i in src], None, x.shape[d])[0])
         return b.convert(g, out.dtype)
     return forward, backward
 

@@ -24,9 +24,9 @@ import math
 import torch
 
 from .elementwise import compute_dtype
+from .helpers.checks import scalar_type_name
 from .reduction import arg_reduce, reduce_sum
 from .registry import host_kernel, register
-from .utils import scalar_type_name
 
 
 # -- sort and topk ---------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import torch
 from .builder import Builder, TensorType, Value
 
 
-def _contiguous_strides(sizes):
+def contiguous_strides(sizes):
     strides, acc = [], 1
     for s in reversed(sizes):
         strides.append(acc)
@@ -32,7 +32,7 @@ def is_whole(numel_storage, offset, sizes, strides):
 
 
 def _dense(sizes, strides):
-    return all(st == c for s, st, c in zip(sizes, strides, _contiguous_strides(sizes)) if s != 1)
+    return all(st == c for s, st, c in zip(sizes, strides, contiguous_strides(sizes)) if s != 1)
 
 
 def _as_dtype(b: Builder, base: Value, dtype: torch.dtype) -> Value:

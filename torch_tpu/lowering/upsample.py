@@ -1,7 +1,6 @@
 """Resampling: upsample_nearest{1,2,3}d, _upsample_nearest_exact{1,2,3}d, upsample_linear1d,
 upsample_bilinear2d, upsample_trilinear3d, upsample_bicubic2d, _upsample_{bilinear,bicubic}2d_aa and
-their backward ops; plus the "sparse linear map along one dim" helpers they share with pooling and
-padding.
+their backward ops, built on the host tables of helpers/host_tables.py (which pooling shares).
 
 Every one of these ops is separable: along each spatial dim, output position o reads a few input
 positions idx[o][l] with weights w[o][l]. Those tables depend only on sizes, scales and
@@ -18,130 +17,17 @@ from __future__ import annotations
 
 import itertools
 import math
-import struct
 
 import torch
 
-from .builder import TensorType, _scalar_literal
 from .elementwise import compute_dtype
+from .helpers import host_tables
+from .helpers.checks import not_implemented
 from .registry import NotLowered, register
-from .utils import not_implemented
 
 
 # -- host arithmetic in the kernels' precision ---------------------------------------------------
-def f32(v: float) -> float:
-    """v rounded to float32 (exact IEEE rounding of one double result)."""
-    return struct.unpack("<f", struct.pack("<f", v))[0]
-
-
-def _bf16(v: float) -> float:
-    bits = struct.unpack("<I", struct.pack("<f", f32(v)))[0]
-    bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
-    return struct.unpack("<f", struct.pack("<I", bits & 0xFFFFFFFF))[0]
-
-
-def _f16(v: float) -> float:
-    return struct.unpack("<e", struct.pack("<e", f32(v)))[0]
-
-
-def store_round(dtype):
-    """Rounding of a value stored in `dtype` (CPU keeps interpolation weights in the input dtype)."""
-    return {torch.float32: f32, torch.bfloat16: _bf16, torch.float16: _f16}.get(dtype, float)
-
-
-def opmath_round(dtype):
-    """Rounding of CPU's math type for `dtype`: double for double, else float32."""
-    return float if dtype == torch.float64 else f32
-
-
 # -- dense constants and the one-dim sparse linear map --------------------------------------------
-def const_table(b, values, dtype):
-    """A dense constant of a (nested, rectangular) python list, any rank >= 1."""
-    shape = []
-    v = values
-    while isinstance(v, (list, tuple)):
-        shape.append(len(v))
-        v = v[0] if len(v) else None
-    t = TensorType(tuple(shape), dtype)
-    if 0 in shape:
-        return b.constant(0, dtype, shape)
-
-    def text(x):
-        if isinstance(x, (list, tuple)):
-            return "[" + ", ".join(text(y) for y in x) + "]"
-        return _scalar_literal(x, dtype)
-    return b.op("stablehlo.constant", [], [t], {"value": f"dense<{text(values)}> : {t}"})[0]
-
-
-def take(b, x, dim, table):
-    """x indexed along `dim` by a host table of any rank: the table's dims replace `dim`."""
-    tshape = []
-    v = table
-    while isinstance(v, (list, tuple)):
-        tshape.append(len(v))
-        v = v[0] if len(v) else None
-    nt = len(tshape)
-    out_shape = tuple(x.shape[:dim]) + tuple(tshape) + tuple(x.shape[dim + 1:])
-    if 0 in out_shape:
-        return b.constant(0, x.dtype, out_shape)
-    idx = b.reshape(const_table(b, table, torch.int64), tuple(tshape) + (1,))
-    offset = [i for i in range(len(out_shape)) if not dim <= i < dim + nt]
-    sizes = list(x.shape)
-    sizes[dim] = 1
-    return b.gather(x, idx, offset, [dim], [dim], nt, sizes, out_shape)
-
-
-def linear_map(b, x, dim, idx, w=None, valid=None):
-    """y[.., o, ..] = sum over l of w[o][l] * x[.., idx[o][l], ..] along `dim` (host tables of
-    shape (m, L)); taps with valid[o][l] False add nothing (not even 0 * inf). The sum runs over l
-    in order, as CPU's kernels accumulate; without weights the taps are just added (or taken when
-    L == 1, which keeps integer dtypes exact)."""
-    m = len(idx)
-    L = max((len(r) for r in idx), default=1) or 1
-    if m == 0 or x.shape[dim] == 0:
-        shape = list(x.shape)
-        shape[dim] = m
-        return b.constant(0, x.dtype, shape)
-    # ragged rows: pad with index 0, masked out
-    pad_valid = [[True] * len(r) + [False] * (L - len(r)) for r in idx]
-    if valid is not None:
-        pad_valid = [[pv and (valid[o][l] if l < len(valid[o]) else False) for l, pv in enumerate(row)]
-                     for o, row in enumerate(pad_valid)]
-    idx = [list(r) + [0] * (L - len(r)) for r in idx]
-    g = take(b, x, dim, idx)                                           # (.., m, L, ..)
-    if w is not None:
-        w = [list(r) + [0.0] * (L - len(r)) for r in w]
-        g = b.multiply(g, b.broadcast_in_dim(const_table(b, w, x.dtype), g.shape, [dim, dim + 1]))
-    if not all(all(r) for r in pad_valid):
-        mask = b.broadcast_in_dim(const_table(b, pad_valid, torch.bool), g.shape, [dim, dim + 1])
-        g = b.select(mask, g, b.zeros_like(g))
-    out_shape = list(g.shape[:dim + 1]) + list(g.shape[dim + 2:])
-    if L <= 8:  # sequential, in tap order
-        acc = None
-        for l in range(L):
-            start = [0] * g.rank
-            start[dim + 1] = l
-            limit = list(g.shape)
-            limit[dim + 1] = l + 1
-            t = b.reshape(b.slice(g, start, limit), out_shape)
-            acc = t if acc is None else b.add(acc, t)
-        return acc
-    zero = b.constant(0, x.dtype)
-    return b.reduce([g], [zero], [dim + 1], lambda bb, a, e: bb.add(a, e))[0]
-
-
-def transpose_map(idx, w, n_in):
-    """The transpose of a map given by (m, L) tables, as ragged (n_in, *) tables: for each input
-    position, the output positions that read it (in output order) and their weights."""
-    ti = [[] for _ in range(n_in)]
-    tw = [[] for _ in range(n_in)]
-    for o, row in enumerate(idx):
-        for l, i in enumerate(row):
-            ti[i].append(o)
-            tw[i].append(1.0 if w is None else w[o][l])
-    return ti, tw
-
-
 # -- source index tables (CPU's area_pixel_* / nearest_* rules) --------------------------------------
 def _scale(r, n_in, n_out, align_corners, scale):
     """area_pixel_compute_scale in the rounding `r` of the math type."""
@@ -165,19 +51,19 @@ def nearest_table(n_in, n_out, scale, exact, dtype, vectorized=False):
     (channels-last) kernels use float scales and their own special cases; the generic one the
     math type of the dtype."""
     if vectorized:
-        s = f32(1.0 / scale) if scale is not None and scale > 0 else f32(n_in / n_out)
+        s = host_tables.f32(1.0 / scale) if scale is not None and scale > 0 else host_tables.f32(n_in / n_out)
         if exact:
-            return [min(math.floor(f32((o + 0.5) * s)), n_in - 1) for o in range(n_out)]
+            return [min(math.floor(host_tables.f32((o + 0.5) * s)), n_in - 1) for o in range(n_out)]
         if n_out == n_in:
             return list(range(n_out))
         if n_out == 2 * n_in:
             return [o >> 1 for o in range(n_out)]
-        return [min(math.floor(f32(o * s)), n_in - 1) for o in range(n_out)]
-    r = opmath_round(dtype)
+        return [min(math.floor(host_tables.f32(o * s)), n_in - 1) for o in range(n_out)]
+    r = host_tables.opmath_round(dtype)
     s = _scale(r, n_in, n_out, False, scale)
     if exact:
-        return [min(math.floor(f32(_source(r, s, o, False, False) + 0.5)), n_in - 1) for o in range(n_out)]
-    return [min(math.floor(f32(r(s * o))), n_in - 1) for o in range(n_out)]
+        return [min(math.floor(host_tables.f32(_source(r, s, o, False, False) + 0.5)), n_in - 1) for o in range(n_out)]
+    return [min(math.floor(host_tables.f32(r(s * o))), n_in - 1) for o in range(n_out)]
 
 
 def vectorized_kernel(x, out_shape, n):
@@ -196,8 +82,8 @@ def vectorized_kernel(x, out_shape, n):
 def linear_table(n_in, n_out, align_corners, scale, dtype, stored=True):
     """(idx, w) of shape (n_out, 2) for linear modes; weights rounded to the input dtype when
     `stored` (the generic forward kernel), else kept in the math type."""
-    r = opmath_round(dtype)
-    rs = store_round(dtype) if stored else r
+    r = host_tables.opmath_round(dtype)
+    rs = host_tables.store_round(dtype) if stored else r
     s = _scale(r, n_in, n_out, align_corners, scale)
     idx, w = [], []
     for o in range(n_out):
@@ -206,7 +92,7 @@ def linear_table(n_in, n_out, align_corners, scale, dtype, stored=True):
             w.append([1.0, 0.0])
             continue
         real = _source(r, s, o, align_corners, False)
-        i0 = min(math.floor(f32(real)), n_in - 1)
+        i0 = min(math.floor(host_tables.f32(real)), n_in - 1)
         l1 = rs(min(max(r(real - i0), 0.0), 1.0))
         idx.append([i0, i0 + (1 if i0 < n_in - 1 else 0)])
         w.append([rs(r(1.0 - l1)), l1])
@@ -218,10 +104,10 @@ def _linear_vectorized(b, x, tables, cd, out_dtype):
     the product of its per-dim weights (math type, outer dim first) and summed in tap order."""
     n = len(tables)
     lead = x.rank - n
-    r = opmath_round(out_dtype)
+    r = host_tables.opmath_round(out_dtype)
     y = b.convert(x, cd)
     for d in reversed(range(n)):  # (.., m_d, 2, ..) per dim
-        y = take(b, y, lead + d, tables[d][0])
+        y = host_tables.take(b, y, lead + d, tables[d][0])
     acc = None
     out_shape = [s for i, s in enumerate(y.shape) if i < lead or (i - lead) % 2 == 0]
     for combo in itertools.product(range(2), repeat=n):
@@ -234,7 +120,8 @@ def _linear_vectorized(b, x, tables, cd, out_dtype):
         for d, c in enumerate(combo):
             start[lead + 2 * d + 1], limit[lead + 2 * d + 1] = c, c + 1
         v = b.reshape(b.slice(y, start, limit), out_shape)
-        t = b.multiply(v, b.broadcast_in_dim(const_table(b, wt, cd), tuple(out_shape), list(range(lead, lead + n))))
+        wtab = host_tables.const_table(b, wt, cd)
+        t = b.multiply(v, b.broadcast_in_dim(wtab, tuple(out_shape), list(range(lead, lead + n))))
         acc = t if acc is None else b.add(acc, t)
     return b.convert(acc, out_dtype)
 
@@ -272,13 +159,13 @@ def _cubic_coeffs(r, t):
 def cubic_table(n_in, n_out, align_corners, scale, dtype, stored=True):
     """(idx, w) of shape (n_out, 4): taps floor(src) - 1 .. + 2 clamped to the input (edge values
     repeat), cubic convolution weights with A = -0.75."""
-    r = opmath_round(dtype)
-    rs = store_round(dtype) if stored else r
+    r = host_tables.opmath_round(dtype)
+    rs = host_tables.store_round(dtype) if stored else r
     s = _scale(r, n_in, n_out, align_corners, scale)
     idx, w = [], []
     for o in range(n_out):
         real = _source(r, s, o, align_corners, True)
-        i = min(math.floor(f32(real)), n_in - 1)
+        i = min(math.floor(host_tables.f32(real)), n_in - 1)
         t = min(max(r(real - i), 0.0), 1.0)
         idx.append([min(max(i + j - 1, 0), n_in - 1) for j in range(4)])
         w.append([rs(c) for c in _cubic_coeffs(r, t)])
@@ -305,7 +192,7 @@ def aa_table(n_in, n_out, align_corners, scale, dtype, cubic):
     """(idx, w) ragged tables of the antialiased (PIL-style) filters: each output averages the
     input positions within `support` of its center with normalized filter weights. Computed in the
     input's dtype (float or double), as CPU does."""
-    r = opmath_round(dtype)
+    r = host_tables.opmath_round(dtype)
     s = _scale(r, n_in, n_out, align_corners, scale)
     interp = 4 if cubic else 2
     support = r((interp * 0.5) * s) if s >= 1.0 else interp * 0.5
@@ -339,7 +226,7 @@ def _resample(b, x, n_spatial, tables, cd, out_dtype):
     y = x if cd is None else b.convert(x, cd)
     for d in reversed(range(n_spatial)):
         idx, w = tables[d]
-        y = linear_map(b, y, y.rank - n_spatial + d, idx, w)
+        y = host_tables.linear_map(b, y, y.rank - n_spatial + d, idx, w)
     return b.convert(y, out_dtype)
 
 
@@ -359,7 +246,7 @@ def _nearest(n, exact):
                   for d in range(n)]
         y = x
         for d in reversed(range(n)):
-            y = take(ctx.b, y, y.rank - n + d, tables[d][0])
+            y = host_tables.take(ctx.b, y, y.rank - n + d, tables[d][0])
         return y
 
     def backward(ctx, gy, output_size, input_size, *scales):
@@ -370,7 +257,7 @@ def _nearest(n, exact):
         for d in range(n):
             n_in = input_size[-n + d]
             tab = [[i] for i in nearest_table(n_in, output_size[d], sc[d], exact, out.dtype)]
-            tables.append((transpose_map(tab, None, n_in)[0], None))
+            tables.append((host_tables.transpose_map(tab, None, n_in)[0], None))
         return _resample(ctx.b, gy, n, tables, cd, out.dtype)
 
     register(name)(forward)
@@ -407,7 +294,7 @@ def _interp(name, n, table_fn):
         for d in range(n):
             n_in = input_size[-n + d]
             idx, w = table_fn(n_in, output_size[d], align_corners, sc[d], out.dtype, False)
-            tables.append(transpose_map(idx, w, n_in))
+            tables.append(host_tables.transpose_map(idx, w, n_in))
         return _resample(ctx.b, gy, n, tables, compute_dtype(out.dtype), out.dtype)
 
     register(name)(forward)

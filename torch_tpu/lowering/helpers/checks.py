@@ -1,5 +1,6 @@
-"""Helpers shared by several lowering modules (kept here so that no two lowering modules import
-each other)."""
+"""What lowerings need to reproduce CPU's checks: dtype names as PyTorch's errors spell them, the
+NotImplementedError of a kernel CPU does not dispatch for a dtype, and results as PyTorch's meta
+kernels compute them."""
 from __future__ import annotations
 
 import torch
