@@ -162,8 +162,6 @@ void run_plan(const std::shared_ptr<Plan>& plan_ptr, const OpFacts& op, Call& ca
     for (auto [is_new, i] : plan.sinks) sinks.push_back(is_new ? aten::cell_of(fresh[i]) : call.operands[i].cell);
     Runtime::get().execute(plan.exe, std::move(args), std::move(sinks), call.device, op.name);
   }
-  plan_fast_runs()++;
-
   if (plan.structure == Plan::kWritten) {
     std::vector<c10::IValue> outs;
     for (size_t k = 0; k < op.num_returns && k < op.written.size(); ++k)

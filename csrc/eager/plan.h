@@ -64,7 +64,7 @@ struct KeyHash {
 using PlanCache = runtime::LruCache<std::vector<int64_t>, std::shared_ptr<Plan>, KeyHash>;
 constexpr size_t kPlanCacheEntries = 4096;
 PlanCache& plan_cache();
-// Calls run_plan ran (no Python), since the last reset.
+// Calls the fast path ran (run_plan with no Python), since the last reset.
 std::atomic<int64_t>& plan_fast_runs();
 
 // Runs `plan` for `call` and replaces the op's arguments on `stack` by its results: strict eager

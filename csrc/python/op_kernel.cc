@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <complex>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <optional>
@@ -105,7 +106,7 @@ py::object arg_to_py(const c10::Argument& arg, const c10::IValue& v) {
 }
 
 // (args, kwargs) of a call: kwarg-only schema arguments by name.
-std::pair<py::tuple, py::dict> to_py(const c10::FunctionSchema& schema, const std::vector<c10::IValue>& values) {
+std::pair<py::tuple, py::dict> to_py(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> values) {
   std::vector<py::object> pos;
   py::dict kw;
   for (size_t i = 0; i < values.size(); ++i) {
@@ -204,6 +205,7 @@ class OpKernel final : public c10::OperatorKernel {
       auto mode = eager::mode();
       if (mode == eager::Mode::kStrict && plan->exe) {
         eager::run_plan(plan, facts_, call, stack, false);
+        eager::plan_fast_runs()++;
         return;
       }
       if (mode == eager::Mode::kFused) {
@@ -211,6 +213,7 @@ class OpKernel final : public c10::OperatorKernel {
         std::optional<py::gil_scoped_release> nogil;
         if (PyGILState_Check()) nogil.emplace();
         eager::run_plan(plan, facts_, call, stack, true);
+        eager::plan_fast_runs()++;
         return;
       }
     }
@@ -234,23 +237,53 @@ class OpKernel final : public c10::OperatorKernel {
   void slow(torch::jit::Stack* stack, Call hashed, std::shared_ptr<Plan> plan) {
     py::gil_scoped_acquire gil;
     size_t n = sig_.kinds.size();
+    c10::ArrayRef<c10::IValue> arguments(stack->data() + stack->size() - n, n);
     Call call;
-    eager::describe_call(id_, sig_, facts_.name, c10::ArrayRef<c10::IValue>(stack->data() + stack->size() - n, n),
-                         true, call);
-    auto arguments = torch::jit::pop(*stack, n);
+    eager::describe_call(id_, sig_, facts_.name, arguments, true, call);
     auto [args, kwargs] = to_py(op_.schema(), arguments);
     py::object entry = plan ? py::reinterpret_borrow<py::object>(static_cast<PyObject*>(plan->entry.get()))
                             : py::none();
-    py::tuple r = kernel().attr("_slow")(args, kwargs, key_of(call), operands_of(call), call.device, entry);
-    py::object stored = r[1];
+    py::list operands = operands_of(call);
+    // (result, entry for the plan cache or None, entry for C++ to run or None: Python returned the result)
+    py::tuple r = kernel().attr("_slow")(args, kwargs, key_of(call), operands, call.device, entry);
+    py::object stored = r[1], to_run = r[2];
     bool written = !facts_.written.empty();
+    std::shared_ptr<Plan> built;
     if (call.cacheable && !stored.is_none()) {
-      eager::plan_cache().put(hashed.key, plan_of_entry(stored, written, has_check_));
+      built = plan_of_entry(stored, written, has_check_);
+      eager::plan_cache().put(hashed.key, built);
     } else if (call.cacheable && plan && plan->fast && !plan->exe) {
       auto again = plan_of_entry(entry, written, has_check_);  // built by fused eager, compiled since
-      if (again->exe) eager::plan_cache().put(hashed.key, std::move(again));
+      if (again->exe) eager::plan_cache().put(hashed.key, built = std::move(again));
     }
-    push_result(op_.schema(), stack, r[0]);
+    if (to_run.is_none()) {
+      torch::jit::drop(*stack, n);
+      push_result(op_.schema(), stack, r[0]);
+      return;
+    }
+    run_entry(to_run, {built, plan}, call, stack, operands);
+  }
+
+  // The one run of an op's program outside the fast path (the fast path runs the same run_plan):
+  // strict queues it, debug queues it and waits (a failure names the op), fused records it. Reuses
+  // a plan already made for `entry`.
+  void run_entry(const py::object& entry, std::initializer_list<std::shared_ptr<Plan>> made, Call& call,
+                 torch::jit::Stack* stack, const py::list& operands) {
+    auto mode = eager::mode();
+    bool fused = mode == eager::Mode::kFused;
+    std::shared_ptr<Plan> plan;
+    for (const auto& p : made)
+      if (p && p->entry.get() == entry.ptr() && (p->exe || fused)) { plan = p; break; }
+    if (!plan) plan = plan_of_entry(entry, !facts_.written.empty(), has_check_);
+    TORCH_CHECK(fused || plan->exe, facts_.name, ": the tpu kernel returned an entry with no executable to run");
+    if (fused) {
+      // A flush may build a program in Python: never wait for the recorder's lock holding the GIL.
+      py::gil_scoped_release nogil;
+      eager::run_plan(plan, facts_, call, stack, true);
+      return;
+    }
+    eager::run_plan(plan, facts_, call, stack, false);
+    if (mode == eager::Mode::kDebug) kernel().attr("_debug_synchronize")(operands, call.device);
   }
 
   int64_t id_;
@@ -407,25 +440,6 @@ void bind_op_kernels(py::module& m) {
       .value("fused", eager::Mode::kFused);
   m.def("_eager_mode", &eager::mode, "This thread's eager mode.");
   m.def("_set_default_eager_mode", &eager::set_default_mode, "Sets the process's default eager mode.");
-  m.def("_fused_record", [](py::object entry, py::list inputs, py::list sinks, py::list new_specs, int device) {
-    auto plan = plan_of_entry(entry, false, false);
-    std::vector<runtime::LaunchArg> args;
-    std::vector<at::Tensor> cell_tensors;
-    for (py::handle h : inputs) {
-      args.push_back(launch_arg(h, device));
-      if (args.back().cell) cell_tensors.push_back(THPVariable_Unpack(h.ptr()));
-    }
-    std::vector<at::Tensor> fresh;
-    for (py::handle h : new_specs) fresh.push_back(new_tpu_tensor_of_spec(h, device));
-    std::vector<at::Tensor> out;
-    size_t next_new = 0;
-    for (py::handle h : sinks) out.push_back(h.is_none() ? fresh.at(next_new++) : THPVariable_Unpack(h.ptr()));
-    py::gil_scoped_release nogil;
-    eager::fused().record(std::move(plan), std::move(args), std::move(cell_tensors), std::move(out), device);
-    return fresh;
-  }, "Records one op program (a kernel.py entry) in fused eager. inputs: tpu tensors, CPU tensors or "
-     "(number, dtype) operands; sinks: per output, the tensor whose storage receives it, or None for a new "
-     "tensor of the next spec. Returns the new tensors (their values come at the flush).");
   m.def("_fused_flush", [] {
     py::gil_scoped_release nogil;
     eager::fused().flush();

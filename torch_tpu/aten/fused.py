@@ -16,12 +16,6 @@ from ..lowering.builder import Builder
 MAX_OPS = _C._fused_max_ops()  # a run reaching this many ops is cut (bounds pending memory)
 
 
-def record(entry, inputs, sinks, device):
-    """Records one op (kernel.py's entry; inputs and sinks as for _C._launch); returns its new output
-    tensors (their values are computed at the flush)."""
-    return _C._fused_record(entry, inputs, sinks, entry.new_outputs, device)
-
-
 def flush() -> None:
     """Runs the recorded ops (if any) as one program."""
     _C._fused_flush()

@@ -29,7 +29,7 @@ from ..lowering.builder import Builder, TensorType, Value
 from ..lowering.helpers.checks import cpp_type_name, scalar_type_name
 from ..lowering.registry import Lowering, LoweringContext, NotLowered, bounds_status, fit, lower_arguments, rng_draws
 from ..lowering.strided import contiguous_strides, dense_order, is_whole, read_view, write_view
-from .launch import compile_entry_text, launch
+from .launch import compile_entry_text, debug_synchronize, executable
 
 
 
@@ -214,27 +214,16 @@ def clear_cache() -> None:
     _C._plan_cache_clear()
 
 
-class _Gen:
-    """A Generator? argument: becomes the (seed, offset) operand of a random program."""
-    __slots__ = ("gen",)
-
-    def __init__(self, gen):
-        self.gen = gen
-
-
 class _Call:
     """One call as the C++ front-end (csrc/eager/call.h) describes it: its key parts (per argument
     in schema order: ("T", dtype, sizes, strides, offset, slot[, storage dtype, storage dims], bits)
     for a tpu tensor, ("C", dtype, sizes, operand) for a CPU one, ("S", dtype, operand) for a Scalar
     operand, ("K", dtype, value) for a baked one, ("G", operand), an int for a list's length, ("V",)
     for a value), its operands (tpu tensors one per storage, CPU tensors, (number, dtype) scalars,
-    _Gen) and its device."""
+    generators) and its device."""
     __slots__ = ("key", "operands", "device")
 
     def __init__(self, key, operands, device):
-        for part in key:
-            if part.__class__ is tuple and part[0] == "G":
-                operands[part[1]] = _Gen(operands[part[1]])
         self.key, self.operands, self.device = key, operands, device
 
 
@@ -418,14 +407,16 @@ class Kernel:
         return _C._run_op_kernel(self.id, vals)
 
     def _slow(self, args, kwargs, key, operands, device, entry):
-        """A call C++ does not run by itself: a cache miss (entry None: meta, lowering, compile), or
-        debug / fused eager, a per-call check, the CPU fallback. Returns (result, the new entry for
-        the plan cache or None)."""
+        """A call the C++ fast path does not take: a cache miss (entry None: meta, lowering, compile),
+        debug eager, a per-call check, the CPU fallback. Returns (result, the new entry for the plan
+        cache or None, the entry C++ runs or None). C++ runs every op program (strict, debug and
+        fused alike, csrc/python/op_kernel.cc's run_entry); Python returns a result itself only
+        for the CPU fallback, an expanded fill and an out= resize."""
         vals = self.sig.bind(args, kwargs)
         if self.sig.overload in _FILL_EXPANDED and _expanded_dims(vals[0]):
             done = _fill_expanded(self.sig.overload, vals)
             if done is not None:
-                return done, None
+                return done, None, None
         call = _Call(key, operands, device)
         store = None
         if entry is None:
@@ -442,16 +433,23 @@ class Kernel:
             if entry is _ON_HOST or not entry.resize:
                 store = entry
         if entry is _ON_HOST:
-            return self._run_on_host(vals), store
+            return self._run_on_host(vals), store, None
         if entry.resize:  # out= tensors of the wrong shape: resize (as PyTorch does), then run anew
             for i, shape, strides in entry.resize:
                 vals[i].resize_(shape)
                 if strides is not None:
                     vals[i].as_strided_(shape, strides)
-            return _C._run_op_kernel(self.id, vals), None
+            return _C._run_op_kernel(self.id, vals), None, None
         if self.lowering.check is not None and not self.lowering.check_per_key:
             self.lowering.check(*[vals[i] for i in self.f_index])
-        return self._run(entry, vals, call), store
+        if _state.eager_mode() != "fused":
+            executable(entry)  # strict and debug run the op's own program (fused eager builds its own)
+        return None, store, entry
+
+    def _debug_synchronize(self, operands, device):
+        """Debug eager, after C++ queued this op's program: waits for it (operands: the call's, for the
+        error message)."""
+        debug_synchronize(self.name, operands, device)
 
     def _run_on_host(self, vals):
         """The counted CPU fallback, for arguments the lowering refused (NotLowered): the op runs on
@@ -467,32 +465,6 @@ class Kernel:
             outs = [vals[i] for i in self.sig.written]
             return None if self.sig.num_returns == 0 else outs[0] if self.sig.num_returns == 1 else tuple(outs)
         return _map_tensors(out, lambda t: t.to(dev))
-
-    # ------------------------------------------------------------------------------------------
-    def _run(self, entry: _Entry, vals, call: _Call):
-        inputs = []
-        for pos in entry.plan:
-            o = call.operands[pos]
-            if o.__class__ is _Gen:
-                o = (_C._generator_next(o.gen, entry.rng_draws), torch.uint64)
-            inputs.append(o)
-        sinks = [None if s.fresh else call.operands[s.index] for s in entry.sinks]
-        new = launch(entry, inputs, sinks, call.device, self.name)
-        if entry.fixed:  # results not computed: None (an undefined tensor, as on CPU) or shape ints
-            new = list(new)
-            for i, v in entry.fixed:
-                new.insert(i, v)
-        sig = self.sig
-        if not sig.written:
-            if entry.structure == _C.ResultStructure.one:
-                return new[0]
-            if entry.structure == _C.ResultStructure.list:
-                return new
-            return tuple(new)
-        if sig.num_returns == 0:
-            return None
-        outs = [vals[i] for i in sig.written]
-        return outs[0] if sig.num_returns == 1 else tuple(outs)
 
     def _bounds_status(self, b, f_vals, lowered, status):
         """(this op's failure flag, the device's new status) for the lowering's index bounds."""

@@ -1,10 +1,12 @@
-"""Where an op's program goes once its executable is known: the three eager modes.
+"""An op program's executable, and what the three eager modes need from Python around its run.
+C++ runs every op program (csrc/python/op_kernel.cc; csrc/eager/plan.h run_plan):
 
-- strict (default): launch it asynchronously, like CUDA; errors surface at the next host read,
+- strict (default): queued asynchronously, like CUDA; errors surface at the next host read,
   naming the op that produced the failing value.
-- debug (TPU_LAUNCH_BLOCKING=1): launch and wait, so an error is raised by the op that caused it,
-  with the op overload, its input shapes and dtypes, and the user's line.
-- fused (TORCH_TPU_DEFER_AND_FUSE=1): record it; runs of recorded ops become one program
+- debug (TPU_LAUNCH_BLOCKING=1): queued, then waited for here (debug_synchronize), so an error is
+  raised by the op that caused it, with the op overload, its input shapes and dtypes, and the
+  user's line.
+- fused (TORCH_TPU_DEFER_AND_FUSE=1): recorded; runs of recorded ops become one program
   (aten/fused.py), flushed at every host read and at deterministic cut points.
 """
 from __future__ import annotations
@@ -43,20 +45,17 @@ def _user_line() -> str:
     return "<unknown>"
 
 
-def launch(entry, inputs, sinks, device: int, name: str):
-    """Runs (or records) one op program; returns the new output tensors."""
-    mode = _state.eager_mode()
-    if mode == "fused":
-        return fused.record(entry, inputs, sinks, device)
-    new = _C._launch(executable(entry), inputs, sinks, entry.new_outputs, device, name)
-    if mode == "debug":
-        try:
-            _C._synchronize(device)
-        except RuntimeError as e:
-            shapes = ", ".join(f"{tuple(t.shape)}:{t.dtype}" for t in inputs if hasattr(t, "shape"))
-            kind = type(e) if isinstance(e, torch.OutOfMemoryError) else RuntimeError  # what callers catch
-            raise kind(f"tpu op {name} failed (inputs: {shapes}) at {_user_line()}:\n{e}") from None
-    return new
+def debug_synchronize(name: str, operands, device: int) -> None:
+    """Debug eager, after C++ queued op `name`'s program (csrc/python/op_kernel.cc run_entry): waits
+    for tpu:`device`; a failure is raised here, naming the op, its operands' shapes and dtypes and the
+    user's line (torch.OutOfMemoryError stays one, as callers catch it; anything else is a
+    RuntimeError)."""
+    try:
+        _C._synchronize(device)
+    except RuntimeError as e:
+        shapes = ", ".join(f"{tuple(t.shape)}:{t.dtype}" for t in operands if isinstance(t, torch.Tensor))
+        kind = type(e) if isinstance(e, torch.OutOfMemoryError) else RuntimeError  # what callers catch
+        raise kind(f"tpu op {name} failed (inputs: {shapes}) at {_user_line()}:\n{e}") from None
 
 
 # Fused eager builds new run signatures with fused.py and, if such a program cannot be built,
