@@ -40,29 +40,10 @@ py::object dtype_obj(c10::ScalarType t) {
 
 py::tuple ints(const std::vector<int64_t>& v) { return py::cast(v); }
 
-// The key parts as the Python front-end reads them (kernel.py's _build).
+// The key parts as the Python front-end reads them (kernel.py's _build): _C.KeyPart objects.
 py::list key_of(const Call& call) {
   py::list out;
-  for (const KeyPart& p : call.parts) {
-    switch (p.tag) {
-      case KeyPart::kNone: out.append(py::none()); break;
-      case KeyPart::kHost: out.append(py::make_tuple("C", dtype_obj(p.dtype), ints(p.sizes), p.position)); break;
-      case KeyPart::kDevice:
-        if (p.first)
-          out.append(py::make_tuple("T", dtype_obj(p.dtype), ints(p.sizes), ints(p.strides), p.offset, p.slot,
-                                    dtype_obj(p.storage_dtype), ints(p.storage_dims), p.bits));
-        else
-          out.append(py::make_tuple("T", dtype_obj(p.dtype), ints(p.sizes), ints(p.strides), p.offset, p.slot, p.bits));
-        break;
-      case KeyPart::kBaked:
-        out.append(py::make_tuple("K", dtype_obj(p.dtype), torch::jit::toPyObject(c10::IValue(p.baked))));
-        break;
-      case KeyPart::kScalar: out.append(py::make_tuple("S", dtype_obj(p.dtype), p.position)); break;
-      case KeyPart::kLength: out.append(p.length); break;
-      case KeyPart::kGenerator: out.append(py::make_tuple("G", p.position)); break;
-      case KeyPart::kValue: out.append(py::make_tuple("V")); break;
-    }
-  }
+  for (const KeyPart& p : call.parts) out.append(py::cast(p));
   return out;
 }
 
@@ -334,7 +315,8 @@ void run_op_kernel(int64_t id, torch::jit::Stack* stack) {
 }
 
 void bind_op_kernels(py::module& m) {
-  m.def("_register_op_kernel", [](const std::string& qualified, const std::string& overload, const std::string& kinds,
+  m.def("_register_op_kernel", [](const std::string& qualified, const std::string& overload,
+                                  const std::vector<eager::ArgKind>& arg_kinds,
                                   bool host_inputs, bool default_generator,
                                   bool has_check, bool python_first, bool prepare_only_for_masks, bool has_bounds,
                                   bool dispatch, py::object py_kernel) {
@@ -344,6 +326,8 @@ void bind_op_kernels(py::module& m) {
     auto op = c10::Dispatcher::singleton().findSchemaOrThrow(qualified.c_str(),
                                                              overload == "default" ? "" : overload.c_str());
     const auto& schema = op.schema();
+    std::string kinds;
+    for (auto k : arg_kinds) kinds.push_back(static_cast<char>(k));
     TORCH_CHECK(kinds.size() == schema.arguments().size(), qualified, ": ", kinds.size(), " kinds for ",
                 schema.arguments().size(), " arguments");
     eager::Signature sig{kinds, host_inputs, default_generator, has_bounds};
@@ -368,8 +352,8 @@ void bind_op_kernels(py::module& m) {
     return id;
   }, "Registers the tpu kernel of ns::name.overload (qualified: \"ns::name\"): C++ keying and plan cache, calling py_kernel._slow "
      "on a miss (and py_kernel(*args) first when python_first); dispatch=False registers nothing with the "
-     "dispatcher (the kernel is run by _run_op_kernel only). kinds: one of T L S Q G V per schema "
-     "argument (see csrc/eager/call.h). Returns the kernel's id.");
+     "dispatcher (the kernel is run by _run_op_kernel only). arg_kinds: an ArgKind per schema argument "
+     "(csrc/eager/call.h). Returns the kernel's id.");
   m.def("_run_op_kernel", [](int64_t id, py::list vals) -> py::object {
     OpKernel* k;
     {
@@ -434,6 +418,48 @@ void bind_op_kernels(py::module& m) {
     eager::plan_cache().reset_stats();
     eager::plan_fast_runs() = 0;
   });
+  py::enum_<eager::ArgKind>(m, "ArgKind",
+                            "How a schema argument enters an eager call's key, from its type (csrc/eager/call.h).")
+      .value("tensor", eager::ArgKind::kTensor, "Tensor, Tensor?")
+      .value("tensor_list", eager::ArgKind::kTensorList, "Tensor[], Tensor?[]")
+      .value("scalar", eager::ArgKind::kScalar, "Scalar, Scalar? (and a lowering's float operands)")
+      .value("scalar_list", eager::ArgKind::kScalarList, "Scalar[]")
+      .value("generator", eager::ArgKind::kGenerator, "Generator?")
+      .value("value", eager::ArgKind::kValue, "anything else, keyed by value");
+  py::enum_<KeyPart::Tag>(m, "KeyPartKind", "What one key part of an eager call describes (csrc/eager/call.h).")
+      .value("none", KeyPart::kNone, "an absent optional tensor")
+      .value("host", KeyPart::kHost, "a CPU tensor operand")
+      .value("device", KeyPart::kDevice, "a tpu tensor")
+      .value("baked", KeyPart::kBaked, "a Scalar baked into the program (0, 1, -1 of integer and bool type)")
+      .value("scalar", KeyPart::kScalar, "a Scalar operand")
+      .value("length", KeyPart::kLength, "a list's length (its elements' parts follow)")
+      .value("generator", KeyPart::kGenerator, "a Generator operand")
+      .value("value", KeyPart::kValue, "an argument keyed by value");
+  auto optional_dtype = [](c10::ScalarType t) -> py::object {
+    return t == c10::ScalarType::Undefined ? py::none() : dtype_obj(t);
+  };
+  py::class_<KeyPart>(m, "KeyPart",
+                      "One part of an eager call's key as the slow path reads it (csrc/eager/call.h KeyPart): "
+                      "read-only; fields a kind does not use hold their defaults.")
+      .def_readonly("kind", &KeyPart::tag)
+      .def_property_readonly("dtype", [optional_dtype](const KeyPart& p) { return optional_dtype(p.dtype); },
+                             "torch.dtype of a tensor or Scalar (None where not used)")
+      .def_property_readonly("sizes", [](const KeyPart& p) { return ints(p.sizes); })
+      .def_property_readonly("strides", [](const KeyPart& p) { return ints(p.strides); })
+      .def_readonly("offset", &KeyPart::offset, "device: storage offset, in elements")
+      .def_readonly("slot", &KeyPart::slot, "device: which storage of the call (its operand position)")
+      .def_readonly("position", &KeyPart::position, "host, scalar, generator: operand position")
+      .def_readonly("length", &KeyPart::length, "length: the list's element count")
+      .def_readonly("bits", &KeyPart::bits, "device: lazy conj (1) and neg (2) bits")
+      .def_readonly("first", &KeyPart::first, "device: first use of its slot")
+      .def_property_readonly("storage_dtype", [optional_dtype](const KeyPart& p) { return optional_dtype(p.storage_dtype); })
+      .def_property_readonly("storage_dims", [](const KeyPart& p) { return ints(p.storage_dims); })
+      .def_property_readonly("baked", [](const KeyPart& p) -> py::object {
+        return p.tag == KeyPart::kBaked ? torch::jit::toPyObject(c10::IValue(p.baked)) : py::none();
+      }, "baked: the Scalar's value")
+      .def("__repr__", [](const KeyPart& p) {
+        return "KeyPart(" + std::string(py::str(py::cast(p.tag))) + ")";
+      });
   py::enum_<eager::Mode>(m, "EagerMode", "The eager modes (csrc/eager/mode.h; torch_tpu/eager.py names them).")
       .value("debug", eager::Mode::kDebug)
       .value("strict", eager::Mode::kStrict)

@@ -33,27 +33,28 @@ from .launch import compile_entry_text, debug_synchronize, executable
 
 
 
-# Argument kinds as the C++ front-end spells them (csrc/eager/call.h ArgKind).
-_KIND_CODES = {"T": "T", "TL": "L", "S": "S", "SL": "Q", "G": "G", "V": "V"}
+ArgKind = _C.ArgKind
+KeyPartKind = _C.KeyPartKind
 
 
-def _arg_kind(arg) -> str:
+def _arg_kind(arg) -> ArgKind:
+    """How schema argument `arg` enters a call's key (csrc/eager/call.h), from its type."""
     t = str(arg.type)
     if t in ("Tensor", "Tensor?", "Optional[Tensor]"):
-        return "T"
+        return ArgKind.tensor
     if t in ("Tensor[]", "Tensor?[]", "List[Tensor]", "List[Optional[Tensor]]"):
-        return "TL"
+        return ArgKind.tensor_list
     if t in ("Scalar", "Scalar?", "number", "Optional[number]"):
-        return "S"
+        return ArgKind.scalar
     if t in ("Scalar[]", "List[number]"):
-        return "SL"
+        return ArgKind.scalar_list
     if t in ("Generator?", "Optional[Generator]"):
-        return "G"
-    return "V"
+        return ArgKind.generator
+    return ArgKind.value
 
 
 class Signature:
-    """Precomputed facts about one overload's schema: argument names and kinds (T, TL, S, SL, G, V),
+    """Precomputed facts about one overload's schema: argument names and kinds (_C.ArgKind),
     written arguments, return count, whether it is an out= overload; invoke() and bind() call it with
     values in schema order (eager kernels and torch.compile's graph lowering share it)."""
 
@@ -63,7 +64,8 @@ class Signature:
         self.args = list(schema.arguments)
         self.names = [a.name for a in self.args]
         # float_operands (Lowering.float_operands): `float` arguments as Scalars, operands of the program
-        self.kinds = ["S" if float_operands and str(a.type) == "float" else _arg_kind(a) for a in self.args]
+        self.kinds = [ArgKind.scalar if float_operands and str(a.type) == "float" else _arg_kind(a)
+                      for a in self.args]
         self.written = [i for i, a in enumerate(self.args) if a.alias_info is not None and a.alias_info.is_write]
         self.num_returns = len(schema.returns)
         self.is_out = bool(self.written) and any(a.kwarg_only and a.alias_info is not None and a.alias_info.is_write
@@ -90,13 +92,13 @@ class Signature:
 
 
 def _key_parts(key, kinds) -> list[list]:
-    """Per argument, its parts of a call key (csrc/eager/call.h): one for a tensor, Scalar,
-    Generator or value; one per element for a list (whose own part is its length)."""
+    """Per argument, its parts of a call key (_C.KeyPart, csrc/eager/call.h): one for a tensor,
+    Scalar, Generator or value; one per element for a list (whose own part is its length)."""
     it = iter(key)
     out = []
     for kind in kinds:
-        if kind in ("TL", "SL"):
-            n = next(it)
+        if kind in (ArgKind.tensor_list, ArgKind.scalar_list):
+            n = next(it).length
             out.append([next(it) for _ in range(n)])
         else:
             out.append([next(it)])
@@ -175,8 +177,8 @@ def cpu_dtype_probe(low: Lowering, sig: "Signature", vals, host_inputs: bool = F
         if not isinstance(t, torch.Tensor):
             return t
         return torch.ones(t.shape if t.numel() == 0 else [1] * t.dim(), dtype=t.dtype)
-    probe = [[one(t) for t in v] if isinstance(v, (list, tuple)) and kind == "TL" else
-             None if kind == "G" else one(v) for v, kind in zip(vals, sig.kinds)]
+    probe = [[one(t) for t in v] if isinstance(v, (list, tuple)) and kind == ArgKind.tensor_list else
+             None if kind == ArgKind.generator else one(v) for v, kind in zip(vals, sig.kinds)]
     try:
         with warnings.catch_warnings():  # the probe's warnings (var's "degrees of freedom is <= 0"
             warnings.simplefilter("ignore")  # on one element) are not the call's
@@ -215,12 +217,9 @@ def clear_cache() -> None:
 
 
 class _Call:
-    """One call as the C++ front-end (csrc/eager/call.h) describes it: its key parts (per argument
-    in schema order: ("T", dtype, sizes, strides, offset, slot[, storage dtype, storage dims], bits)
-    for a tpu tensor, ("C", dtype, sizes, operand) for a CPU one, ("S", dtype, operand) for a Scalar
-    operand, ("K", dtype, value) for a baked one, ("G", operand), an int for a list's length, ("V",)
-    for a value), its operands (tpu tensors one per storage, CPU tensors, (number, dtype) scalars,
-    generators) and its device."""
+    """One call as the C++ front-end (csrc/eager/call.h) describes it: its key parts (_C.KeyPart per
+    argument in schema order, a list's length part before its elements'), its operands (tpu tensors
+    one per storage, CPU tensors, (number, dtype) scalars, generators) and its device."""
     __slots__ = ("key", "operands", "device")
 
     def __init__(self, key, operands, device):
@@ -389,11 +388,10 @@ class Kernel:
         """Creates this kernel's C++ front-end and registers it with the dispatcher for tpu tensors
         (dispatch=False: callable from Python only, e.g. copy_'s device-side copy)."""
         ov = self.sig.overload
-        kinds = "".join(_KIND_CODES[k] for k in self.sig.kinds)
         low = self.lowering
         self.id = _C._register_op_kernel(
-            ov._schema.name, ov._overloadname, kinds, self.host_inputs,
-            low.rng and "G" not in self.sig.kinds, low.check is not None and not low.check_per_key,
+            ov._schema.name, ov._overloadname, self.sig.kinds, self.host_inputs,
+            low.rng and ArgKind.generator not in self.sig.kinds, low.check is not None and not low.check_per_key,
             low.prepare is not None, low.prepare_only_for_masks, low.bounds is not None, dispatch, self)
 
     # ------------------------------------------------------------------------------------------
@@ -490,7 +488,7 @@ class Kernel:
         """(arg index, shape, strides or None) for out= tensors PyTorch resizes: a structured
         kernel restrides a resized out= tensor to the layout its functional result would have."""
         sig = self.sig
-        if self.fsig is sig or any(sig.kinds[i] != "T" for i in sig.written):
+        if self.fsig is sig or any(sig.kinds[i] != ArgKind.tensor for i in sig.written):
             return [(i, shape, None) for i, shape in resize]
         f_vals = [vals[i] for i in self.f_index]
         value_meta = self.fsig.invoke(meta_vals(f_vals, [sig.kinds[i] for i in self.f_index]))
@@ -524,11 +522,11 @@ class Kernel:
         def meta_vals(vs, kinds):
             out = []
             for v, kind in zip(vs, kinds):
-                if kind == "T":
+                if kind == ArgKind.tensor:
                     out.append(meta(v))
-                elif kind == "TL":
+                elif kind == ArgKind.tensor_list:
                     out.append([meta(t) for t in v])
-                elif kind == "G":
+                elif kind == ArgKind.generator:
                     out.append(None)
                 else:
                     out.append(v)
@@ -544,7 +542,7 @@ class Kernel:
                 _as_cpu_raises(sig.invoke, k_meta)  # raises what CPU would (broadcast into self, unsafe casts...)
             if sig.is_out:
                 for i in sig.written:
-                    if sig.kinds[i] == "T" and tuple(k_meta[i].shape) != tuple(vals[i].shape):
+                    if sig.kinds[i] == ArgKind.tensor and tuple(k_meta[i].shape) != tuple(vals[i].shape):
                         resize.append((i, tuple(k_meta[i].shape)))
                 if resize:
                     return _Entry(None, [], [], [], _C.ResultStructure.written,
@@ -614,12 +612,12 @@ class Kernel:
         def lower_tensor(t, kpart):
             if t is None:
                 return None
-            if kpart[0] in ("S", "K"):
+            if kpart.kind in (KeyPartKind.scalar, KeyPartKind.baked):
                 return lower_scalar(t, kpart)
             if t.device.type == "cpu":
-                v = operand_arg(kpart[3])
+                v = operand_arg(kpart.position)
                 return Value(v.name, v.type, t if t.dim() == 0 else meta(t))
-            slot = kpart[5]
+            slot = kpart.slot
             got = views.get(id(t))
             if got is None:
                 raw = storage_arg(slot)
@@ -628,8 +626,8 @@ class Kernel:
                     got = raw  # the whole storage in its own shape
                 else:
                     got = read_view(b, operand_arg(slot), t.storage_offset(), t.shape, t.stride(), t.dtype)
-                if kpart[-1]:
-                    got = _apply_bits(b, got, kpart[-1])
+                if kpart.bits:
+                    got = _apply_bits(b, got, kpart.bits)
                 got = Value(got.name, got.type, meta(t))
                 views[id(t)] = got
             return got
@@ -638,10 +636,10 @@ class Kernel:
             if v is None:
                 return None
             py = v.item() if isinstance(v, torch.Tensor) else v
-            if kpart[0] == "K":  # baked constant
-                c = b.constant(kpart[2], kpart[1])
+            if kpart.kind == KeyPartKind.baked:
+                c = b.constant(kpart.baked, kpart.dtype)
                 return Value(c.name, c.type, py)
-            a = operand_arg(kpart[2])
+            a = operand_arg(kpart.position)
             return Value(a.name, a.type, py)
 
         parts = _key_parts(call.key, sig.kinds)
@@ -651,8 +649,8 @@ class Kernel:
             f_vals, f_kinds,
             tensor=lambda t, i, j: lower_tensor(t, f_parts[i][j or 0]),
             scalar=lambda v, i, j: lower_scalar(v, f_parts[i][j or 0]),
-            generator=lambda g, i: operand_arg(f_parts[i][0][1]),
-            rng_state=(lambda: operand_arg(call.key[-1][1])) if self.lowering.rng else None)
+            generator=lambda g, i: operand_arg(f_parts[i][0].position),
+            rng_state=(lambda: operand_arg(call.key[-1].position)) if self.lowering.rng else None)
 
         # 3. The op itself.
         ctx = LoweringContext(b, out_types)
@@ -670,7 +668,7 @@ class Kernel:
         # 3b. Index bounds checked on the device: a flag (and the first bad index) beside the result.
         failed, status = None, None
         if self.lowering.bounds is not None:
-            failed, status = self._bounds_status(b, f_vals, lowered, operand_arg(call.key[-1][5]))
+            failed, status = self._bounds_status(b, f_vals, lowered, operand_arg(call.key[-1].slot))
 
         # 4. Where results go: fresh tensors, or the storages of written arguments.
         outputs, sinks, new_outputs = [], [], []
@@ -689,7 +687,7 @@ class Kernel:
             for i in sig.written:
                 ts = vals[i] if isinstance(vals[i], list) else [vals[i]]
                 for t, kp in zip(ts, parts[i]):
-                    targets.append((t, kp[5], kp[-1]))
+                    targets.append((t, kp.slot, kp.bits))
             if len(targets) != len(fitted):
                 raise RuntimeError(f"{self.name}: {len(fitted)} values for {len(targets)} written tensors")
             new_base = {}
@@ -714,7 +712,7 @@ class Kernel:
                 if slot in arg_of:  # donate the old buffer: the program's result replaces it
                     b.donate(arg_of[slot], len(outputs) - 1)
         if status is not None:  # the device's index-error status, updated in place
-            slot = call.key[-1][5]
+            slot = call.key[-1].slot
             outputs.append(b.reshape(status, list(arg_of[slot].shape)))
             sinks.append(_C.PlanSink(False, slot))
             b.donate(arg_of[slot], len(outputs) - 1)

@@ -556,8 +556,8 @@ class GraphProgram:
         """Runs `check` at call time when every tensor it reads is a graph input."""
         template, ok = [], True
         for v, kind in zip(vals, sig.kinds):
-            if kind in ("T", "TL"):
-                items = v if kind == "TL" else [v]
+            if kind in (_C.ArgKind.tensor, _C.ArgKind.tensor_list):
+                items = v if kind == _C.ArgKind.tensor_list else [v]
                 conv = []
                 for t in items:
                     if isinstance(t, torch.fx.Node):
@@ -567,7 +567,7 @@ class GraphProgram:
                         conv.append(("in", self.ph_index[t]))
                     else:
                         conv.append(t)
-                template.append(conv if kind == "TL" else (conv[0] if conv else None))
+                template.append(conv if kind == _C.ArgKind.tensor_list else (conv[0] if conv else None))
             else:
                 template.append(v)
             if not ok:

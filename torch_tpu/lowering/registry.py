@@ -199,28 +199,27 @@ def register(*names: str, check: Callable | None = None, check_per_key: bool = F
 
 def lower_arguments(vals, kinds, tensor, scalar, generator, value=None, rng_state=None) -> list:
     """A lowering's arguments from an overload's call (`vals` in schema order), the one conversion
-    that eager, fused eager and the graph lowering share. `kinds` per argument, as aten/kernel.py's
-    schema reading spells them: "T" Tensor(?), "TL" Tensor(?)[], "S" Scalar, "SL" Scalar[], "G"
-    Generator?, anything else a python value. Tensors become `tensor(v, i, j)` and Scalars
+    that eager, fused eager and the graph lowering share. `kinds`: a _C.ArgKind per argument
+    (aten/kernel.py's Signature.kinds). Tensors become `tensor(v, i, j)` and Scalars
     `scalar(v, i, j)` (i: the argument's position, j: the element's in a list, else None), a
     Generator `generator(v, i)`, other values `value(v, i)` (default: as they are). A random
     lowering (rng_state given) whose overload has no Generator argument gets the state,
     `rng_state()`, as its last argument."""
     out = []
     for i, (v, kind) in enumerate(zip(vals, kinds)):
-        if kind == "T":
+        if kind == _C.ArgKind.tensor:
             out.append(tensor(v, i, None))
-        elif kind == "TL":
+        elif kind == _C.ArgKind.tensor_list:
             out.append([tensor(t, i, j) for j, t in enumerate(v)])
-        elif kind == "S":
+        elif kind == _C.ArgKind.scalar:
             out.append(scalar(v, i, None))
-        elif kind == "SL":
+        elif kind == _C.ArgKind.scalar_list:
             out.append([scalar(s, i, j) for j, s in enumerate(v)])
-        elif kind == "G":
+        elif kind == _C.ArgKind.generator:
             out.append(generator(v, i))
         else:
             out.append(v if value is None else value(v, i))
-    if rng_state is not None and "G" not in kinds:
+    if rng_state is not None and _C.ArgKind.generator not in kinds:
         out.append(rng_state())
     return out
 

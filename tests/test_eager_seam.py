@@ -1,0 +1,58 @@
+"""The typed seam between the eager front-end's C++ and Python halves (csrc/eager/call.h,
+csrc/python/op_kernel.cc): argument kinds and key parts are _C enums and read-only objects with
+named fields, and a miss hands Python the call as such."""
+import pytest
+import torch
+
+import torch_tpu
+from torch_tpu import _C
+from torch_tpu.aten.kernel import Kernel, Signature
+
+TPU = "tpu"
+
+
+def test_signature_kinds_are_arg_kinds():
+    kinds = Signature(torch.ops.aten.add.Tensor).kinds
+    assert kinds == [_C.ArgKind.tensor, _C.ArgKind.tensor, _C.ArgKind.scalar]
+    kinds = Signature(torch.ops.aten.cat.default).kinds
+    assert kinds == [_C.ArgKind.tensor_list, _C.ArgKind.value]
+    assert Signature(torch.ops.aten.bernoulli_.float).kinds[-1] == _C.ArgKind.generator
+
+
+def _parts_of_miss(fn):
+    """The key parts Python receives for the first (missing) call in fn."""
+    seen = []
+    real = Kernel._slow
+    Kernel._slow = lambda self, args, kwargs, key, *rest: seen.append(key) or real(self, args, kwargs, key, *rest)
+    try:
+        torch_tpu._C._plan_cache_clear()
+        with torch_tpu.eager_mode("strict"):
+            fn()
+    finally:
+        Kernel._slow = real
+    assert seen, "the call did not miss"
+    return seen[0]
+
+
+def test_key_parts_have_named_fields():
+    base = torch.arange(12.0, device=TPU).reshape(3, 4)
+    view = base[1:, ::2]  # offset 4, strides (4, 2)
+    t, t2, s = _parts_of_miss(lambda: torch.add(view, view, alpha=2.5))
+    assert t.kind == _C.KeyPartKind.device
+    assert (t.dtype, t.sizes, t.strides, t.offset, t.slot, t.bits) == (torch.float32, (2, 2), (4, 2), 4, 0, 0)
+    assert t.first and t.storage_dtype == torch.float32
+    assert t2.kind == _C.KeyPartKind.device and t2.slot == 0 and not t2.first  # the same storage
+    assert s.kind == _C.KeyPartKind.scalar and s.dtype == torch.float32 and s.position == 1 and s.baked is None
+    _, wrapped, alpha = _parts_of_miss(lambda: torch.add(view, 2.5))  # a wrapped number; alpha 1 is baked
+    assert wrapped.kind == _C.KeyPartKind.host and wrapped.dtype == torch.float64 and wrapped.sizes == ()
+    assert alpha.kind == _C.KeyPartKind.baked and alpha.baked == 1 and alpha.dtype == torch.int64
+    with pytest.raises(AttributeError):
+        t.slot = 3  # read-only
+
+
+def test_key_parts_of_lists():
+    a, b = torch.ones(2, device=TPU), torch.zeros(3, device=TPU)
+    parts = _parts_of_miss(lambda: torch.cat([a, b]))
+    assert [p.kind for p in parts] == [_C.KeyPartKind.length, _C.KeyPartKind.device, _C.KeyPartKind.device,
+                                       _C.KeyPartKind.value]
+    assert parts[0].length == 2 and (parts[1].slot, parts[2].slot) == (0, 1)
