@@ -1,6 +1,6 @@
 """A fixed, representative slice of PyTorch's OpInfo database run through the conformance harness
 (tests/opinfo): each (op, dtype) must pass, without the CPU fallback. The whole database is
-`python -m tests.opinfo.report` (see the README's developer notes)."""
+`python -m tests.opinfo.report` (see docs/development.md)."""
 from __future__ import annotations
 
 import pytest
