@@ -275,12 +275,19 @@ int64_t product(const std::vector<int64_t>& dims) {
 }
 }  // namespace
 
-// Cell::dims is read without a lock (call keys on the dispatching thread, zero buffers made by the
-// launcher thread, uploads by collectives' threads): it is written only where it changes, which
-// every writer of a storage keeps it from doing (a program writes a storage in its dims, an upload
-// takes the cell's dims), so a reader never sees its vector reallocated under it.
+// A cell's dtype, numel and dims are read without a lock (call keys on the dispatching thread, zero
+// buffers made by the launcher thread, uploads by collectives' threads). They are set on the thread
+// that queues a launch, before it is queued (a never-written cell read by a launch is typed then,
+// not by the launcher), and afterwards written only where they change, which every writer of a
+// storage keeps them from doing (a program writes a storage in its type and dims, an upload takes
+// the cell's dims): a launch in flight never sees them written under it.
 static void set_dims(Cell& cell, const std::vector<int64_t>& dims) {
   if (cell.dims != dims) cell.dims = dims;
+}
+
+static void set_type(Cell& cell, c10::ScalarType dtype, int64_t numel) {
+  if (cell.dtype != dtype) cell.dtype = dtype;
+  if (cell.numel != numel) cell.numel = numel;
 }
 
 void Runtime::ensure_typed(Cell& cell, c10::ScalarType dtype) {
@@ -310,7 +317,7 @@ static std::vector<int64_t> upload_dims(Cell& cell, c10::ScalarType dtype, int64
 pjrt::Buffer& Runtime::materialize(Cell& cell) {
   if (cell.buffer) return *cell.buffer;
   if (cell.error) throw pjrt::PjrtError(*cell.error, PJRT_Error_Code_UNKNOWN);
-  if (!cell.dtype) ensure_typed(cell, c10::ScalarType::Byte);
+  if (!cell.dtype) ensure_typed(cell, c10::ScalarType::Byte);  // (a download's; a launch's is typed when queued)
   std::vector<char> zeros(cell.numel * c10::elementSize(*cell.dtype), 0);
   upload_now(cell, zeros.data(), *cell.dtype, cell.numel);  // in the cell's dims
   return *cell.buffer;
@@ -334,8 +341,7 @@ void Runtime::set_uploaded(Cell& cell, std::shared_ptr<pjrt::Buffer> buf, c10::S
   counters().h2d_bytes += numel * c10::elementSize(dtype);
   cell.buffer = std::move(buf);
   cell.error.reset();
-  cell.dtype = dtype;
-  cell.numel = numel;
+  set_type(cell, dtype, numel);
   set_dims(cell, dims);
 }
 
@@ -428,20 +434,22 @@ bool async_launch() {
   return on;
 }
 
-void Runtime::prepare_sinks(const pjrt::Executable& exe, const std::vector<Cell*>& sinks, const std::string& producer) {
+void Runtime::prepare_launch(const pjrt::Executable& exe, const std::vector<LaunchArg>& args,
+                             const std::vector<Cell*>& sinks, const std::string& producer) {
   TORCH_CHECK(sinks.size() == exe.num_outputs(), "program has ", exe.num_outputs(),
               " outputs but ", sinks.size(), " destinations were given");
+  for (const auto& a : args)  // its zeros are made by the launcher, in the type fixed here
+    if (a.cell && !a.cell->dtype) ensure_typed(*a.cell, c10::ScalarType::Byte);
   for (size_t i = 0; i < sinks.size(); ++i) {  // known now: later ops read them before the launch runs
     set_dims(*sinks[i], exe.output_dims[i]);
-    sinks[i]->numel = product(sinks[i]->dims);
-    sinks[i]->dtype = from_pjrt_type(exe.output_types[i]);
+    set_type(*sinks[i], from_pjrt_type(exe.output_types[i]), product(exe.output_dims[i]));
     sinks[i]->producer = producer;
   }
 }
 
 void Runtime::execute(std::shared_ptr<const pjrt::Executable> exe, std::vector<LaunchArg> args,
                       std::vector<Cell*> sinks, int device, std::string producer, std::string trace_name) {
-  prepare_sinks(*exe, sinks, producer);
+  prepare_launch(*exe, args, sinks, producer);
   check_not_forked();
   counters().executions++;
   std::shared_ptr<trace::Execution> rec;
@@ -634,7 +642,7 @@ void Runtime::launched(const std::shared_ptr<pjrt::Event>& done, const std::vect
 
 void Runtime::execute_replicas(std::shared_ptr<const pjrt::Executable> exe, std::vector<ReplicaPart> parts,
                                std::string producer) {
-  for (auto& p : parts) prepare_sinks(*exe, p.sinks, producer);
+  for (auto& p : parts) prepare_launch(*exe, p.args, p.sinks, producer);
   check_not_forked();
   counters().executions++;
   auto job = [this, exe = std::move(exe), parts = std::move(parts), producer = std::move(producer)] {

@@ -242,11 +242,13 @@ class Runtime {
   void issue(const pjrt::Executable& exe, const std::vector<LaunchArg>& args, const std::vector<Cell*>& sinks,
              int device, const std::string& producer, const std::shared_ptr<trace::Execution>& rec);
   void issue_replicas(const pjrt::Executable& exe, const std::vector<ReplicaPart>& parts, const std::string& producer);
-  // The pieces of a launch both issue paths share: the sinks' element type and dims, set when the
-  // launch is queued; the sinks without a value yet; what a failed launch leaves (called from a catch
+  // The pieces of a launch both issue paths share: the type of never-written argument cells and the
+  // sinks' element type and dims, set on the caller's thread when the launch is queued (the launcher
+  // only reads them); the sinks without a value yet; what a failed launch leaves (called from a catch
   // block: marks `fresh` as failed and rethrows, as torch.OutOfMemoryError where the device ran out);
   // what an issued one records (mu_ held).
-  void prepare_sinks(const pjrt::Executable& exe, const std::vector<Cell*>& sinks, const std::string& producer);
+  void prepare_launch(const pjrt::Executable& exe, const std::vector<LaunchArg>& args, const std::vector<Cell*>& sinks,
+                      const std::string& producer);
   static std::vector<Cell*> unwritten(const std::vector<Cell*>& sinks);
   [[noreturn]] void launch_failed(const pjrt::Executable& exe, int device, const std::string& producer,
                                   const std::vector<Cell*>& fresh, const std::exception& e);

@@ -41,6 +41,12 @@ const char* kAddScalar = R"(module @m {
   }
 })";
 
+const char* kCopyBytes = R"(module @m {
+  func.func public @main(%a: tensor<16xui8>) -> tensor<16xui8> {
+    "func.return"(%a) : (tensor<16xui8>) -> ()
+  }
+})";
+
 Runtime& runtime() {
   static bool configured = [] {
     const char* p = std::getenv("TORCH_TPU_TEST_PLUGIN");
@@ -134,6 +140,28 @@ TEST(Runtime, CellsMadeAndFreedFromManyThreads) {
   }
   for (auto& th : threads) th.join();
   EXPECT_EQ(wrong.load(), 0);
+}
+
+TEST(Runtime, NeverWrittenCellsReadByALaunchWhileTheCallerWritesThem) {
+  // A launch reads a cell nobody wrote (its zeros are made on the launcher thread, in the cell's
+  // type) while this thread at once queues a launch that writes the cell: a queued launch's cells
+  // never have their type or size written under it (ThreadSanitizer). A never-typed argument is
+  // typed on this thread when its launch is queued, not later by the launcher.
+  auto add_one = compiled("runtime_test_add_one", kAddOne);
+  auto copy_bytes = compiled("runtime_test_copy_bytes", kCopyBytes);
+  for (int i = 0; i < 50; ++i) {
+    Cell* zeros = runtime().new_cell(4 * sizeof(float), 0);
+    runtime().ensure_typed(*zeros, c10::ScalarType::Float);  // as an eager call key types it
+    Cell* out = runtime().new_cell(4 * sizeof(float), 0);
+    runtime().execute(add_one, {{zeros, nullptr}}, {out}, 0, "read_zeros");
+    runtime().execute(add_one, {{out, nullptr}}, {zeros}, 0, "write_zeros");
+    Cell* bytes = runtime().new_cell(16, 0);
+    Cell* copy = runtime().new_cell(16, 0);
+    runtime().execute(copy_bytes, {{bytes, nullptr}}, {copy}, 0, "copy_bytes");
+    EXPECT_EQ(bytes->dtype, c10::ScalarType::Byte);
+    EXPECT_EQ(read(zeros), (std::vector<float>{2, 2, 2, 2}));
+    for (Cell* c : {zeros, out, bytes, copy}) runtime().free_cell(c);
+  }
 }
 
 TEST(CompileCache, SameProgramFromManyThreads) {
