@@ -286,6 +286,14 @@ def _tier2_dir(value: str) -> tuple[str, bool]:
     return f"/dev/shm/torch_tpu_cache-{user}{suffix}", True
 
 
+_disk_dir = ""
+
+
+def disk_cache_dir() -> str:
+    """The disk tier's directory as configure_cache last set it ("" when the tier is off)."""
+    return _disk_dir
+
+
 def configure_cache(cache_dir: str | None = None, disk: bool | None = None, max_bytes: int | None = None,
                     tier2: str | None = None, tier3_root: str | None = None) -> None:
     """Sets the executable cache's directory tiers. Each argument left None comes from its
@@ -323,6 +331,8 @@ def configure_cache(cache_dir: str | None = None, disk: bool | None = None, max_
     # Tier 3's entries are executables this process runs: a root that others can write is used only
     # when the user says they trust them (csrc/runtime/compile_cache.h, owner_writes_only).
     tier3_checked = not settings.flag("TORCH_TPU_TIER3_TRUSTED")
+    global _disk_dir
+    _disk_dir = cache_dir if disk else ""
     _C._cache_configure([("tier2", tier2_dir, int(max_bytes), tier2_private, False),
                          ("disk", cache_dir if disk else "", int(max_bytes), False, False),
                          ("tier3", os.path.expanduser(tier3_root), 0, False, tier3_checked)])

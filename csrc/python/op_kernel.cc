@@ -225,8 +225,13 @@ class OpKernel final : public c10::OperatorKernel {
     py::object entry = plan ? py::reinterpret_borrow<py::object>(static_cast<PyObject*>(plan->entry.get()))
                             : py::none();
     py::list operands = operands_of(call);
+    // The key's words after the op's id (which is this process's registration order), for the meta
+    // memo that outlives the process (torch_tpu/aten/meta_memo.py); None for a key the cache skips.
+    py::object words = py::none();
+    if (call.cacheable)
+      words = py::bytes(reinterpret_cast<const char*>(call.key.data() + 1), (call.key.size() - 1) * sizeof(int64_t));
     // (result, entry for the plan cache or None, entry for C++ to run or None: Python returned the result)
-    py::tuple r = kernel().attr("_slow")(args, kwargs, key_of(call), operands, call.device, entry);
+    py::tuple r = kernel().attr("_slow")(args, kwargs, key_of(call), operands, call.device, entry, words);
     py::object stored = r[1], to_run = r[2];
     bool written = !facts_.written.empty();
     std::shared_ptr<Plan> built;

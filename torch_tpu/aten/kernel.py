@@ -29,6 +29,7 @@ from ..lowering.builder import Builder, TensorType, Value
 from ..lowering.helpers.checks import cpp_type_name, scalar_type_name
 from ..lowering.registry import Lowering, LoweringContext, NotLowered, bounds_status, fit, lower_arguments, rng_draws
 from ..lowering.strided import contiguous_strides, dense_order, is_whole, read_view, write_view
+from . import meta_memo
 from .launch import compile_entry_text, debug_synchronize, executable
 
 
@@ -220,10 +221,11 @@ class _Call:
     """One call as the C++ front-end (csrc/eager/call.h) describes it: its key parts (_C.KeyPart per
     argument in schema order, a list's length part before its elements'), its operands (tpu tensors
     one per storage, CPU tensors, (number, dtype) scalars, generators) and its device."""
-    __slots__ = ("key", "operands", "device")
+    __slots__ = ("key", "operands", "device", "memo_key")
 
-    def __init__(self, key, operands, device):
+    def __init__(self, key, operands, device, memo_key=None):
         self.key, self.operands, self.device = key, operands, device
+        self.memo_key = memo_key  # the meta memo's key (meta_memo.py), None: not remembered
 
 
 def _apply_bits(b: Builder, v: Value, bits: int) -> Value:
@@ -353,6 +355,20 @@ _META_ERRORS = (
 )
 
 
+def _meta_call(fn, *args):
+    """(fn(*args), whether it warned): a meta computation as _as_cpu_raises runs it, its warnings
+    shown as they were issued (after the filters chose them) and noted, since the meta memo keeps
+    only calls that warn nothing (a warm process would not show them)."""
+    caught = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            result = _as_cpu_raises(fn, *args)
+    finally:
+        for w in caught:
+            warnings._showwarnmsg(w)  # the filters already passed it: shown as warn() would show it
+    return result, bool(caught)
+
+
 def _as_cpu_raises(fn, *args):
     """fn(*args) (a meta computation), with its errors of _META_ERRORS raised as CPU raises them."""
     try:
@@ -404,18 +420,19 @@ class Kernel:
                 vals[i] = v
         return _C._run_op_kernel(self.id, vals)
 
-    def _slow(self, args, kwargs, key, operands, device, entry):
+    def _slow(self, args, kwargs, key, operands, device, entry, key_words=None):
         """A call the C++ fast path does not take: a cache miss (entry None: meta, lowering, compile),
         debug eager, a per-call check, the CPU fallback. Returns (result, the new entry for the plan
         cache or None, the entry C++ runs or None). C++ runs every op program (strict, debug and
         fused alike, csrc/python/op_kernel.cc's run_entry); Python returns a result itself only
-        for the CPU fallback, an expanded fill and an out= resize."""
+        for the CPU fallback, an expanded fill and an out= resize. key_words: the key after the op's
+        id, as bytes (None for a call the plan cache does not keep), which keys the meta memo."""
         vals = self.sig.bind(args, kwargs)
         if self.sig.overload in _FILL_EXPANDED and _expanded_dims(vals[0]):
             done = _fill_expanded(self.sig.overload, vals)
             if done is not None:
                 return done, None, None
-        call = _Call(key, operands, device)
+        call = _Call(key, operands, device, meta_memo.MetaMemo.key(self.name, key_words))
         store = None
         if entry is None:
             try:
@@ -532,14 +549,21 @@ class Kernel:
                     out.append(v)
             return out
 
+        # A key an earlier call (of this process or one before) ran meta for: its result types
+        # ("written": an in-place op's meta accepted it; else (structure, meta tensors)).
+        known = meta_memo.recall(call.memo_key, written=fsig is sig and bool(sig.written))
+        warned = False
         k_meta = meta_vals(vals, sig.kinds)
         resize = []
         if sig.written:
             _check_overlap(vals, sig)
-            if self.lowering.meta is not None and fsig is sig:  # an in-place op lowered as itself
-                _as_cpu_raises(self.lowering.meta, *k_meta)
+            if known is not None:
+                pass
+            elif self.lowering.meta is not None and fsig is sig:  # an in-place op lowered as itself
+                warned = _meta_call(self.lowering.meta, *k_meta)[1]
             elif not self.range_out:  # (sized and checked in C++ as CPU does; meta's ref differs)
-                _as_cpu_raises(sig.invoke, k_meta)  # raises what CPU would (broadcast into self, unsafe casts...)
+                # raises what CPU would (broadcast into self, unsafe casts...)
+                warned = _meta_call(sig.invoke, k_meta)[1]
             if sig.is_out:
                 for i in sig.written:
                     if sig.kinds[i] == ArgKind.tensor and tuple(k_meta[i].shape) != tuple(vals[i].shape):
@@ -553,18 +577,26 @@ class Kernel:
             value_meta = [k_meta[i] for i in sig.written]
             value_meta = [x for v in value_meta for x in (v if isinstance(v, list) else [v])]
             structure = _C.ResultStructure.written
+            written = [x for i in sig.written for x in (vals[i] if isinstance(vals[i], list) else [vals[i]])]
+            if known is None and not warned and \
+                    [meta_memo.tensor_record(m) for m in value_meta] == [meta_memo.tensor_record(t) for t in written]:
+                meta_memo.MEMO.put(call.memo_key, "written")  # (meta restrided nothing)
+        elif known is not None:
+            structure, value_meta = _C.ResultStructure(known[0]), known[1]
         else:
             f_meta = meta_vals(f_vals, f_kinds)
-            value_meta = _as_cpu_raises(self.lowering.meta, *f_meta) if self.lowering.meta else \
-                _as_cpu_raises(fsig.invoke, f_meta)
+            value_meta, warned_f = _meta_call(self.lowering.meta, *f_meta) if self.lowering.meta else \
+                _meta_call(fsig.invoke, f_meta)
             if isinstance(value_meta, torch.Tensor):
                 structure, value_meta = _C.ResultStructure.one, [value_meta]
             elif isinstance(value_meta, list):
                 structure = _C.ResultStructure.list
             else:
                 structure, value_meta = _C.ResultStructure.tuple, list(value_meta)
-            if sig.written and not sig.is_out:
-                _check_inplace_cast(vals, sig, value_meta)
+            if not (warned or warned_f) and all(m is None or isinstance(m, torch.Tensor) for m in value_meta):
+                meta_memo.MEMO.put(call.memo_key, [int(structure), [meta_memo.tensor_record(m) for m in value_meta]])
+        if sig.written and not sig.is_out and structure != _C.ResultStructure.written:
+            _check_inplace_cast(vals, sig, value_meta)
         out_types = [TensorType(tuple(m.shape), m.dtype) if isinstance(m, torch.Tensor) else None for m in value_meta]
         cpu_dtype_probe(self.lowering, self.sig, vals, self.host_inputs)
         if self.lowering.check is not None and self.lowering.check_per_key:
