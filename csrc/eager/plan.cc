@@ -121,10 +121,11 @@ LaunchArg scalar_arg(const c10::Scalar& v, c10::ScalarType dtype, int device) {
   return {nullptr, scalar_buffers().get(runtime::to_pjrt_type(dtype), bytes, 16, {}, device)};
 }
 
-LaunchArg rng_arg(std::pair<uint64_t, uint64_t> state, int device) {
-  uint64_t words[2] = {state.first, state.second};
-  return {nullptr, Runtime::get().client().small_buffer_from_host(
-                       words, runtime::to_pjrt_type(c10::ScalarType::UInt64), {2}, device)};
+LaunchArg rng_arg(std::pair<uint64_t, uint64_t> state) {
+  LaunchArg a;
+  a.words = true;  // uploaded by the launcher (Runtime::arg_buffer): no transfer on the caller's thread
+  a.value = {state.first, state.second};
+  return a;
 }
 
 void run_plan(const std::shared_ptr<Plan>& plan_ptr, const OpFacts& op, Call& call, torch::jit::Stack* stack,
@@ -143,7 +144,7 @@ void run_plan(const std::shared_ptr<Plan>& plan_ptr, const OpFacts& op, Call& ca
       case Operand::kHostTensor: args.push_back(host_tensor_arg(o.tensor, call.device)); break;
       case Operand::kScalar: args.push_back(scalar_arg(o.value, o.dtype, call.device)); break;
       case Operand::kGenerator:
-        args.push_back(rng_arg(aten::generator_next(o.generator, plan.rng_draws), call.device));
+        args.push_back(rng_arg(aten::generator_next(o.generator, plan.rng_draws)));
         break;
     }
   }

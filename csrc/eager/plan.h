@@ -72,9 +72,10 @@ std::atomic<int64_t>& plan_fast_runs();
 void run_plan(const std::shared_ptr<Plan>& plan, const OpFacts& op, Call& call, torch::jit::Stack* stack, bool fused);
 
 // Launch arguments of host values: a CPU tensor (contiguous), a scalar of `dtype` (0-dim), an RNG
-// (seed, offset) state (1-D of 2 uint64). Raises for a scalar dtype programs never take.
+// (seed, offset) state (1-D of 2 uint64, uploaded by the launcher). Raises for a scalar dtype programs
+// never take.
 runtime::LaunchArg host_tensor_arg(const at::Tensor& t, int device);
 runtime::LaunchArg scalar_arg(const c10::Scalar& v, c10::ScalarType dtype, int device);
-runtime::LaunchArg rng_arg(std::pair<uint64_t, uint64_t> state, int device);
+runtime::LaunchArg rng_arg(std::pair<uint64_t, uint64_t> state);
 
 }  // namespace torch_tpu::eager

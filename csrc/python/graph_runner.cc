@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "aten/device.h"
+#include "eager/plan.h"
 #include "python/launch_args.h"
 #include "runtime/replica_meeting.h"
 
@@ -140,10 +141,7 @@ class GraphRunner {
         }
         case kCpuInput: args.push_back(launch_arg(PyList_GET_ITEM(real.ptr(), a.index), device)); break;
         case kRngState: {
-          auto st = aten::generator_next(std::nullopt, rng_draws_);
-          uint64_t pair[2] = {st.first, st.second};
-          args.push_back({nullptr, rt.client().small_buffer_from_host(
-                                       pair, runtime::to_pjrt_type(c10::ScalarType::UInt64), {2}, device)});
+          args.push_back(eager::rng_arg(aten::generator_next(std::nullopt, rng_draws_)));
           break;
         }
         case kHostPack: args.push_back(launch_arg(packs[a.index], device)); break;

@@ -36,7 +36,7 @@ runtime::LaunchArg launch_arg(py::handle h, int device) {
   auto st = dtype_of(tup[1]);
   py::handle v = tup[0];
   switch (st) {
-    case c10::ScalarType::UInt64: return eager::rng_arg(v.cast<std::pair<uint64_t, uint64_t>>(), device);
+    case c10::ScalarType::UInt64: return eager::rng_arg(v.cast<std::pair<uint64_t, uint64_t>>());
     case c10::ScalarType::Bool: return eager::scalar_arg(v.cast<bool>(), st, device);
     case c10::ScalarType::Long: return eager::scalar_arg(v.cast<int64_t>(), st, device);
     case c10::ScalarType::ComplexFloat:

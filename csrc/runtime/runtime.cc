@@ -561,9 +561,10 @@ void Runtime::issue(const pjrt::Executable& exe, const std::vector<LaunchArg>& l
   std::shared_ptr<pjrt::Event> done;
   std::vector<std::shared_ptr<pjrt::Buffer>> outs;
   std::vector<Cell*> fresh = unwritten(sinks);
+  std::vector<std::shared_ptr<pjrt::Buffer>> uploads;
   try {
     for (const auto& a : largs) {
-      bufs.push_back(a.cell ? &materialize(*a.cell) : a.buffer.get());
+      bufs.push_back(arg_buffer(a, device, uploads));
       args.push_back(bufs.back()->get());
     }
     try {
@@ -587,6 +588,13 @@ void Runtime::issue(const pjrt::Executable& exe, const std::vector<LaunchArg>& l
   }
   std::lock_guard<std::mutex> g(mu_);
   launched(done, bufs, outs, sinks, device, producer);
+}
+
+pjrt::Buffer* Runtime::arg_buffer(const LaunchArg& a, int device, std::vector<std::shared_ptr<pjrt::Buffer>>& uploads) {
+  if (a.cell) return &materialize(*a.cell);
+  if (!a.words) return a.buffer.get();
+  uploads.push_back(client().small_buffer_from_host(a.value.data(), to_pjrt_type(c10::ScalarType::UInt64), {2}, device));
+  return uploads.back().get();
 }
 
 std::vector<Cell*> Runtime::unwritten(const std::vector<Cell*>& sinks) {
@@ -661,10 +669,11 @@ void Runtime::issue_replicas(const pjrt::Executable& exe, const std::vector<Repl
   std::vector<std::shared_ptr<pjrt::Event>> done;
   std::vector<std::vector<std::shared_ptr<pjrt::Buffer>>> outs;
   size_t at = 0;  // the part whose failure is reported (materialize fails per device)
+  std::vector<std::shared_ptr<pjrt::Buffer>> uploads;
   try {
     for (at = 0; at < parts.size(); ++at) {
       for (const auto& a : parts[at].args) {
-        bufs[at].push_back(a.cell ? &materialize(*a.cell) : a.buffer.get());
+        bufs[at].push_back(arg_buffer(a, parts[at].device, uploads));
         args[at].push_back(bufs[at].back()->get());
       }
     }

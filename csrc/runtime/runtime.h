@@ -13,6 +13,7 @@
 
 #include <c10/core/ScalarType.h>
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -59,9 +60,14 @@ struct Cell {
 
 // One argument of a launch: a storage cell, whose buffer is taken when the launch is issued (after
 // every launch queued before it), or a buffer of its own (a host operand the caller uploaded).
+// One argument of a launch: a storage's cell, a buffer made for this launch, or (neither set,
+// `words` true) two uint64 words (an rng op's (seed, offset)) that the launcher uploads just
+// before the launch, so the thread that queues the op does no transfer of its own.
 struct LaunchArg {
   Cell* cell = nullptr;
   std::shared_ptr<pjrt::Buffer> buffer;
+  bool words = false;
+  std::array<uint64_t, 2> value{};
 };
 
 // Counters reported by torch_tpu.metrics.
@@ -149,6 +155,9 @@ class Runtime {
   // queued launch can write the cell (after drain(), or by the launcher itself). Throws
   // PjrtError when the launch that was to write the cell failed (Cell::error).
   pjrt::Buffer& materialize(Cell& cell);
+  // The buffer launch argument `a` passes on `device`: its cell's (materialized), its own, or its
+  // words uploaded now (kept alive in `uploads` for the launch). On the launcher thread.
+  pjrt::Buffer* arg_buffer(const LaunchArg& a, int device, std::vector<std::shared_ptr<pjrt::Buffer>>& uploads);
   // Replaces the cell's contents with `numel` host elements of `dtype` (dense), as an array of the
   // cell's dims where they hold `numel` elements of `dtype`, else 1-D. Raises only its own errors
   // (an earlier launch's stays for the next sync).
