@@ -52,6 +52,27 @@ def test_every_cache_is_bounded_and_counted():
     for name in ("plans", "executables in memory", "scalar operand buffers", "fused programs"):
         s = caches[name]
         assert 0 <= s["entries"] <= s["capacity"], (name, s)
+        assert s["max_bytes"] == 0 or 0 <= s["bytes"] <= s["max_bytes"], (name, s)
+    for name in ("plans", "executables in memory", "fused programs"):  # they hold programs
+        assert caches[name]["max_bytes"] == 1 << 30, (name, caches[name])
+    if caches["executables in memory"]["entries"]:  # each program counted by what it holds
+        assert caches["executables in memory"]["bytes"] > 0
+
+
+def test_a_python_lru_cache_bounded_by_bytes():
+    c = torch_tpu._C.LruCache("test python bytes", 10, 100)
+    for i in range(4):
+        c.put(i, f"value {i}", bytes=40)
+    assert len(c) == 2 and c.get(0) is None and c.get(1) is None and c.get(3) == "value 3"
+    s = torch_tpu.metrics.host_caches()["test python bytes"]
+    assert (s["entries"], s["bytes"], s["max_bytes"], s["evictions"]) == (2, 80, 100, 2), s
+
+
+def test_an_executable_says_what_it_holds():
+    exe = torch_tpu.runtime.compile(
+        "func.func public @main(%a: tensor<4xf32>) -> tensor<4xf32> {\n"
+        "  %0 = stablehlo.add %a, %a : tensor<4xf32>\n  return %0 : tensor<4xf32>\n}\n", "bytes probe")
+    assert exe.held_bytes > 0
 
 
 def test_a_graph_with_symbolic_shapes_keeps_its_most_recent_programs(monkeypatch):

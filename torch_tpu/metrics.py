@@ -29,10 +29,13 @@ def counters() -> dict:
 
 
 def host_caches() -> dict:
-    """Per in-memory cache of this process: entries, capacity, hits, misses and evictions (since the
-    last reset()). Every cache is a bounded LRU: "plans" (eager call signatures), "executables in
-    memory" (the compilation cache's first tier), "scalar operand buffers", "fused programs" and
-    "compiled graph shapes" (torch.compile graphs with symbolic shapes, all graphs summed)."""
+    """Per in-memory cache of this process: entries, capacity, bytes (what its values hold: a
+    program's generated code, a buffer's size), max_bytes (0: bounded by entries alone), hits, misses
+    and evictions (since the last reset()). Every cache is an LRU bounded by entries and bytes:
+    "plans" (eager call signatures), "executables in memory" (the compilation cache's first tier),
+    "scalar operand buffers", "fused programs" and "compiled graph shapes" (torch.compile graphs
+    with symbolic shapes, all graphs summed); those holding programs keep at most 1 GiB of them
+    (compiled graph shapes: 256 MiB per graph)."""
     return dict(_C._host_caches())
 
 

@@ -177,7 +177,7 @@ void FusedRecorder::flush_locked(Run& run_ref) {
       throw;
     }
     stats_.compiles++;
-    programs_.put(std::move(key), found);
+    programs_.put(std::move(key), found, runtime::program_bytes(*found->exe));
   }
   const FusedProgram& prog = *found;
   std::vector<LaunchArg> args;

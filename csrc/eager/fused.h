@@ -107,9 +107,10 @@ class FusedRecorder {
   int64_t position_ = 0;         // stream position of the next record
   int64_t run_start_ = 0;        // stream position of the run's first record
   // Fused programs by run key; each holds its executable, so the least recently used go past
-  // kFusedPrograms (a run that recurs rebuilds from the compilation cache's tiers).
+  // kFusedPrograms or runtime::kProgramCacheBytes (a run that recurs rebuilds from the compilation
+  // cache's tiers).
   runtime::LruCache<std::vector<int64_t>, std::shared_ptr<const FusedProgram>, KeyHash> programs_{
-      "fused programs", kFusedPrograms};
+      "fused programs", kFusedPrograms, runtime::kProgramCacheBytes};
   FusedBuilder builder_;
   OpExecutable op_executable_;
   FusedStats stats_;

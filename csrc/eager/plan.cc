@@ -31,8 +31,14 @@ size_t KeyHash::operator()(const std::vector<int64_t>& k) const noexcept {
 }
 
 PlanCache& plan_cache() {
-  static auto* cache = new PlanCache("plans", kPlanCacheEntries);  // never destroyed: plans hold Python objects
+  // never destroyed: plans hold Python objects
+  static auto* cache = new PlanCache("plans", kPlanCacheEntries, runtime::kProgramCacheBytes);
   return *cache;
+}
+
+int64_t plan_bytes(const Plan& plan) {
+  // A plan without its executable yet (fused eager builds it later) holds its entry's program text.
+  return plan.exe ? runtime::program_bytes(*plan.exe) : 4096;
 }
 
 std::atomic<int64_t>& plan_fast_runs() {
@@ -57,7 +63,7 @@ class ScalarBuffers {
     if (auto hit = cache_.find(k)) return hit;
     auto buf = Runtime::get().client().small_buffer_from_host(bytes, type, dims, device);
     runtime::counters().h2d_transfers++;
-    cache_.put(k, buf);
+    cache_.put(k, buf, static_cast<int64_t>(n));
     return buf;
   }
 
@@ -77,6 +83,7 @@ class ScalarBuffers {
       return std::hash<uint64_t>()(a * 31 + b) ^ (static_cast<size_t>(k.type) << 8) ^ k.device ^ (k.ndims << 16);
     }
   };
+  // Bounded by entries (4096 buffers of at most 16 bytes: the bytes never bind).
   runtime::LruCache<Key, std::shared_ptr<pjrt::Buffer>, Hash> cache_{"scalar operand buffers", 4096};
 };
 

@@ -13,6 +13,7 @@
 
 #include "eager/call.h"
 #include "pjrt/pjrt.h"
+#include "runtime/compile_cache.h"
 #include "runtime/lru_cache.h"
 #include "runtime/runtime.h"
 
@@ -60,10 +61,12 @@ struct KeyHash {
 };
 
 // Plans by call key (runtime/lru_cache.h's policy): a plan holds its loaded executable, so the
-// least recently used go past kPlanCacheEntries (they reload from the compilation cache's tiers).
+// least recently used go past kPlanCacheEntries or runtime::kProgramCacheBytes of programs (they
+// reload from the compilation cache's tiers). plan_bytes: what a plan counts as.
 using PlanCache = runtime::LruCache<std::vector<int64_t>, std::shared_ptr<Plan>, KeyHash>;
 constexpr size_t kPlanCacheEntries = 4096;
 PlanCache& plan_cache();
+int64_t plan_bytes(const Plan& plan);
 // Calls the fast path ran (run_plan with no Python), since the last reset.
 std::atomic<int64_t>& plan_fast_runs();
 

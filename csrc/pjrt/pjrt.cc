@@ -576,6 +576,16 @@ std::shared_ptr<Executable> Client::wrap_loaded(PJRT_LoadedExecutable* loaded) c
   auto od = PJRT_ARGS(PJRT_Executable_OutputDimensions_Args);
   od.executable = ge.executable;
   if (!err) err = api->PJRT_Executable_OutputDimensions(&od);
+  int64_t code_bytes = -1;
+  if (!err && PJRT_HAS_SLOT(api, PJRT_Executable_SizeOfGeneratedCodeInBytes)) {
+    auto cs = PJRT_ARGS(PJRT_Executable_SizeOfGeneratedCodeInBytes_Args);
+    cs.executable = ge.executable;
+    if (PJRT_Error* e = api->PJRT_Executable_SizeOfGeneratedCodeInBytes(&cs)) {
+      plugin_->drop(e);  // not reported: the caches count the program as unknown
+    } else {
+      code_bytes = cs.size_in_bytes;
+    }
+  }
   std::vector<PJRT_Buffer_Type> types;
   std::vector<std::vector<int64_t>> dims;
   if (!err) {
@@ -596,6 +606,7 @@ std::shared_ptr<Executable> Client::wrap_loaded(PJRT_LoadedExecutable* loaded) c
   exe_owner->set_num_outputs(no.num_outputs);
   exe_owner->output_types = std::move(types);
   exe_owner->output_dims = std::move(dims);
+  exe_owner->code_bytes = code_bytes;
   return exe_owner;
 }
 

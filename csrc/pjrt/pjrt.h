@@ -129,6 +129,10 @@ class Executable {
   // Element type and dimensions of each output, read once at compile time.
   std::vector<PJRT_Buffer_Type> output_types;
   std::vector<std::vector<int64_t>> output_dims;
+  // PJRT_Executable_SizeOfGeneratedCodeInBytes, read when loaded: the host memory the program's
+  // code holds (what the runtime's in-memory caches bound); -1 where the plugin does not say (the
+  // compile cache then sets the serialized program's size, where it has it).
+  int64_t code_bytes = -1;
 
  private:
   std::shared_ptr<Client> client_;

@@ -112,7 +112,11 @@ PYBIND11_MODULE(_C, m) {
   torch_tpu::python::bind_host_caches(m);
 
   py::class_<torch_tpu::pjrt::Executable, std::shared_ptr<torch_tpu::pjrt::Executable>>(m, "Executable")
-      .def_property_readonly("num_outputs", &torch_tpu::pjrt::Executable::num_outputs);
+      .def_property_readonly("num_outputs", &torch_tpu::pjrt::Executable::num_outputs)
+      .def_property_readonly(
+          "held_bytes", [](const torch_tpu::pjrt::Executable& e) { return torch_tpu::runtime::program_bytes(e); },
+          "What the in-memory caches count this program as, in bytes: its generated code where the plugin "
+          "reports it, else a fixed estimate (runtime/compile_cache.h program_bytes).");
 
   m.def("_configure", [](const std::string& path, const std::string& error,
                          const std::vector<std::pair<std::string, int64_t>>& options, bool job_store) {

@@ -237,10 +237,13 @@ class OpKernel final : public c10::OperatorKernel {
     std::shared_ptr<Plan> built;
     if (call.cacheable && !stored.is_none()) {
       built = plan_of_entry(stored, written, has_check_);
-      eager::plan_cache().put(hashed.key, built);
+      eager::plan_cache().put(hashed.key, built, eager::plan_bytes(*built));
     } else if (call.cacheable && plan && plan->fast && !plan->exe) {
       auto again = plan_of_entry(entry, written, has_check_);  // built by fused eager, compiled since
-      if (again->exe) eager::plan_cache().put(hashed.key, built = std::move(again));
+      if (again->exe) {
+        built = std::move(again);
+        eager::plan_cache().put(hashed.key, built, eager::plan_bytes(*built));
+      }
     }
     if (to_run.is_none()) {
       torch::jit::drop(*stack, n);

@@ -225,7 +225,9 @@ std::shared_ptr<pjrt::Executable> CompileCache::get_or_compile(pjrt::Client& cli
       tiers[i]->stats.hits++;
       saved_seconds_ += seconds;
     }
-    memory_.put(key, exe);
+    // A plugin that does not report its code size (the CPU plugin): the serialized program's size.
+    if (exe->code_bytes <= 0) exe->code_bytes = static_cast<int64_t>(entry.size());
+    memory_.put(key, exe, program_bytes(*exe));
     for (size_t j = 0; j < i; ++j) write(*tiers[j], key, entry);  // promote into the faster tiers
     return exe;
   }
@@ -242,14 +244,19 @@ std::shared_ptr<pjrt::Executable> CompileCache::get_or_compile(pjrt::Client& cli
     misses_++;
     compile_seconds_ += seconds;
   }
-  memory_.put(key, exe);
-  if (tiers.empty()) return exe;
+  if (tiers.empty()) {
+    memory_.put(key, exe, program_bytes(*exe));
+    return exe;
+  }
   std::string payload;
   try {
     payload = client.serialize(*exe);
   } catch (const std::exception&) {
+    memory_.put(key, exe, program_bytes(*exe));
     return exe;  // a plugin that cannot serialize just has no directory tiers
   }
+  if (exe->code_bytes <= 0) exe->code_bytes = static_cast<int64_t>(payload.size());  // (as above)
+  memory_.put(key, exe, program_bytes(*exe));
   entry = encode(key, seconds, payload);
   for (auto& t : tiers) write(*t, key, entry);
   return exe;

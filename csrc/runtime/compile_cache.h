@@ -28,6 +28,16 @@
 
 namespace torch_tpu::runtime {
 
+// What the in-memory caches that hold programs (executables in memory, plans, fused programs, a
+// compiled graph's shapes) count a loaded program as: its generated code where the plugin reports
+// it (pjrt::Executable::code_bytes), else kUnreportedProgramBytes. Each such cache holds at most
+// kProgramCacheBytes of them (and its entry bound), whichever binds first.
+constexpr int64_t kUnreportedProgramBytes = 256 << 10;
+constexpr int64_t kProgramCacheBytes = int64_t(1) << 30;
+inline int64_t program_bytes(const pjrt::Executable& exe) {
+  return exe.code_bytes > 0 ? exe.code_bytes : kUnreportedProgramBytes;
+}
+
 // One directory tier, as configured.
 struct CacheTierConfig {
   std::string name;       // names its counters ("disk", "tier2", "tier3")
@@ -107,7 +117,8 @@ class CompileCache {
   // hits the kernel's map limit (LLVM: "Unable to allocate section memory"). Past the cap the least
   // recently used go: they stay in the directory tiers, and live plans keep their own references.
   static constexpr size_t kMaxMemoryEntries = 4096;
-  LruCache<std::string, std::shared_ptr<pjrt::Executable>> memory_{"executables in memory", kMaxMemoryEntries};
+  LruCache<std::string, std::shared_ptr<pjrt::Executable>> memory_{"executables in memory", kMaxMemoryEntries,
+                                                                   kProgramCacheBytes};
 
   std::mutex mu_;
   // Shared so that a lookup in flight keeps the tiers it started with across a configure().

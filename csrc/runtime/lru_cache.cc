@@ -40,6 +40,8 @@ std::vector<HostCacheStats> host_caches() {
     if (fresh) continue;
     it->second.entries += s.entries;
     it->second.capacity += s.capacity;
+    it->second.bytes += s.bytes;
+    it->second.max_bytes += s.max_bytes;
     it->second.hits += s.hits;
     it->second.misses += s.misses;
     it->second.evictions += s.evictions;

@@ -1,7 +1,7 @@
 #pragma once
 
 // The one in-memory cache policy of the runtime: a least-recently-used map bounded by its entry
-// count, with per-cache counters. Plans (eager), executables in memory (the compile cache's first
+// count and by the bytes its values hold, with per-cache counters. Plans (eager), executables in memory (the compile cache's first
 // tier), scalar operand buffers, fused programs and the per-shape graphs of torch.compile each hold
 // one; torch_tpu.metrics.host_caches() reports them all by name.
 //
@@ -20,12 +20,13 @@
 
 namespace torch_tpu::runtime {
 
-// One cache's counters. entries / capacity: current and maximum entry counts; hits, misses
-// (lookups that found nothing) and evictions (entries dropped to stay within capacity) since the
-// last reset_stats().
+// One cache's counters. entries / capacity: current and maximum entry counts; bytes / max_bytes:
+// the bytes its values hold, as their put() said (a program's generated code, a buffer's size), and
+// the bound on them (0: none); hits, misses (lookups that found nothing) and evictions (entries
+// dropped to stay within either bound) since the last reset_stats().
 struct HostCacheStats {
   std::string name;
-  int64_t entries = 0, capacity = 0, hits = 0, misses = 0, evictions = 0;
+  int64_t entries = 0, capacity = 0, bytes = 0, max_bytes = 0, hits = 0, misses = 0, evictions = 0;
 };
 
 // What every cache answers, whatever its key and value types; caches register themselves for the
@@ -50,14 +51,16 @@ std::vector<HostCacheStats> host_caches();
 // reset_stats() on every live cache.
 void reset_host_cache_stats();
 
-// A thread-safe LRU map of at most `capacity` entries (>= 1). find() marks an entry most recently
-// used; put() past capacity drops the least recently used ones. Values that leave the cache are
-// destroyed after its lock is released: a value may hold a Python object whose release takes the
-// GIL, which a thread waiting on this lock may hold.
+// A thread-safe LRU map of at most `capacity` entries (>= 1) whose values hold at most `max_bytes`
+// bytes (0: no byte bound; the entry just put always stays, however big). find() marks an entry
+// most recently used; put() past either bound drops the least recently used ones. Values that
+// leave the cache are destroyed after its lock is released: a value may hold a Python object whose
+// release takes the GIL, which a thread waiting on this lock may hold.
 template <class K, class V, class Hash = std::hash<K>, class Eq = std::equal_to<K>>
 class LruCache final : public HostCache {
  public:
-  LruCache(std::string name, size_t capacity) : HostCache(std::move(name)), capacity_(capacity ? capacity : 1) {}
+  LruCache(std::string name, size_t capacity, int64_t max_bytes = 0)
+      : HostCache(std::move(name)), capacity_(capacity ? capacity : 1), max_bytes_(max_bytes > 0 ? max_bytes : 0) {}
 
   // The value cached for `key`, or a default V (counted as a miss).
   V find(const K& key) {
@@ -69,26 +72,32 @@ class LruCache final : public HostCache {
     }
     ++hits_;
     lru_.splice(lru_.begin(), lru_, it->second);
-    return it->second->second;
+    return it->second->value;
   }
 
-  // Caches `value` for `key` (replacing any value it had) as the most recently used entry.
-  void put(K key, V value) {
+  // Caches `value`, which holds `bytes` bytes, for `key` (replacing any value it had) as the most
+  // recently used entry.
+  void put(K key, V value, int64_t bytes = 0) {
     Entries gone;
     {
       std::lock_guard<std::mutex> g(mu_);
+      bytes = bytes > 0 ? bytes : 0;
       auto it = index_.find(key);
       if (it != index_.end()) {
-        std::swap(it->second->second, value);  // the old value goes with `value`, after the lock
+        std::swap(it->second->value, value);  // the old value goes with `value`, after the lock
+        bytes_ += bytes - it->second->bytes;
+        it->second->bytes = bytes;
         lru_.splice(lru_.begin(), lru_, it->second);
       } else {
-        while (index_.size() >= capacity_) {
-          index_.erase(lru_.back().first);
-          gone.splice(gone.end(), lru_, std::prev(lru_.end()));
-          ++evictions_;
-        }
-        lru_.emplace_front(key, std::move(value));
+        lru_.push_front(Entry{key, std::move(value), bytes});
         index_.emplace(std::move(key), lru_.begin());
+        bytes_ += bytes;
+      }
+      while (index_.size() > capacity_ || (max_bytes_ && bytes_ > max_bytes_ && index_.size() > 1)) {
+        index_.erase(lru_.back().key);
+        bytes_ -= lru_.back().bytes;
+        gone.splice(gone.end(), lru_, std::prev(lru_.end()));
+        ++evictions_;
       }
     }
   }
@@ -103,11 +112,13 @@ class LruCache final : public HostCache {
     std::lock_guard<std::mutex> g(mu_);
     index_.clear();
     gone.swap(lru_);
+    bytes_ = 0;
   }
 
   HostCacheStats stats() override {
     std::lock_guard<std::mutex> g(mu_);
-    return {name(), static_cast<int64_t>(index_.size()), static_cast<int64_t>(capacity_), hits_, misses_, evictions_};
+    return {name(), static_cast<int64_t>(index_.size()), static_cast<int64_t>(capacity_), bytes_, max_bytes_,
+            hits_, misses_, evictions_};
   }
 
   void reset_stats() override {
@@ -116,12 +127,18 @@ class LruCache final : public HostCache {
   }
 
  private:
-  using Entries = std::list<std::pair<K, V>>;  // most recently used first
+  struct Entry {
+    K key;
+    V value;
+    int64_t bytes;
+  };
+  using Entries = std::list<Entry>;  // most recently used first
   std::mutex mu_;
   size_t capacity_;
+  int64_t max_bytes_;
   Entries lru_;
   std::unordered_map<K, typename Entries::iterator, Hash, Eq> index_;
-  int64_t hits_ = 0, misses_ = 0, evictions_ = 0;
+  int64_t bytes_ = 0, hits_ = 0, misses_ = 0, evictions_ = 0;
 };
 
 }  // namespace torch_tpu::runtime

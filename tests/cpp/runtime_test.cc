@@ -319,6 +319,33 @@ TEST(LruCache, EvictedValuesAreReleasedOutsideTheLock) {
   EXPECT_EQ(cache.size(), 0u);
 }
 
+// The byte bound: the least recently used go until the values' bytes fit; a value bigger than the
+// bound alone stays (the cache never refuses what was just put); replacing a value recounts it.
+TEST(LruCache, BoundedByBytes) {
+  using Cache = torch_tpu::runtime::LruCache<int, std::shared_ptr<int>>;
+  Cache cache("test bytes", 100, 1000);
+  for (int i = 0; i < 4; ++i) cache.put(i, std::make_shared<int>(i), 300);
+  auto s = cache.stats();
+  EXPECT_EQ(s.entries, 3);
+  EXPECT_EQ(s.bytes, 900);
+  EXPECT_EQ(s.max_bytes, 1000);
+  EXPECT_EQ(s.evictions, 1);
+  EXPECT_TRUE(cache.find(0) == nullptr);
+  cache.find(1);  // now the most recently used: 2 goes first
+  cache.put(9, std::make_shared<int>(9), 250);
+  EXPECT_TRUE(cache.find(2) == nullptr);
+  EXPECT_TRUE(cache.find(1) != nullptr);
+  cache.put(3, std::make_shared<int>(33), 100);  // replaced: 300 -> 100 bytes
+  EXPECT_EQ(cache.stats().bytes, 300 + 250 + 100);
+  cache.put(7, std::make_shared<int>(7), 5000);  // alone past the bound: it stays, the rest go
+  s = cache.stats();
+  EXPECT_EQ(s.entries, 1);
+  EXPECT_EQ(s.bytes, 5000);
+  EXPECT_TRUE(cache.find(7) != nullptr);
+  cache.clear();
+  EXPECT_EQ(cache.stats().bytes, 0);
+}
+
 TEST(LruCache, CountersOfEveryLiveCacheByName) {
   using Cache = torch_tpu::runtime::LruCache<int, std::shared_ptr<int>>;
   auto named = [](const std::string& name) {

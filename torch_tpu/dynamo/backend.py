@@ -133,9 +133,18 @@ def _boxed(prog):
     return run
 
 
-# Programs kept per graph with symbolic shapes (the least recently used shapes go past it, and are
-# re-traced if they come back; their executables reload from the compilation cache).
+# Programs kept per graph with symbolic shapes (the least recently used shapes go past it or past
+# PER_SHAPE_BYTES of programs, and are re-traced if they come back; their executables reload from
+# the compilation cache).
 PER_SHAPE_PROGRAMS = 256
+PER_SHAPE_BYTES = 256 << 20
+
+
+def _held_bytes(prog) -> int:
+    """What one shape's compiled program holds (its executable's code), 0 where it has no single
+    executable (a graph cut at collectives, or run eagerly): those count by entries alone."""
+    exe = getattr(getattr(prog, "program", None), "exe", None)
+    return exe.held_bytes if exe is not None else 0
 
 
 class _PerShape:
@@ -144,7 +153,7 @@ class _PerShape:
 
     def __init__(self, gm, name, fullgraph):
         self.gm, self.name, self.fullgraph = gm, name, fullgraph
-        self.programs = _C.LruCache("compiled graph shapes", PER_SHAPE_PROGRAMS)
+        self.programs = _C.LruCache("compiled graph shapes", PER_SHAPE_PROGRAMS, PER_SHAPE_BYTES)
 
     def __call__(self, args):
         key = tuple((tuple(a.shape), a.dtype, a.device) if isinstance(a, torch.Tensor) else a for a in args)
@@ -155,7 +164,7 @@ class _PerShape:
                      [k[0] if isinstance(k, tuple) else k for k in key])
             static = make_fx(self.gm, tracing_mode="fake")(*args)
             prog = compile_graph(static, args, self.name, self.fullgraph)
-            self.programs.put(key, prog)
+            self.programs.put(key, prog, _held_bytes(prog))
         return prog(args)
 
 
