@@ -143,7 +143,7 @@ def main():
               f"fused speed-up {t['strict'] / t['fused']:5.2f}x  (compiled: {t['strict'] / t['compiled']:5.2f}x)  "
               f"debug cost {t['debug'] / t['strict']:5.2f}x")
     # A new process's first GPT step: cold disk cache, warm (the executables and the meta memo on
-    # disk: aten/meta_memo.py), and the same script on CPU. The optimizer's first step is apart:
+    # disk: eager/meta_memo.py), and the same script on CPU. The optimizer's first step is apart:
     # torch.optim imports torch._dynamo on first use (about a second), on CPU as on tpu.
     with tempfile.TemporaryDirectory() as d:
         runs = {"cold": first_step(d), "warm": first_step(d), "warm again": first_step(d)}

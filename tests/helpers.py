@@ -16,7 +16,7 @@ TPU = torch.device("tpu")
 def python_entries():
     """Yields the list of op names whose calls enter the eager front-end's Python half (Kernel._slow)
     inside the block: empty when every call ran on the C++ path."""
-    from torch_tpu.aten.kernel import Kernel
+    from torch_tpu.eager.kernel import Kernel
     names = []
     real = Kernel._slow
     Kernel._slow = lambda self, *a: names.append(self.name) or real(self, *a)

@@ -46,7 +46,7 @@ def test_eager_buffers_keep_their_tensor_shape():
 def test_program_parameters_are_the_buffers_as_they_are():
     x = torch.randn(17, 31, device=TPU)
     y = x * 2.5
-    text = torch_tpu._state.last_program_text  # mul's program: shapes no other test uses, so built here
+    text = torch_tpu.eager.state.last_program_text  # mul's program: shapes no other test uses, so built here
     assert "tensor<17x31xf32>" in text and "tensor<527xf32>" not in text and "stablehlo.reshape" not in text
     torch.testing.assert_close(y.cpu(), x.cpu() * 2.5)
 

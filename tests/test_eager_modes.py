@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import torch_tpu
-from torch_tpu.aten import fused
+from torch_tpu.eager import fused
 
 
 def test_select_modes():

@@ -6,7 +6,7 @@ import torch
 
 import torch_tpu
 from torch_tpu import _C
-from torch_tpu.aten.kernel import Kernel, Signature
+from torch_tpu.eager.kernel import Kernel, Signature
 
 TPU = "tpu"
 

@@ -50,7 +50,7 @@ def test_arange_sizes_change_with_values():
 def test_arange_of_new_values_runs_without_python():
     # A decode loop's cache_position = arange(past, past + 1), a new `past` every token: C++ sizes the
     # empty out= that torch.arange passes (csrc/eager/range_out.cc), so one plan serves every value.
-    from torch_tpu.aten.kernel import Kernel
+    from torch_tpu.eager.kernel import Kernel
     slow = []
     real = Kernel._slow
     Kernel._slow = lambda self, *a: slow.append(self.name) or real(self, *a)

@@ -52,8 +52,8 @@ def _run(prog, tmp_path):
 
 
 BROKEN = {
-    # as in the wheel without torch_tpu/aten: torch_tpu's own `import torch` done, a later line fails
-    "after_import_torch": "import torch\nraise ImportError('simulated: no torch_tpu.aten')\n",
+    # as in the wheel without torch_tpu/eager: torch_tpu's own `import torch` done, a later line fails
+    "after_import_torch": "import torch\nraise ImportError('simulated: no torch_tpu.eager')\n",
     "before_import_torch": "raise RuntimeError('simulated broken install')\n",
 }
 
@@ -72,7 +72,7 @@ def test_broken_torch_tpu_leaves_import_torch_working(tmp_path, kind):
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip().splitlines()[-1] == "[2.0, 2.0]"
     assert AUTOLOAD_WARNING in r.stderr  # names the cause and what to do
-    cause = "ImportError: simulated: no torch_tpu.aten" if kind == "after_import_torch" \
+    cause = "ImportError: simulated: no torch_tpu.eager" if kind == "after_import_torch" \
         else "RuntimeError: simulated broken install"
     assert cause in r.stderr and "TORCH_DEVICE_BACKEND_AUTOLOAD=0" in r.stderr and "reinstall" in r.stderr
 
@@ -83,7 +83,7 @@ def test_broken_torch_tpu_imported_first_raises_its_own_error(tmp_path):
     _broken(tmp_path, "after_import_torch")
     r = _run("import torch_tpu\n", tmp_path)
     assert r.returncode == 1
-    assert "ImportError: simulated: no torch_tpu.aten" in r.stderr
+    assert "ImportError: simulated: no torch_tpu.eager" in r.stderr
     assert "Recursion" not in r.stderr and "Failed to load the backend extension" not in r.stderr
     assert AUTOLOAD_WARNING not in r.stderr
 

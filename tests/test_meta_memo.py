@@ -1,4 +1,4 @@
-"""The meta memo (torch_tpu/aten/meta_memo.py): a new process with a warm disk cache runs no Python
+"""The meta memo (torch_tpu/eager/meta_memo.py): a new process with a warm disk cache runs no Python
 meta kernel for a call key an earlier process ran, so it imports neither sympy nor torch._dynamo;
 its results, errors and warnings are those of a cold process; a damaged memo file costs only meta
 runs."""
@@ -11,7 +11,7 @@ import warnings
 import pytest
 import torch
 
-from torch_tpu.aten import kernel, meta_memo
+from torch_tpu.eager import kernel, meta_memo
 
 PROGRAM = r"""
 import json, sys, warnings

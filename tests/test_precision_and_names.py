@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 import torch_tpu
-from torch_tpu import _state
+from torch_tpu.eager import state as _state
 from torch_tpu._internal.execution_mode import EagerMode, eager_mode, get_eager_mode, set_eager_mode
 
 TPU = "tpu"

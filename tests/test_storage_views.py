@@ -180,7 +180,7 @@ def test_inplace_update_donates_buffer():
     ptr = x.data_ptr()
     with torch_tpu.eager_mode("strict"):
         x.add_(1.0)
-        text = torch_tpu._state.last_program_text
+        text = torch_tpu.eager.state.last_program_text
         x.add_(1.0)
         x.add_(1.0)
     assert "tf.aliasing_output = 0" in text

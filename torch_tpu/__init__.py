@@ -69,7 +69,7 @@ torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module
                                                      for_packed_sequence=True)
 
 from . import lowering as _lowering  # noqa: E402,F401  (fills the registry)
-from .aten import register as _register  # noqa: E402
+from .eager import register as _register  # noqa: E402
 
 _register.register_lowerings()
 _register.register_decompositions()

@@ -1,7 +1,8 @@
 """Counters of what the tpu device did: compiles, cache hits, executions, transfers, fallbacks."""
 from __future__ import annotations
 
-from . import _C, _state
+from . import _C
+from .eager import state as _state
 
 
 def fallback_counts() -> dict:

@@ -1,7 +1,7 @@
 // One call of a lowered ATen overload, as the eager cache sees it: its key and its operands.
 //
 // The key holds, per argument in schema order (this is the one implementation of the eager cache
-// key; torch_tpu/aten/kernel.py builds programs from the same description):
+// key; torch_tpu/eager/kernel.py builds programs from the same description):
 //  - tpu tensor: dtype, sizes, strides, storage offset, which storage of this call it lives in (its
 //    slot), its lazy conj/neg bits, and the storage's dtype and element count the first time a slot
 //    is seen;

@@ -5,7 +5,7 @@
 // recorded (scalars, CPU tensors, RNG states: their values as of that moment). A flush runs the run
 // as one fused executable, found by the run's signature (each record's plan id and wiring, and the
 // locals still in use that it must output), so a steady loop runs its fused programs with no Python.
-// On a signature's first flush the program is built by the front-end (torch_tpu/aten/fused.py).
+// On a signature's first flush the program is built by the front-end (torch_tpu/eager/fused.py).
 //
 // A run is flushed when the host reads device data (the runtime's host-read hook), when the mode
 // changes, and at cut points. Cut points are content-defined over the op stream and nothing else:

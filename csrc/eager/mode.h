@@ -1,5 +1,5 @@
 // The eager mode ops run in: debug (launch and wait), strict (asynchronous, the default) or fused
-// (recorded, then run as one program). See torch_tpu/eager.py.
+// (recorded, then run as one program). See torch_tpu/eager/modes.py.
 //
 // The mode is per thread, as PyTorch's grad mode is: a thread follows the process default
 // (TORCH_TPU_EAGER_MODE at import, torch_tpu.set_eager_mode) unless it is inside an

@@ -226,7 +226,7 @@ class OpKernel final : public c10::OperatorKernel {
                             : py::none();
     py::list operands = operands_of(call);
     // The key's words after the op's id (which is this process's registration order), for the meta
-    // memo that outlives the process (torch_tpu/aten/meta_memo.py); None for a key the cache skips.
+    // memo that outlives the process (torch_tpu/eager/meta_memo.py); None for a key the cache skips.
     py::object words = py::none();
     if (call.cacheable)
       words = py::bytes(reinterpret_cast<const char*>(call.key.data() + 1), (call.key.size() - 1) * sizeof(int64_t));
@@ -468,7 +468,7 @@ void bind_op_kernels(py::module& m) {
       .def("__repr__", [](const KeyPart& p) {
         return "KeyPart(" + std::string(py::str(py::cast(p.tag))) + ")";
       });
-  py::enum_<eager::Mode>(m, "EagerMode", "The eager modes (csrc/eager/mode.h; torch_tpu/eager.py names them).")
+  py::enum_<eager::Mode>(m, "EagerMode", "The eager modes (csrc/eager/mode.h; torch_tpu/eager/modes.py names them).")
       .value("debug", eager::Mode::kDebug)
       .value("strict", eager::Mode::kStrict)
       .value("fused", eager::Mode::kFused);

@@ -49,8 +49,8 @@ def overload_name(op) -> str:
 
 def classify(op) -> str:
     """One of KINDS for an aten OpOverload (torch_tpu must be imported)."""
-    from torch_tpu.aten import register
-    from torch_tpu.aten.kernel import Kernel
+    from torch_tpu.eager import register
+    from torch_tpu.eager.kernel import Kernel
     from torch_tpu.lowering.registry import REGISTRY
 
     name = overload_name(op)

@@ -30,7 +30,8 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 
-from .. import _C, _state, settings
+from .. import _C, settings
+from ..eager import state as _state
 from ..lowering.overloads import resolve
 from . import collectives
 from .lower_graph import GraphProgram, Unsupported, log

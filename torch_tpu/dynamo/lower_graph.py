@@ -33,8 +33,9 @@ import torch
 from torch._guards import CompileContext
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from .. import _C, _state, runtime
-from ..aten.kernel import Signature, cpu_dtype_probe
+from .. import _C, runtime
+from ..eager import state as _state
+from ..eager.kernel import Signature, cpu_dtype_probe
 from ..lowering.builder import Builder, TensorType, Value
 from ..lowering.overloads import overload_name, resolve
 from ..lowering.precision import matmul_precision
@@ -607,7 +608,7 @@ class GraphProgram:
         host = self.host.run(real)
         packs = [host[k] for k in self.host_packs]
         if _state.eager_mode() == "fused":  # ops it recorded run first: they may produce this graph's inputs
-            from ..aten import fused
+            from ..eager import fused
             fused.flush()
         produced, copied = self.runner(real, packs)
         if _state.eager_mode() == "debug":

@@ -2,7 +2,7 @@
 
 view_as_real / view_as_complex (and so real, imag, isreal) are true views of the storage
 (csrc/aten/metadata_ops.cc); conj() / _neg_view() are lazy bits that the eager kernel applies when
-it reads or writes a view (aten/kernel.py). What is left computes values: StableHLO's real, imag and
+it reads or writes a view (eager/kernel.py). What is left computes values: StableHLO's real, imag and
 complex ops split and build complex<f32> / complex<f64> values. complex32 (chalf) has no PJRT element
 type, so it is refused with an error that says what to use instead.
 """

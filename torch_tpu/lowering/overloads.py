@@ -3,7 +3,7 @@
 A lowering is registered under one overload, normally the functional one ("add.Tensor"). Its
 in-place variant ("add_.Tensor": F's name with a trailing underscore, same overload, same
 arguments) and its out= variants ("add.out": F's arguments plus kwarg-only written outputs) have the
-same value, so eager registers one kernel per variant (aten/register.py) and a compiled graph, which
+same value, so eager registers one kernel per variant (eager/register.py) and a compiled graph, which
 calls functional overloads, also finds lowerings registered under an in-place name (uniform_) or an
 out= name only (eye.out). Resolutions are computed once per overload.
 """

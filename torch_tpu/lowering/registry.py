@@ -39,7 +39,7 @@ class Lowering:
     # Scalars are, not keyed by value: one program serves a whole learning-rate schedule.
     float_operands: bool = False
     # False where tpu computes, by decision, dtypes CPU's kernel has none for (histc of integers, as
-    # CUDA does): no CPU dtype probe (aten/kernel.py's _cpu_dtype_probe) for this op.
+    # CUDA does): no CPU dtype probe (eager/kernel.py's _cpu_dtype_probe) for this op.
     cpu_dtypes: bool = True
     # Random op: its Generator? argument arrives as the (seed, offset) state, a tensor<2xui64> Value;
     # an op with no Generator argument (native_dropout) gets the default one's as a last argument.
@@ -152,7 +152,7 @@ def column_major(meta):
 # Kernels that are not one lowering (host logic for data-dependent result shapes, composite
 # wrappers, fallback chains) and meta functions PyTorch lacks: (overload, fn, dispatch key). The
 # lowering package only lists them; the ATen layer registers them with the dispatcher
-# (aten/register.py), as it does every lowering.
+# (eager/register.py), as it does every lowering.
 HOST_KERNELS: list[tuple[str, Callable, str]] = []
 
 
@@ -200,7 +200,7 @@ def register(*names: str, check: Callable | None = None, check_per_key: bool = F
 def lower_arguments(vals, kinds, tensor, scalar, generator, value=None, rng_state=None) -> list:
     """A lowering's arguments from an overload's call (`vals` in schema order), the one conversion
     that eager, fused eager and the graph lowering share. `kinds`: a _C.ArgKind per argument
-    (aten/kernel.py's Signature.kinds). Tensors become `tensor(v, i, j)` and Scalars
+    (eager/kernel.py's Signature.kinds). Tensors become `tensor(v, i, j)` and Scalars
     `scalar(v, i, j)` (i: the argument's position, j: the element's in a list, else None), a
     Generator `generator(v, i)`, other values `value(v, i)` (default: as they are). A random
     lowering (rng_state given) whose overload has no Generator argument gets the state,

@@ -35,7 +35,7 @@ def _as_rank1(b, x):
 
 def _math_dtype(out):
     """Half precision in float32; an integer or complex result only for no elements (CPU refuses
-    them otherwise: the dtype probe, aten/kernel.py) computes in float32."""
+    them otherwise: the dtype probe, eager/kernel.py) computes in float32."""
     return compute_dtype(out) if out.is_floating_point else torch.float32
 
 

@@ -26,8 +26,9 @@ import threading
 
 import torch
 
-from .. import _C, _state
-from ..aten import register
+from .. import _C
+from ..eager import state as _state
+from ..eager import register
 from ..lowering import registry
 from ..lowering.builder import TensorType
 from . import _jax

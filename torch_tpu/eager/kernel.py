@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 import torch
 from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
 
-from .. import _C, _state
+from .. import _C
+from . import state as _state
 from ..lowering.builder import Builder, TensorType, Value
 from ..lowering.helpers.checks import cpp_type_name, scalar_type_name
 from ..lowering.registry import Lowering, LoweringContext, NotLowered, bounds_status, fit, lower_arguments, rng_draws

@@ -14,7 +14,8 @@ import threading
 import torch
 from torch._decomp import core_aten_decompositions
 
-from .. import _C, _state
+from .. import _C
+from . import state as _state
 from ..lowering import registry
 from ..lowering.overloads import overload, overload_name, variants
 from .kernel import Kernel, Signature

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import collections
 
-from . import _C
+from .. import _C
 
 counts: collections.Counter = collections.Counter()
 last_program_text: str | None = None
@@ -13,7 +13,7 @@ MODES = tuple(_C.EagerMode.__members__)
 
 
 def eager_mode() -> str:
-    """The calling thread's eager mode: "debug", "strict" or "fused" (torch_tpu/eager.py)."""
+    """The calling thread's eager mode: "debug", "strict" or "fused" (eager/modes.py)."""
     return _C._eager_mode().name
 
 

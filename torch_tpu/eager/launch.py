@@ -7,7 +7,7 @@ C++ runs every op program (csrc/python/op_kernel.cc; csrc/eager/plan.h run_plan)
   raised by the op that caused it, with the op overload, its input shapes and dtypes, and the
   user's line.
 - fused (TORCH_TPU_DEFER_AND_FUSE=1): recorded; runs of recorded ops become one program
-  (aten/fused.py), flushed at every host read and at deterministic cut points.
+  (eager/fused.py), flushed at every host read and at deterministic cut points.
 """
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ import traceback
 
 import torch
 
-from .. import _C, _state, runtime
+from .. import _C, runtime
+from . import state as _state
 from . import fused
 
 

@@ -9,14 +9,15 @@ mode, for its body (and the backward passes it starts: autograd's threads run th
 
 Environment (read at import): TORCH_TPU_EAGER_MODE=debug|strict|fused; the switches of Google's
 TorchTPU are honoured too: TPU_LAUNCH_BLOCKING=1 means debug, TORCH_TPU_DEFER_AND_FUSE=1 fused.
-See torch_tpu/aten/launch.py for what each mode does.
+See torch_tpu/eager/launch.py for what each mode does.
 """
 from __future__ import annotations
 
 import contextlib
 
-from . import _C, _state, settings
-from ._state import MODES
+from .. import _C, settings
+from . import state as _state
+from .state import MODES
 
 
 _flush = _C._fused_flush  # runs what fused mode recorded
@@ -71,5 +72,5 @@ def _mode_from_env() -> str:
 
 
 _C._set_default_eager_mode(_code(_mode_from_env()))
-# aten/launch.py installs fused eager's program builder and the runtime's host-read hook: every host
+# eager/launch.py installs fused eager's program builder and the runtime's host-read hook: every host
 # read (download, synchronize, the CPU fallback) first runs what fused mode recorded.
