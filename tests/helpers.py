@@ -139,3 +139,11 @@ ADD4_PROGRAM = """module @m {
     return %0 : tensor<4xf32>
   }
 }"""
+
+
+def strict_env(env: dict) -> dict:
+    """`env` for a subprocess whose eager mode is strict whatever the suite runs in (tests that count
+    per-op programs: fused eager would make one program of several ops, debug is strict's programs)."""
+    env = {k: v for k, v in env.items() if k not in ("TPU_LAUNCH_BLOCKING", "TORCH_TPU_DEFER_AND_FUSE")}
+    env["TORCH_TPU_EAGER_MODE"] = "strict"
+    return env

@@ -18,6 +18,8 @@ from torch_tpu import aot, runtime
 from torch_tpu.distributed import mesh as tm
 from torch_tpu.lowering import target
 
+from tests.helpers import strict_env
+
 pytestmark = pytest.mark.skipif(not runtime._tpu_plugin(), reason="libtpu is not installed (pip install 'torch_tpu[tpu]')")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -257,26 +259,28 @@ def test_runtime_key_for_a_tpu_is_the_key_aot_writes(tmp_path):
     # The CPU plugin's executables are keyed by their file as well.
     assert runtime.target_identity("cpu", "v", (0, 81), "/a.so") != runtime.target_identity("cpu", "v", (0, 81), "/b.so")
 
-    model = _mlp("tpu")
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    step = _train_step(model, opt)
-    x, y = torch.randn(64, 256, device="tpu"), torch.randint(0, 10, (64,), device="tpu")
-    report = aot.compile(step, x, y, topology=topo, cache=tmp_path)
-    assert report.cached == [str(tmp_path)]
-    written = {p.name for p in tmp_path.iterdir()}
-    assert {p.key + ".xla" for p in report.programs} <= written
-    # The programs torch.compile(backend="tpu") builds for the same step, keyed for this target, are
-    # exactly the entries written: a TPU job with this directory as its tier 3 compiles none of them.
-    built = []
-    runtime._SHADOW, previous = (lambda program, name: built.append(program)), runtime._SHADOW
-    try:
-        torch._dynamo.reset()
-        torch.compile(step, backend="tpu")(x, y)
-    finally:
-        runtime._SHADOW = previous
-    # (aot's trace ran the optimizer's first-step set-up once, so this run may trace one graph fewer.)
-    assert len(built) >= 3 and set(built) <= {p.text for p in report.programs}
-    assert {topo.key(t) + ".xla" for t in built} <= written
+    # strict eager: the programs compiled besides the graphs are per-op ones, as on a TPU VM by default
+    with torch_tpu.eager_mode("strict"):
+        model = _mlp("tpu")
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        step = _train_step(model, opt)
+        x, y = torch.randn(64, 256, device="tpu"), torch.randint(0, 10, (64,), device="tpu")
+        report = aot.compile(step, x, y, topology=topo, cache=tmp_path)
+        assert report.cached == [str(tmp_path)]
+        written = {p.name for p in tmp_path.iterdir()}
+        assert {p.key + ".xla" for p in report.programs} <= written
+        # The programs torch.compile(backend="tpu") builds for the same step, keyed for this target, are
+        # exactly the entries written: a TPU job with this directory as its tier 3 compiles none of them.
+        built = []
+        runtime._SHADOW, previous = (lambda program, name: built.append(program)), runtime._SHADOW
+        try:
+            torch._dynamo.reset()
+            torch.compile(step, backend="tpu")(x, y)
+        finally:
+            runtime._SHADOW = previous
+        # (aot's trace ran the optimizer's first-step set-up once, so this run may trace one graph fewer.)
+        assert len(built) >= 3 and set(built) <= {p.text for p in report.programs}
+        assert {topo.key(t) + ".xla" for t in built} <= written
 
 
 def test_cache_argument_is_checked():
@@ -485,8 +489,8 @@ def _shadow_job(tmp_path, source: str):
     script = tmp_path / "job.py"
     script.write_text(source)
     log = tmp_path / "shadow.jsonl"
-    env = dict(os.environ, TORCH_TPU_SHADOW_TOPOLOGY="v5e:1x1", TORCH_TPU_SHADOW_REPORT=str(log),
-               TORCH_TPU_DISK_CACHE="0")
+    env = strict_env(dict(os.environ, TORCH_TPU_SHADOW_TOPOLOGY="v5e:1x1", TORCH_TPU_SHADOW_REPORT=str(log),
+                          TORCH_TPU_DISK_CACHE="0"))  # (strict: the reports below name per-op programs)
     out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout, log

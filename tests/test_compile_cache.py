@@ -14,6 +14,7 @@ import time
 import pytest
 
 import torch_tpu
+from tests.helpers import strict_env
 
 PROGRAM = r"""
 import json, sys, warnings
@@ -27,7 +28,8 @@ print(json.dumps({"ok": ok, **torch_tpu.runtime.cache_stats()}))
 
 
 def run(cache_dir, extra_env=None, program=PROGRAM):
-    env = {**os.environ, "TORCH_TPU_CACHE_DIR": str(cache_dir), **(extra_env or {})}
+    # strict eager: the counts below are per-op programs
+    env = strict_env({**os.environ, "TORCH_TPU_CACHE_DIR": str(cache_dir), **(extra_env or {})})
     r = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1]), r.stderr
@@ -87,8 +89,8 @@ def _file_size_limit(limit):
 
 
 def _limited(cache_dir, program, limit=1000):
-    env = {**os.environ, "TORCH_TPU_CACHE_DIR": str(cache_dir), "PYTHONDONTWRITEBYTECODE": "1",
-           "PYTHONWARNINGS": "always"}
+    env = strict_env({**os.environ, "TORCH_TPU_CACHE_DIR": str(cache_dir), "PYTHONDONTWRITEBYTECODE": "1",
+                      "PYTHONWARNINGS": "always"})
     return subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=env, timeout=300,
                           preexec_fn=_file_size_limit(limit))
 
@@ -129,7 +131,7 @@ def test_a_full_disk_stops_writing_with_one_warning(tmp_path):
 
 
 def test_concurrent_writers(tmp_path):
-    env = {**os.environ, "TORCH_TPU_CACHE_DIR": str(tmp_path)}
+    env = strict_env({**os.environ, "TORCH_TPU_CACHE_DIR": str(tmp_path)})
     procs = [subprocess.Popen([sys.executable, "-c", PROGRAM], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, env=env) for _ in range(4)]
     for p in procs:

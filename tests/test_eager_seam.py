@@ -56,3 +56,33 @@ def test_key_parts_of_lists():
     assert [p.kind for p in parts] == [_C.KeyPartKind.length, _C.KeyPartKind.device, _C.KeyPartKind.device,
                                        _C.KeyPartKind.value]
     assert parts[0].length == 2 and (parts[1].slot, parts[2].slot) == (0, 1)
+
+
+def test_fresh_specs_are_typed():
+    s = _C.FreshSpec((2, 3), torch.float32)
+    assert (s.sizes, s.dtype, s.strides) == ((2, 3), torch.float32, None)
+    t = _C.FreshSpec((2, 3, 4), torch.bfloat16, (12, 1, 3))
+    assert (t.sizes, t.dtype, t.strides) == ((2, 3, 4), torch.bfloat16, (12, 1, 3))
+    assert "bfloat16" in repr(t)
+    with pytest.raises(RuntimeError, match="2 strides for 3 sizes"):
+        _C.FreshSpec((2, 3, 4), torch.float32, (1, 2))
+
+
+
+def test_an_entry_describes_its_fresh_results_as_fresh_specs(monkeypatch):
+    entries = []
+    real = Kernel._slow
+
+    def spy(self, *a):
+        r = real(self, *a)
+        entries.append(r[1])
+        return r
+
+    x = torch.randn(2, 3, 4, device=TPU).permute(0, 2, 1)
+    _C._plan_cache_clear()  # the sub below enters the slow path, whatever ran before
+    monkeypatch.setattr(Kernel, "_slow", spy)
+    y = x - 0.25
+    (spec,) = entries[-1].new_outputs
+    assert isinstance(spec, _C.FreshSpec)
+    assert (spec.sizes, spec.dtype, spec.strides) == (tuple(y.shape), torch.float32, y.stride()) == \
+        ((2, 4, 3), torch.float32, (12, 1, 4))  # CPU's: the input's permuted layout kept

@@ -83,7 +83,7 @@ class GraphRunner {
       TORCH_CHECK(i >= 0 && i < num_inputs_, "GraphRunner: donated input ", i, " is not a tpu input");
       donated_[i] = true;
     }
-    for (py::handle h : specs) specs_.push_back(py::reinterpret_borrow<py::object>(h));
+    for (py::handle h : specs) specs_.push_back(h.cast<eager::FreshSpec>());
     TORCH_CHECK(specs_.size() == exe_->num_outputs(), "GraphRunner: ", specs_.size(), " result specs for ",
                 exe_->num_outputs(), " program outputs");
   }
@@ -197,7 +197,7 @@ class GraphRunner {
   std::vector<Arg> plan_;
   std::vector<bool> donated_;
   std::vector<std::pair<int64_t, int64_t>> sink_plan_;
-  std::vector<py::object> specs_;  // (shape, dtype) or (shape, dtype, strides), as new_tpu_tensor_of_spec
+  std::vector<eager::FreshSpec> specs_;  // per program output
   std::string producer_;
   uint64_t rng_draws_;
   int64_t first_tpu_input_ = -1, num_inputs_ = 0;

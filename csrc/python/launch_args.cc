@@ -46,14 +46,8 @@ runtime::LaunchArg launch_arg(py::handle h, int device) {
   }
 }
 
-at::Tensor new_tpu_tensor_of_spec(py::handle h, int device) {
-  auto spec = h.cast<py::tuple>();
-  auto shape = spec[0].cast<std::vector<int64_t>>();
-  if (spec.size() > 2 && !spec[2].is_none()) {
-    auto strides = spec[2].cast<std::vector<int64_t>>();
-    return aten::new_tpu_tensor(shape, dtype_of(spec[1]), device, &strides);
-  }
-  return aten::new_tpu_tensor(shape, dtype_of(spec[1]), device);
+at::Tensor new_tpu_tensor_of_spec(const eager::FreshSpec& spec, int device) {
+  return aten::new_tpu_tensor(spec.sizes, spec.dtype, device, spec.strides.empty() ? nullptr : &spec.strides);
 }
 
 }  // namespace torch_tpu::python

@@ -75,7 +75,8 @@ std::vector<at::Tensor> launch_part(py::handle inputs, py::handle sinks, py::han
   part.device = device;
   for (py::handle h : inputs) part.args.push_back(torch_tpu::python::launch_arg(h, device));
   std::vector<at::Tensor> fresh;
-  for (py::handle h : new_specs) fresh.push_back(torch_tpu::python::new_tpu_tensor_of_spec(h, device));
+  for (py::handle h : new_specs)
+    fresh.push_back(torch_tpu::python::new_tpu_tensor_of_spec(h.cast<torch_tpu::eager::FreshSpec>(), device));
   size_t next_new = 0;
   for (py::handle h : sinks) {
     if (h.is_none()) {
@@ -242,7 +243,7 @@ PYBIND11_MODULE(_C, m) {
     return fresh;
   }, "Runs exe on tpu:device. inputs: tpu tensors (their storages' buffers), CPU tensors (uploaded) or "
      "(number, dtype) scalar operands. sinks: per output, the tensor whose storage receives it, or None "
-     "for a new tensor of the next (shape, dtype) or (shape, dtype, strides) in new_specs. Returns the new tensors.");
+     "for a new tensor of the next _C.FreshSpec in new_specs. Returns the new tensors.");
   m.def("_launch_replicas", [](std::shared_ptr<torch_tpu::pjrt::Executable> exe, py::list parts, std::string producer) {
     std::vector<torch_tpu::runtime::Runtime::ReplicaPart> rparts(parts.size());
     py::list fresh;

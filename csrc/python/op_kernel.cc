@@ -142,14 +142,7 @@ std::shared_ptr<Plan> plan_of_entry(const py::object& entry, bool written, bool 
   py::object exe = entry.attr("exe");
   if (!exe.is_none()) p->exe = exe.cast<std::shared_ptr<pjrt::Executable>>();
   for (auto h : entry.attr("plan")) p->order.push_back(h.cast<int>());
-  for (auto h : entry.attr("new_outputs")) {
-    auto spec = h.cast<py::tuple>();
-    eager::FreshSpec s;
-    s.sizes = spec[0].cast<std::vector<int64_t>>();
-    s.dtype = dtype_of(spec[1]);
-    if (spec.size() > 2 && !spec[2].is_none()) s.strides = spec[2].cast<std::vector<int64_t>>();
-    p->fresh.push_back(std::move(s));
-  }
+  for (auto h : entry.attr("new_outputs")) p->fresh.push_back(h.cast<eager::FreshSpec>());
   for (auto h : entry.attr("sinks")) p->sinks.push_back(h.cast<eager::Sink>());
   p->structure = written ? Plan::kWritten : entry.attr("structure").cast<Plan::Structure>();
   for (auto h : entry.attr("fixed")) {
@@ -496,6 +489,33 @@ void bind_op_kernels(py::module& m) {
            py::arg("index"))
       .def_readonly("fresh", &eager::Sink::fresh)
       .def_readonly("index", &eager::Sink::index);
+  py::class_<eager::FreshSpec>(m, "FreshSpec",
+                               "A fresh result tensor an eager op or a compiled graph makes: its sizes, dtype "
+                               "and strides (None: row-major; else a dense permutation, e.g. channels_last) "
+                               "(csrc/eager/plan.h).")
+      .def(py::init([](std::vector<int64_t> sizes, py::handle dtype, std::optional<std::vector<int64_t>> strides) {
+             eager::FreshSpec s;
+             s.sizes = std::move(sizes);
+             s.dtype = python::dtype_of(dtype);
+             if (strides) {
+               TORCH_CHECK(strides->size() == s.sizes.size(), "FreshSpec: ", strides->size(), " strides for ",
+                           s.sizes.size(), " sizes");
+               s.strides = std::move(*strides);
+             }
+             return s;
+           }),
+           py::arg("sizes"), py::arg("dtype"), py::arg("strides") = py::none())
+      .def_property_readonly("sizes", [](const eager::FreshSpec& s) { return ints(s.sizes); })
+      .def_property_readonly("dtype", [](const eager::FreshSpec& s) { return dtype_obj(s.dtype); })
+      .def_property_readonly("strides", [](const eager::FreshSpec& s) -> py::object {
+        if (s.strides.empty()) return py::none();
+        return ints(s.strides);
+      })
+      .def("__repr__", [](const eager::FreshSpec& s) {
+        return "FreshSpec(sizes=" + py::repr(ints(s.sizes)).cast<std::string>() + ", dtype=" +
+               py::repr(dtype_obj(s.dtype)).cast<std::string>() +
+               (s.strides.empty() ? std::string() : ", strides=" + py::repr(ints(s.strides)).cast<std::string>()) + ")";
+      });
   py::enum_<Plan::Structure>(m, "ResultStructure",
                              "How an op's results are returned: one tensor, a tuple, a list, or its written "
                              "arguments (csrc/eager/plan.h).")

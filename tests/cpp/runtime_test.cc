@@ -1,17 +1,22 @@
 // GoogleTest of the runtime above PJRT, built with ThreadSanitizer by tests/test_pjrt_cpp.py: the
 // storage cells and their launch queue (csrc/runtime/runtime.*), the executable cache
 // (csrc/runtime/compile_cache.*), the profiler's execution records (csrc/runtime/trace.*), the eager
-// plan cache and scalar operands (csrc/eager/plan.*) and the per-thread eager mode
-// (csrc/eager/mode.*), each driven from several threads at once. The
+// plan cache and scalar operands (csrc/eager/plan.*), the per-thread eager mode
+// (csrc/eager/mode.*) and fused eager's recorder (csrc/eager/fused.*), each driven from several
+// threads at once. The
 // plugin is the one named by env TORCH_TPU_TEST_PLUGIN; the cache directory by TORCH_TPU_TEST_DIR.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <cstdlib>
+#include <map>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "aten/device.h"
+#include "eager/fused.h"
 #include "eager/mode.h"
 #include "eager/plan.h"
 #include "runtime/compile_cache.h"
@@ -404,4 +409,131 @@ TEST(EagerMode, BlocksArePerThread) {
   torch_tpu::eager::pop_thread_mode();
   EXPECT_EQ(torch_tpu::eager::mode(), Mode::kStrict);
   EXPECT_FALSE(torch_tpu::eager::thread_mode().has_value());
+}
+
+// ---- Fused eager's recorder (csrc/eager/fused.*), with a test builder in place of Python's ----
+namespace {
+
+// A plan that adds one to the storage it is given, in place.
+std::shared_ptr<torch_tpu::eager::Plan> add_one_plan() {
+  auto p = std::make_shared<torch_tpu::eager::Plan>();
+  p->exe = compiled("runtime_test_add_one", kAddOne);
+  p->uid = 77;
+  p->name = "add_one";
+  p->sinks = {{false, 0}};
+  p->structure = torch_tpu::eager::Plan::kWritten;
+  return p;
+}
+
+// Builds the fused program of a run of add_one records: each local read is an argument, and each
+// output local gets its value plus the number of records that wrote it. Counts its calls.
+struct AddOneBuilder {
+  std::atomic<int>* calls;
+  bool fail = false;
+  torch_tpu::eager::FusedProgram operator()(const std::vector<torch_tpu::eager::Record>& records,
+                                           const std::vector<int>& outputs) const {
+    ++*calls;
+    if (fail) throw std::runtime_error("test builder refused the run");
+    std::map<int, int> adds;
+    std::vector<int> locals;  // in order of first use
+    for (const auto& r : records) {
+      int l = r.wiring.at(0).index;
+      if (!adds.count(l)) locals.push_back(l);
+      adds[l]++;
+    }
+    std::string args, types, body, results;
+    torch_tpu::eager::FusedProgram prog;
+    for (size_t i = 0; i < locals.size(); ++i) {
+      args += (i ? ", " : "") + ("%a" + std::to_string(locals[i])) + ": tensor<4xf32>";
+      prog.args.push_back({true, locals[i]});
+    }
+    for (size_t k = 0; k < outputs.size(); ++k) {
+      std::string o = std::to_string(outputs[k]), n = std::to_string(adds[outputs[k]]);
+      body += "    %c" + o + " = \"stablehlo.constant\"() {value = dense<" + n + ".0> : tensor<4xf32>} : () -> tensor<4xf32>\n";
+      body += "    %r" + o + " = \"stablehlo.add\"(%a" + o + ", %c" + o +
+              ") : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>\n";
+      types += std::string(k ? ", " : "") + "tensor<4xf32>";
+      results += std::string(k ? ", " : "") + "%r" + o;
+    }
+    std::string text = "module @m {\n  func.func public @main(" + args + ") -> (" + types + ") {\n" + body +
+                       "    \"func.return\"(" + results + ") : (" + types + ") -> ()\n  }\n}";
+    prog.exe = compiled("runtime_test_fused_" + std::to_string(std::hash<std::string>{}(text)), text.c_str());
+    return prog;
+  }
+};
+
+at::Tensor tpu_floats(const std::vector<float>& v) {
+  runtime();
+  at::Tensor t = torch_tpu::aten::new_tpu_tensor({static_cast<int64_t>(v.size())}, c10::ScalarType::Float, 0);
+  runtime().upload(*torch_tpu::aten::cell_of(t), v.data(), c10::ScalarType::Float, static_cast<int64_t>(v.size()));
+  return t;
+}
+
+void record_add_one(torch_tpu::eager::FusedRecorder& rec, const std::shared_ptr<torch_tpu::eager::Plan>& plan,
+                    const at::Tensor& t) {
+  rec.record(plan, {{torch_tpu::aten::cell_of(t), nullptr}}, {t}, {t}, 0);
+}
+
+}  // namespace
+
+TEST(FusedRecorder, ARunIsOneProgramFoundAgainByItsSignature) {
+  torch_tpu::eager::FusedRecorder rec;
+  std::atomic<int> calls{0};
+  rec.set_builder(AddOneBuilder{&calls}, [](const torch_tpu::eager::Plan& p) { return p.exe; });
+  auto plan = add_one_plan();
+  at::Tensor a = tpu_floats({1, 2, 3, 4}), b = tpu_floats({0, 0, 0, 0});
+  for (int step = 1; step <= 2; ++step) {
+    record_add_one(rec, plan, a);
+    record_add_one(rec, plan, b);
+    record_add_one(rec, plan, a);
+    EXPECT_EQ(rec.pending(), 3u);
+    rec.flush();
+    EXPECT_EQ(rec.pending(), 0u);
+    float s = static_cast<float>(step);
+    EXPECT_EQ(read(torch_tpu::aten::cell_of(a)), (std::vector<float>{1 + 2 * s, 2 + 2 * s, 3 + 2 * s, 4 + 2 * s}));
+    EXPECT_EQ(read(torch_tpu::aten::cell_of(b)), (std::vector<float>{s, s, s, s}));
+  }
+  EXPECT_EQ(calls.load(), 1);  // the second step's run has the first's signature
+  auto st = rec.stats();
+  EXPECT_EQ(st.ops, 6);
+  EXPECT_EQ(st.flushes, 2);
+  EXPECT_EQ(st.compiles, 1);
+}
+
+TEST(FusedRecorder, ARunWhoseProgramFailsToBuildRunsOpByOp) {
+  torch_tpu::eager::FusedRecorder rec;
+  std::atomic<int> calls{0};
+  rec.set_builder(AddOneBuilder{&calls, true}, [](const torch_tpu::eager::Plan& p) { return p.exe; });
+  auto plan = add_one_plan();
+  at::Tensor a = tpu_floats({1, 2, 3, 4});
+  record_add_one(rec, plan, a);
+  record_add_one(rec, plan, a);
+  EXPECT_THROW(rec.flush(), std::exception);
+  EXPECT_EQ(rec.pending(), 0u);
+  EXPECT_EQ(read(torch_tpu::aten::cell_of(a)), (std::vector<float>{3, 4, 5, 6}));  // each op ran alone
+}
+
+TEST(FusedRecorder, RecordsAndFlushesFromManyThreads) {
+  // One recorder, as the process has: threads record into the same run and flush it; every
+  // update lands once.
+  torch_tpu::eager::FusedRecorder rec;
+  std::atomic<int> calls{0};
+  rec.set_builder(AddOneBuilder{&calls}, [](const torch_tpu::eager::Plan& p) { return p.exe; });
+  auto plan = add_one_plan();
+  std::vector<at::Tensor> ts;
+  for (int t = 0; t < kThreads; ++t) ts.push_back(tpu_floats({0, 0, 0, float(t)}));
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 40; ++i) {
+        record_add_one(rec, plan, ts[t]);
+        if (i % 10 == 9) rec.flush();
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  rec.flush();
+  for (int t = 0; t < kThreads; ++t)
+    EXPECT_EQ(read(torch_tpu::aten::cell_of(ts[t])), (std::vector<float>{40, 40, 40, 40.0f + t}));
+  EXPECT_EQ(rec.stats().ops, 40 * kThreads);
 }

@@ -142,9 +142,8 @@ class _StandIn:
 
         def standin(k):
             spec = prog.prog_specs[k]
-            shape, dtype = spec[0], spec[1]
-            stride = spec[2] if len(spec) > 2 else contiguous_strides(shape)
-            return torch.empty_strided(shape, stride, dtype=dtype, device="cpu" if prog.prog_to_cpu[k] else device)
+            stride = spec.strides if spec.strides is not None else contiguous_strides(spec.sizes)
+            return torch.empty_strided(spec.sizes, stride, dtype=spec.dtype, device="cpu" if prog.prog_to_cpu[k] else device)
         return prog.outputs(real, host, standin)
 
 

@@ -104,7 +104,7 @@ def _run(name: str, kind: str, inputs, outputs, out_shape: tuple, **kw) -> None:
                           device_ids=[_C._describe_device(d)["id"] for d in devices])
     sinks = [o if _whole(o) else None for o in outputs]
     _C._fused_flush()  # ops fused eager recorded on these tensors run first
-    parts = [([s], [o], [] if o is not None else [(tuple(out_shape), inputs[0].dtype)], d)
+    parts = [([s], [o], [] if o is not None else [_C.FreshSpec(tuple(out_shape), inputs[0].dtype)], d)
              for s, o, d in zip(srcs, sinks, devices)]
     fresh = _C._launch_replicas(exe, parts, name)
     for o, new in zip(outputs, fresh):

@@ -333,7 +333,7 @@ class GraphProgram:
         outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
         placeholders_set = set(placeholders)
         results = []             # program results (1-D)
-        self.prog_specs = []     # (shape, dtype[, strides]) of each program result's tensor
+        self.prog_specs = []     # _C.FreshSpec of each program result's tensor
         self.prog_to_cpu = []    # whether the result is a CPU tensor of the graph (copied to host)
         self.out_plan = []
         seen = {}
@@ -356,10 +356,10 @@ class GraphProgram:
                 # A permuted dense output (channels-last, transposed) is written in memory order into
                 # a new tensor with its strides: a tensor of its own, as CPU's, not a view.
                 perm = _layout_perm(val)
-                spec = (tuple(val.shape), val.dtype)
+                spec = _C.FreshSpec(tuple(val.shape), val.dtype)
                 if perm is not None:
                     v = b.transpose(v, perm)
-                    spec += (tuple(val.stride()),)
+                    spec = _C.FreshSpec(tuple(val.shape), val.dtype, tuple(val.stride()))
                 k = len(results)
                 results.append(v)  # in its memory-order shape: the new tensor's buffer
                 self.prog_specs.append(spec)
@@ -376,7 +376,7 @@ class GraphProgram:
         for i, v in mutations:
             k = len(results)
             results.append(v)  # written inputs are read row-major: the result has their argument's type
-            self.prog_specs.append((tuple(v.shape), v.dtype))
+            self.prog_specs.append(_C.FreshSpec(tuple(v.shape), v.dtype))
             self.prog_to_cpu.append(False)
             self.mutations.append((i, k))
             # Donate the old buffer: the result replaces it.

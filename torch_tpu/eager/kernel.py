@@ -110,25 +110,25 @@ def _key_parts(key, kinds) -> list[list]:
 def _fresh_layout(t: TensorType, strides: tuple):
     """(spec, order) of a fresh result with CPU's `strides` (the meta kernel's, or the lowering's
     `layout`: e.g. TensorIterator keeping a channels_last or transposed input's layout, clone's
-    memory_format). spec: (shape, dtype) for row-major, (shape, dtype, strides) otherwise; order: the
-    transpose that puts the value in memory order, None when none is needed. Strides that are not a
-    dense permutation (no CPU kernel makes them for a fresh result) fall back to row-major."""
+    memory_format). spec: a _C.FreshSpec (strides None for row-major); order: the transpose that puts
+    the value in memory order, None when none is needed. Strides that are not a dense permutation
+    (no CPU kernel makes them for a fresh result) fall back to row-major."""
     shape, strides = tuple(t.shape), tuple(strides)
     if strides == tuple(contiguous_strides(shape)):
-        return (shape, t.dtype), None
+        return _C.FreshSpec(shape, t.dtype), None
     if t.numel == 0:
-        return (shape, t.dtype, strides), None
+        return _C.FreshSpec(shape, t.dtype, strides), None
     order = dense_order(shape, strides)
     if order is None:
-        return (shape, t.dtype), None
-    return (shape, t.dtype, strides), (None if order == sorted(order) else order)
+        return _C.FreshSpec(shape, t.dtype), None
+    return _C.FreshSpec(shape, t.dtype, strides), (None if order == sorted(order) else order)
 
 
 @dataclass
 class _Entry:
     exe: object
     plan: list          # operand positions, in program argument order
-    new_outputs: list   # (shape, dtype) or (shape, dtype, strides) of fresh result tensors
+    new_outputs: list   # _C.FreshSpec of each fresh result tensor
     sinks: list         # per program output: _C.PlanSink (fresh result j, or operand position j)
     structure: object   # _C.ResultStructure: one, tuple, list; written for in-place / out= ops
     rng_draws: int = 0
