@@ -176,9 +176,6 @@ PYBIND11_MODULE(_C, m) {
     return py::reinterpret_steal<py::object>(
         THPGenerator_initDefaultGenerator(torch_tpu::aten::default_generator(index)));
   });
-  m.def("_generator_next", [](std::optional<at::Generator> gen, uint64_t increment) {
-    return torch_tpu::aten::generator_next(gen, increment);
-  });
 
   // Storage cells.
   m.def("_storage_key", [](const at::Tensor& t) { return cell_of(t)->addr; },

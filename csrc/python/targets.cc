@@ -35,20 +35,10 @@ py::dict description(const DeviceDescription& d) {
 }  // namespace
 
 void bind_compile_targets(py::module& m) {
-  m.def("_plugin_attributes", [](const std::string& path, const std::string& env_var) {
-    std::map<std::string, std::vector<int64_t>> ints;
-    std::map<std::string, std::string> strings;
-    Plugin::load(path, env_var)->attributes(&ints, &strings);
-    return named(ints, strings);
-  }, py::arg("path"), py::arg("env_var"),
-     "PJRT_Plugin_Attributes of the plugin at `path` (loaded and initialized once per process; `env_var` "
-     "names what chose it, for errors): {name: int, [int] or str}.");
   m.def("_replica_compile_options", [](const std::vector<int64_t>& device_ids) {
     return py::bytes(torch_tpu::pjrt::replica_compile_options(device_ids));
   }, py::arg("device_ids"),
      "The serialized xla.CompileOptionsProto for one replica on each of device_ids (csrc/pjrt/pjrt.h).");
-  m.def("_default_compile_options", [] { return py::bytes(torch_tpu::pjrt::default_compile_options()); },
-        "The serialized xla.CompileOptionsProto every program is compiled with (1 replica, 1 partition, portable).");
   m.def("_cache_store", [](const std::string& key, const py::bytes& payload, double seconds,
                            const std::vector<std::string>& dirs) {
     torch::PyWarningHandler warnings;  // "cannot write executables into ...": a Python warning
@@ -108,7 +98,7 @@ void bind_compile_targets(py::module& m) {
         return out;
       }, py::arg("mlir"), py::arg("options") = py::bytes(),
          "PJRT_Compile of StableHLO text for this topology (options: a serialized xla.CompileOptionsProto; "
-         "empty: _default_compile_options()). Returns {serialized (bytes), num_outputs, cost {name: float}, "
+         "empty: pjrt::default_compile_options(), 1 replica, 1 partition). Returns {serialized (bytes), num_outputs, cost {name: float}, "
          "code_bytes, argument_bytes, output_bytes, alias_bytes, temp_bytes, peak_bytes (-1: not reported)}; "
          "raises PjrtError with the compiler's message.");
 }
