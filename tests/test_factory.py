@@ -55,14 +55,15 @@ def test_arange_of_new_values_runs_without_python():
     real = Kernel._slow
     Kernel._slow = lambda self, *a: slow.append(self.name) or real(self, *a)
     try:
-        for dtype in (torch.int64, torch.float32):
-            torch.arange(3, 4, device=TPU, dtype=dtype)
-        slow.clear()
-        for past in range(7, 40):
+        with torch_tpu.eager_mode("strict"):  # (debug eager waits for each op from Python)
             for dtype in (torch.int64, torch.float32):
-                t = torch.arange(past, past + 1, device=TPU, dtype=dtype)
-                assert t.dtype == dtype and torch.equal(t.cpu(), torch.arange(past, past + 1, dtype=dtype))
-        assert slow == [], slow
+                torch.arange(3, 4, device=TPU, dtype=dtype)
+            slow.clear()
+            for past in range(7, 40):
+                for dtype in (torch.int64, torch.float32):
+                    t = torch.arange(past, past + 1, device=TPU, dtype=dtype)
+                    assert t.dtype == dtype and torch.equal(t.cpu(), torch.arange(past, past + 1, dtype=dtype))
+            assert slow == [], slow
     finally:
         Kernel._slow = real
 

@@ -11,6 +11,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import torch_tpu
+
 from .runner import run_world, scenario
 
 
@@ -161,7 +163,8 @@ def launch_error_then_collective():
         return
     work = dist.all_reduce(y, async_op=True)
     huge = torch.empty(2 ** 38, device="tpu")
-    huge.fill_(1.0)  # asynchronous: its error waits for the next sync
+    with torch_tpu.eager_mode("strict"):  # (debug eager would raise at the op itself)
+        huge.fill_(1.0)  # asynchronous: its error waits for the next sync
     work.wait()
     with pytest.raises(torch.OutOfMemoryError, match=r"tpu:0 out of memory.*aten::fill_"):
         torch.tpu.synchronize()

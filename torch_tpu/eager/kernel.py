@@ -762,5 +762,6 @@ class Kernel:
                       result_types=[v.type for v in outputs])
 
 
-# The dispatcher enters Kernel.__call__; the C++ front-end calls _slow on a plan miss.
-_state.run_as_is(Kernel.__call__, Kernel._slow)
+# The dispatcher enters Kernel.__call__; the C++ front-end calls _slow on a plan miss and, in debug
+# eager, _debug_synchronize after each launch: none of them is traced by Dynamo (run_as_is).
+_state.run_as_is(Kernel.__call__, Kernel._slow, Kernel._debug_synchronize)
