@@ -18,7 +18,7 @@ TPU = torch.device("tpu")
 
 
 def dims(t):
-    return _C._storage_spec(t)[1]
+    return _C.device.storage_spec(t)[1]
 
 
 def test_eager_buffers_keep_their_tensor_shape():

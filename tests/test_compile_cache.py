@@ -247,7 +247,7 @@ PRIVATE_TIER = r"""
 import json, os, sys, warnings
 warnings.filterwarnings("ignore", message="No TPU here")
 import torch, torch_tpu
-torch_tpu._C._cache_configure([("tier2", sys.argv[1], 1 << 30, True, False)])
+torch_tpu._C.runtime.cache_configure([("tier2", sys.argv[1], 1 << 30, True, False)])
 y = (torch.arange(4.0, device="tpu") * 3).cpu()
 print(json.dumps({"ok": torch.equal(y, torch.arange(4.0) * 3), **torch_tpu.runtime.cache_stats()}))
 """

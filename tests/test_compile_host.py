@@ -91,17 +91,17 @@ def test_host_foreach_chain_outputs_and_promotion():
 
 def test_gather_and_scatter_scalars():
     ts = [torch.tensor(float(v)) for v in (1, 2, 3)]
-    packed = _C._gather_scalars(ts)
+    packed = _C.device.gather_scalars(ts)
     assert packed.tolist() == [1.0, 2.0, 3.0] and packed.dtype == torch.float32
     with pytest.raises(RuntimeError, match="0-dim CPU tensors of one dtype"):
-        _C._gather_scalars([torch.tensor(1.0), torch.tensor(1)])
+        _C.device.gather_scalars([torch.tensor(1.0), torch.tensor(1)])
     dsts = [torch.tensor(0.0), None, torch.tensor(0.0)]
     before = dsts[0]._version
-    assert _C._scatter_scalars(packed * 10, dsts)
+    assert _C.device.scatter_scalars(packed * 10, dsts)
     assert dsts[0].item() == 10.0 and dsts[2].item() == 30.0 and dsts[0]._version > before
     # Not a byte copy (another dtype, requires_grad): nothing is written, the caller uses copy_.
     other = [torch.tensor(5), torch.tensor(5), torch.tensor(5)]
-    assert not _C._scatter_scalars(packed, other)
+    assert not _C.device.scatter_scalars(packed, other)
     assert [t.item() for t in other] == [5, 5, 5]
     leaf = torch.tensor(5.0, requires_grad=True)
-    assert not _C._scatter_scalars(packed, [None, leaf, None]) and leaf.item() == 5.0
+    assert not _C.device.scatter_scalars(packed, [None, leaf, None]) and leaf.item() == 5.0

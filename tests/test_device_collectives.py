@@ -233,10 +233,10 @@ def test_views_are_read_and_written_through_their_base():
 def test_a_second_call_compiles_nothing():
     xs = _on_devices(_values((9,), torch.float32, seed=17))
     dc.all_reduce(xs)
-    misses = torch_tpu._C._cache_stats()["misses"]
+    misses = torch_tpu._C.runtime.cache_stats()["misses"]
     dc.all_reduce(xs)
     torch.tpu.synchronize()
-    assert torch_tpu._C._cache_stats()["misses"] == misses
+    assert torch_tpu._C.runtime.cache_stats()["misses"] == misses
 
 
 def test_errors_say_what_was_wrong_and_change_nothing():
@@ -307,7 +307,7 @@ def _tpu_dist_ranks(call, n=N):
     def rank(r):
         host, gloo = _gloo_group(store, "host", r, n), _gloo_group(store, "ref", r, n)
         path = dc.backend_device_path(dist.PrefixStore("device", store), r, n, r, "test", mode="1")
-        call(torch_tpu._C._TpuBackend(host, r, n, datetime.timedelta(seconds=30), path), gloo, r)
+        call(torch_tpu._C.distributed.TpuBackend(host, r, n, datetime.timedelta(seconds=30), path), gloo, r)
     _in_threads(rank, n)
 
 
@@ -321,7 +321,7 @@ def test_tpu_dist_device_path_equals_gloo_without_host_copies():
         t = x.to(f"tpu:{r}")
         torch.tpu.synchronize()
         gloo.barrier().wait()  # both ranks count over the same window, with no download in it
-        before = torch_tpu._C._counters()["d2h_transfers"]
+        before = torch_tpu._C.runtime.counters()["d2h_transfers"]
         backend.allreduce([t], _opts(ReduceOp.MAX)).wait()
         bcast = x.to(f"tpu:{r}").float()
         o = dist.BroadcastOptions()
@@ -342,7 +342,7 @@ def test_tpu_dist_device_path_equals_gloo_without_host_copies():
             received = torch.full((12,), -1.0, device="tpu:1")
             backend.recv([received], 0, 0).wait()
         torch.tpu.synchronize()
-        copies = torch_tpu._C._counters()["d2h_transfers"] - before
+        copies = torch_tpu._C.runtime.counters()["d2h_transfers"] - before
         gloo.barrier().wait()
         results[r] = dict(copies=copies, all_reduce=(t.cpu(), ref),
                           broadcast=bcast.cpu(), all_gather=gathered.cpu(), reduce_scatter=scattered.cpu(),
@@ -395,7 +395,7 @@ def test_tpu_dist_device_path_runs_list_and_coalesced_forms_as_gloo_does():
         pg = dist.ProcessGroup(dist.HashStore(), r, N)
         pg._register_backend(torch.device("tpu"), dist.ProcessGroup.BackendType.CUSTOM, backend)
         gloo.barrier().wait()
-        before = torch_tpu._C._counters()["d2h_transfers"]
+        before = torch_tpu._C.runtime.counters()["d2h_transfers"]
         got = {}
         outs = [torch.full((2, 3), -1.0, device=dev) for _ in range(N)]
         backend.allgather([outs], [a.to(dev)]).wait()
@@ -414,7 +414,7 @@ def test_tpu_dist_device_path_runs_list_and_coalesced_forms_as_gloo_does():
                                                 dist.ReduceScatterOptions()).wait()
         got["reduce_scatter_coalesced"] = scattered
         torch.tpu.synchronize()
-        copies = torch_tpu._C._counters()["d2h_transfers"] - before
+        copies = torch_tpu._C.runtime.counters()["d2h_transfers"] - before
         gloo.barrier().wait()
         results[r] = (ref, {k: [t.cpu() for t in v] if isinstance(v, list) else v.cpu() for k, v in got.items()},
                       copies)

@@ -1,5 +1,5 @@
 """The typed seam between the eager front-end's C++ and Python halves (csrc/eager/call.h,
-csrc/python/op_kernel.cc): argument kinds and key parts are _C enums and read-only objects with
+csrc/eager/op_kernel.h): argument kinds and key parts are _C enums and read-only objects with
 named fields, and a miss hands Python the call as such."""
 import pytest
 import torch
@@ -13,10 +13,10 @@ TPU = "tpu"
 
 def test_signature_kinds_are_arg_kinds():
     kinds = Signature(torch.ops.aten.add.Tensor).kinds
-    assert kinds == [_C.ArgKind.tensor, _C.ArgKind.tensor, _C.ArgKind.scalar]
+    assert kinds == [_C.eager.ArgKind.tensor, _C.eager.ArgKind.tensor, _C.eager.ArgKind.scalar]
     kinds = Signature(torch.ops.aten.cat.default).kinds
-    assert kinds == [_C.ArgKind.tensor_list, _C.ArgKind.value]
-    assert Signature(torch.ops.aten.bernoulli_.float).kinds[-1] == _C.ArgKind.generator
+    assert kinds == [_C.eager.ArgKind.tensor_list, _C.eager.ArgKind.value]
+    assert Signature(torch.ops.aten.bernoulli_.float).kinds[-1] == _C.eager.ArgKind.generator
 
 
 def _parts_of_miss(fn):
@@ -25,7 +25,7 @@ def _parts_of_miss(fn):
     real = Kernel._slow
     Kernel._slow = lambda self, args, kwargs, key, *rest: seen.append(key) or real(self, args, kwargs, key, *rest)
     try:
-        torch_tpu._C._plan_cache_clear()
+        torch_tpu._C.eager.plan_cache_clear()
         with torch_tpu.eager_mode("strict"):
             fn()
     finally:
@@ -38,14 +38,14 @@ def test_key_parts_have_named_fields():
     base = torch.arange(12.0, device=TPU).reshape(3, 4)
     view = base[1:, ::2]  # offset 4, strides (4, 2)
     t, t2, s = _parts_of_miss(lambda: torch.add(view, view, alpha=2.5))
-    assert t.kind == _C.KeyPartKind.device
+    assert t.kind == _C.eager.KeyPartKind.device
     assert (t.dtype, t.sizes, t.strides, t.offset, t.slot, t.bits) == (torch.float32, (2, 2), (4, 2), 4, 0, 0)
     assert t.first and t.storage_dtype == torch.float32
-    assert t2.kind == _C.KeyPartKind.device and t2.slot == 0 and not t2.first  # the same storage
-    assert s.kind == _C.KeyPartKind.scalar and s.dtype == torch.float32 and s.position == 1 and s.baked is None
+    assert t2.kind == _C.eager.KeyPartKind.device and t2.slot == 0 and not t2.first  # the same storage
+    assert s.kind == _C.eager.KeyPartKind.scalar and s.dtype == torch.float32 and s.position == 1 and s.baked is None
     _, wrapped, alpha = _parts_of_miss(lambda: torch.add(view, 2.5))  # a wrapped number; alpha 1 is baked
-    assert wrapped.kind == _C.KeyPartKind.host and wrapped.dtype == torch.float64 and wrapped.sizes == ()
-    assert alpha.kind == _C.KeyPartKind.baked and alpha.baked == 1 and alpha.dtype == torch.int64
+    assert wrapped.kind == _C.eager.KeyPartKind.host and wrapped.dtype == torch.float64 and wrapped.sizes == ()
+    assert alpha.kind == _C.eager.KeyPartKind.baked and alpha.baked == 1 and alpha.dtype == torch.int64
     with pytest.raises(AttributeError):
         t.slot = 3  # read-only
 
@@ -53,19 +53,19 @@ def test_key_parts_have_named_fields():
 def test_key_parts_of_lists():
     a, b = torch.ones(2, device=TPU), torch.zeros(3, device=TPU)
     parts = _parts_of_miss(lambda: torch.cat([a, b]))
-    assert [p.kind for p in parts] == [_C.KeyPartKind.length, _C.KeyPartKind.device, _C.KeyPartKind.device,
-                                       _C.KeyPartKind.value]
+    assert [p.kind for p in parts] == [_C.eager.KeyPartKind.length, _C.eager.KeyPartKind.device, _C.eager.KeyPartKind.device,
+                                       _C.eager.KeyPartKind.value]
     assert parts[0].length == 2 and (parts[1].slot, parts[2].slot) == (0, 1)
 
 
 def test_fresh_specs_are_typed():
-    s = _C.FreshSpec((2, 3), torch.float32)
+    s = _C.eager.FreshSpec((2, 3), torch.float32)
     assert (s.sizes, s.dtype, s.strides) == ((2, 3), torch.float32, None)
-    t = _C.FreshSpec((2, 3, 4), torch.bfloat16, (12, 1, 3))
+    t = _C.eager.FreshSpec((2, 3, 4), torch.bfloat16, (12, 1, 3))
     assert (t.sizes, t.dtype, t.strides) == ((2, 3, 4), torch.bfloat16, (12, 1, 3))
     assert "bfloat16" in repr(t)
     with pytest.raises(RuntimeError, match="2 strides for 3 sizes"):
-        _C.FreshSpec((2, 3, 4), torch.float32, (1, 2))
+        _C.eager.FreshSpec((2, 3, 4), torch.float32, (1, 2))
 
 
 
@@ -79,10 +79,10 @@ def test_an_entry_describes_its_fresh_results_as_fresh_specs(monkeypatch):
         return r
 
     x = torch.randn(2, 3, 4, device=TPU).permute(0, 2, 1)
-    _C._plan_cache_clear()  # the sub below enters the slow path, whatever ran before
+    _C.eager.plan_cache_clear()  # the sub below enters the slow path, whatever ran before
     monkeypatch.setattr(Kernel, "_slow", spy)
     y = x - 0.25
     (spec,) = entries[-1].new_outputs
-    assert isinstance(spec, _C.FreshSpec)
+    assert isinstance(spec, _C.eager.FreshSpec)
     assert (spec.sizes, spec.dtype, spec.strides) == (tuple(y.shape), torch.float32, y.stride()) == \
         ((2, 4, 3), torch.float32, (12, 1, 4))  # CPU's: the input's permuted layout kept

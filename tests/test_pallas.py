@@ -37,12 +37,12 @@ def test_pallas_kernel_runs_on_tpu_tensors_and_is_cached():
     assert out.device.type == "tpu" and out.shape == (8, 128)
     torch.testing.assert_close(out.cpu(), 2 * x + y)
     before = torch_tpu.runtime.cache_stats()
-    plans = torch_tpu._C._plan_cache_stats()["misses"]
+    plans = torch_tpu._C.eager.plan_cache_stats()["misses"]
     for _ in range(3):
         out = axpy(y.to(TPU), x.to(TPU))
     torch.testing.assert_close(out.cpu(), 2 * y + x)
     assert torch_tpu.runtime.cache_stats()["misses"] == before["misses"]  # nothing compiled again
-    assert torch_tpu._C._plan_cache_stats()["misses"] == plans             # the C++ plan cache hit
+    assert torch_tpu._C.eager.plan_cache_stats()["misses"] == plans             # the C++ plan cache hit
 
 
 def test_views_and_multiple_outputs():

@@ -19,7 +19,7 @@ def _restore_precision():
 
 
 def _eager_text(fn):
-    torch_tpu._C._plan_cache_clear()  # built now, not found: last_program_text is this op's
+    torch_tpu._C.eager.plan_cache_clear()  # built now, not found: last_program_text is this op's
     with torch_tpu.eager_mode("strict"):  # one program per op: the op's own text
         fn().cpu()
     return _state.last_program_text

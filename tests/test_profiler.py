@@ -184,7 +184,7 @@ def test_cpu_only_profile_has_no_device_events_and_stops_recording(cold_cache):
 
     cpu_only = run_profiled(step, [ProfilerActivity.CPU])
     assert device_events(cpu_only) == []
-    assert not torch_tpu._C._trace_recording()
+    assert not torch_tpu._C.runtime.trace_recording()
     names = {a.key for a in cpu_only.key_averages()}
     assert "aten::tanh" in names and "compile aten::tanh" in names  # compiles are host spans
     # Executions between profiles are not recorded into the next one.
@@ -193,7 +193,7 @@ def test_cpu_only_profile_has_no_device_events_and_stops_recording(cold_cache):
             step()
     p = run_profiled(step)
     assert [e.name for e in device_events(p)] == ["aten::tanh"]
-    assert not torch_tpu._C._trace_recording()  # launches are back to their no-profiler cost
+    assert not torch_tpu._C.runtime.trace_recording()  # launches are back to their no-profiler cost
     with torch_tpu.eager_mode("strict"):
         for _ in range(3):
             step()

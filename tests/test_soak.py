@@ -60,7 +60,7 @@ def test_every_cache_is_bounded_and_counted():
 
 
 def test_a_python_lru_cache_bounded_by_bytes():
-    c = torch_tpu._C.LruCache("test python bytes", 10, 100)
+    c = torch_tpu._C.runtime.LruCache("test python bytes", 10, 100)
     for i in range(4):
         c.put(i, f"value {i}", bytes=40)
     assert len(c) == 2 and c.get(0) is None and c.get(1) is None and c.get(3) == "value 3"

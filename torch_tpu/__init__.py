@@ -38,24 +38,24 @@ runtime.configure()
 runtime.configure_cache()
 # A child forked after a PJRT plugin was loaded ends without the plugin's exit handlers, which wait on
 # threads that did not survive the fork (libtpu's log flush hung forked children forever).
-_os.register_at_fork(after_in_child=_C._end_child_without_exit_handlers)
+_os.register_at_fork(after_in_child=_C.runtime.end_child_without_exit_handlers)
 
 
 def _finish_launches() -> None:
     """Launches are issued by a runtime thread: let them finish before the interpreter tears down
     (not in a child forked after the runtime started, which has no launches and no device)."""
-    if not _C._is_in_bad_fork():
-        _C._synchronize(-1)
+    if not _C.runtime.in_bad_fork():
+        _C.runtime.synchronize(-1)
 
 
 atexit.register(_finish_launches)
 # Registered after it, so it runs before it: the autograd engine's tpu device threads may still be
 # releasing the last backward's graph task, which takes the GIL; one that waits for it when
 # finalization starts is ended with std::terminate.
-atexit.register(_C._drain_autograd_threads)
+atexit.register(_C.device.drain_autograd_threads)
 # Runs first: an async collective nobody waited for writes its results back through launches, and
 # holds the caller's tensors until it ends, which must be while Python can still release them.
-atexit.register(_C._drain_collectives)
+atexit.register(_C.distributed.drain_collectives)
 torch.utils.rename_privateuse1_backend("tpu")
 # torch.autocast("tpu") without a dtype computes in bfloat16, the TPU's native low precision (Google
 # TorchTPU's default; PyTorch's for a PrivateUse1 device is float16). PyTorch keeps the setting per

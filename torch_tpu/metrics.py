@@ -7,7 +7,7 @@ from .eager import state as _state
 
 def fallback_counts() -> dict:
     """Per op overload ("aten::name.overload"): how many times it ran through the CPU fallback."""
-    return dict(_C._fallback_counts())
+    return dict(_C.device.fallback_counts())
 
 
 def counters() -> dict:
@@ -16,14 +16,14 @@ def counters() -> dict:
     still read them: TORCH_TPU_KEEP_BUSY_BYTES), fallbacks (total), and for torch.compile(backend="tpu"):
     compiled_graphs, graph_executions, graph_eager_fallbacks and graph_input_copies (inputs passed as a
     copy: a view that is not its whole storage, or a storage whose buffer has other dims)."""
-    d = dict(_C._counters())
-    plans = _C._plan_cache_stats()
+    d = dict(_C.runtime.counters())
+    plans = _C.eager.plan_cache_stats()
     d["cache_hits"], d["cache_misses"] = plans["hits"], plans["misses"]
     d["fallbacks"] = sum(fallback_counts().values())
     # the program cache's tiers (shared by all eager modes and torch.compile)
-    for k, v in _C._cache_stats().items():
+    for k, v in _C.runtime.cache_stats().items():
         d["program_cache_" + k] = v
-    d.update(_C._fused_stats())  # fused eager: ops recorded, runs flushed, fused programs built
+    d.update(_C.eager.fused_stats())  # fused eager: ops recorded, runs flushed, fused programs built
     for k in ("compiled_graphs", "graph_executions", "graph_eager_fallbacks"):  # torch.compile
         d[k] = _state.counts[k]
     return d
@@ -37,7 +37,7 @@ def host_caches() -> dict:
     "scalar operand buffers", "fused programs" and "compiled graph shapes" (torch.compile graphs
     with symbolic shapes, all graphs summed); those holding programs keep at most 1 GiB of them
     (compiled graph shapes: 256 MiB per graph)."""
-    return dict(_C._host_caches())
+    return dict(_C.runtime.host_caches())
 
 
 def report() -> str:
@@ -52,10 +52,10 @@ def report() -> str:
 
 def reset() -> None:
     """Sets every counter to zero."""
-    _C._reset_counters()
-    _C._reset_fallback_counts()
-    _C._cache_reset_stats()
-    _C._plan_cache_reset_stats()
-    _C._reset_host_cache_stats()
-    _C._fused_reset_stats()
+    _C.runtime.reset_counters()
+    _C.device.reset_fallback_counts()
+    _C.runtime.cache_reset_stats()
+    _C.eager.plan_cache_reset_stats()
+    _C.runtime.reset_host_cache_stats()
+    _C.eager.fused_reset_stats()
     _state.counts.clear()

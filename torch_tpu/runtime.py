@@ -110,7 +110,7 @@ def configure() -> None:
             configure_process()
         except ValueError as e:
             path, error = "", str(e)
-    _C._configure(path, error, options, _torchrun_job_store())
+    _C.runtime.configure(path, error, options, _torchrun_job_store())
 
 
 # The flags torch_tpu adds to XLA_FLAGS for the CPU and CUDA plugins (_follow_xla_min_max). They are
@@ -204,29 +204,29 @@ def cpu_device_count() -> int:
 def start() -> None:
     """Starts the PJRT client if needed (the first start on a machine without a TPU warns once
     that the tpu device runs on the XLA CPU plugin)."""
-    _C._start()
+    _C.runtime.start()
 
 
 def platform() -> str:
     """The PJRT platform that runs the tpu device: "tpu", "cuda" or "cpu" (starts the device)."""
     start()
-    return _C._platform_name()
+    return _C.runtime.platform_name()
 
 
 def platform_version() -> str:
     start()
-    return _C._platform_version()
+    return _C.runtime.platform_version()
 
 
 def api_version() -> tuple[int, int]:
     """(major, minor) PJRT C API version the plugin reports."""
     start()
-    return tuple(_C._api_version())
+    return tuple(_C.runtime.api_version())
 
 
 def plugin_path() -> str:
     start()
-    return _C._plugin_path()
+    return _C.runtime.plugin_path()
 
 
 # -- the platform programs are lowered for ------------------------------------------------------
@@ -333,7 +333,7 @@ def configure_cache(cache_dir: str | None = None, disk: bool | None = None, max_
     tier3_checked = not settings.flag("TORCH_TPU_TIER3_TRUSTED")
     global _disk_dir
     _disk_dir = cache_dir if disk else ""
-    _C._cache_configure([("tier2", tier2_dir, int(max_bytes), tier2_private, False),
+    _C.runtime.cache_configure([("tier2", tier2_dir, int(max_bytes), tier2_private, False),
                          ("disk", cache_dir if disk else "", int(max_bytes), False, False),
                          ("tier3", os.path.expanduser(tier3_root), 0, False, tier3_checked)])
 
@@ -369,17 +369,17 @@ def compile(program: str, name: str = "program", device_ids: Sequence[int] | Non
     TPU's compiler cannot build (lowering/target.py) raises a TypeError naming the op and dtype;
     under shadow mode (TORCH_TPU_SHADOW_TOPOLOGY) the program is also compiled for that topology.
     `device_ids`: PJRT device ids (global: a multi-process job's other devices included) to compile one
-    replica on each of, in replica order (a collective program, run with _C._launch_replicas or
+    replica on each of, in replica order (a collective program, run with _C.runtime.launch_replicas or
     tpu_dist's device path); None: one replica, one partition, runnable on any device."""
     global _identity, _on_tpu
     if _identity is None:
         start()
-        _on_tpu = _C._platform_name() == "tpu"
-        _identity = target_identity(_C._platform_name(), _C._platform_version(), tuple(_C._api_version()),
-                                    _C._plugin_path())
+        _on_tpu = _C.runtime.platform_name() == "tpu"
+        _identity = target_identity(_C.runtime.platform_name(), _C.runtime.platform_version(), tuple(_C.runtime.api_version()),
+                                    _C.runtime.plugin_path())
     options, key = b"", program
     if device_ids is not None:  # the options name the devices: the key covers them
-        options = _C._replica_compile_options([int(d) for d in device_ids])
+        options = _C.runtime.replica_compile_options([int(d) for d in device_ids])
         key = program + "\0" + options.hex()
     if _on_tpu:
         from .lowering import target
@@ -389,7 +389,7 @@ def compile(program: str, name: str = "program", device_ids: Sequence[int] | Non
     if _SHADOW is not None and device_ids is None:  # shadow mode compiles for one device
         _SHADOW(program, name)
     try:
-        return _C._compile_cached(program_key(_identity, key), program, name, options)
+        return _C.runtime.compile_cached(program_key(_identity, key), program, name, options)
     except RuntimeError as e:
         if "Failed to parse" in str(e) and _KERNEL_FUNCTION.search(program):
             jax = sys.modules.get("jax")
@@ -415,7 +415,7 @@ def cache_stats() -> dict:
     configure_cache) <tier>_hits, <tier>_writes (compiles and promotions written), <tier>_rejected
     (corrupt or foreign entries removed) and <tier>_evictions; misses (compiles), evictions (all
     tiers), compile_seconds spent and compile_seconds_saved by tier hits."""
-    plans = _C._plan_cache_stats()
+    plans = _C.eager.plan_cache_stats()
     d = {"op_entries": plans["entries"], "op_hits": plans["hits"], "op_misses": plans["misses"]}
-    d.update(_C._cache_stats())
+    d.update(_C.runtime.cache_stats())
     return d

@@ -12,13 +12,13 @@ from . import _C, runtime
 def is_available() -> bool:
     """True when a PJRT plugin loads and has at least one device. Never raises."""
     try:
-        return _C._device_count() > 0
+        return _C.runtime.device_count() > 0
     except Exception:
         return False
 
 
 def is_initialized() -> bool:
-    return _C._runtime_started()
+    return _C.runtime.started()
 
 
 def init() -> None:
@@ -27,11 +27,11 @@ def init() -> None:
 
 def device_count() -> int:
     """Number of tpu devices (addressable PJRT devices); 0 when no plugin can start."""
-    return _C._device_count()
+    return _C.runtime.device_count()
 
 
 def current_device() -> int:
-    return _C._current_device()
+    return _C.device.current_device()
 
 
 def set_device(device) -> None:
@@ -43,7 +43,7 @@ def set_device(device) -> None:
     idx = _index(device)
     if idx is None:
         return
-    _C._set_device(idx)
+    _C.device.set_device(idx)
 
 
 def _index(device):
@@ -53,11 +53,11 @@ def _index(device):
     if device is None:
         return None
     if isinstance(device, int):
-        return _C._own_device(device)
+        return _C.device.own_device(device)
     d = torch.device(device)
     if d.type != "tpu":
         raise ValueError(f"expected a tpu device, got {d}")
-    return None if d.index is None else _C._own_device(d.index)
+    return None if d.index is None else _C.device.own_device(d.index)
 
 
 class device:
@@ -73,18 +73,18 @@ class device:
             set_device(self.idx)
 
     def __exit__(self, *exc):
-        _C._set_device(self.prev)
+        _C.device.set_device(self.prev)
         return False
 
 
 def synchronize(device=None) -> None:
     """Waits for every op issued so far; raises the error of a failed asynchronous op."""
-    if _C._runtime_started():
-        _C._synchronize(-1 if device is None else (_index(device) or 0))
+    if _C.runtime.started():
+        _C.runtime.synchronize(-1 if device is None else (_index(device) or 0))
 
 
 def default_generator(idx: int | None = None) -> torch.Generator:
-    return _C._default_generator(current_device() if idx is None else idx)
+    return _C.device.default_generator(current_device() if idx is None else idx)
 
 
 def manual_seed(seed: int) -> None:
@@ -94,7 +94,7 @@ def manual_seed(seed: int) -> None:
 
 def manual_seed_all(seed: int) -> None:
     """Seeds every tpu device's generator (torch.manual_seed calls this)."""
-    n = max(_C._device_count(), 1) if _C._runtime_started() else 1
+    n = max(_C.runtime.device_count(), 1) if _C.runtime.started() else 1
     for i in range(n):
         default_generator(i).manual_seed(int(seed))
     _pending_seed[0] = int(seed)
@@ -136,7 +136,7 @@ def set_rng_state_all(states) -> None:
 def _memory_index(device) -> int:
     idx = _index(device)
     idx = current_device() if idx is None else idx
-    _C._check_device_index(idx)
+    _C.device.check_device_index(idx)
     runtime.start()  # the counters live in the runtime
     return idx
 
@@ -148,7 +148,7 @@ def memory_stats(device=None) -> dict:
     num_allocs, bytes_limit; -1 where it does not, as the CPU plugin)."""
     idx = _memory_index(device)
     stats = dict(torch.accelerator.memory_stats(idx))
-    stats.update({f"plugin.{k}": v for k, v in _C._memory_stats(idx).items()})
+    stats.update({f"plugin.{k}": v for k, v in _C.runtime.memory_stats(idx).items()})
     return stats
 
 
@@ -253,7 +253,7 @@ def _get_cache_stats() -> dict:
 def _is_in_bad_fork() -> bool:
     """True in a process forked after the tpu runtime started, where the device cannot be used (every
     launch, transfer or wait raises RuntimeError; see torch.cuda._is_in_bad_fork)."""
-    return _C._is_in_bad_fork()
+    return _C.runtime.in_bad_fork()
 
 
 def get_device_name(device=None) -> str:
@@ -285,8 +285,8 @@ def get_device_properties(device=None) -> _DeviceProperties:
     IndexError for an index out of range. Starts the runtime."""
     idx = _index(device)
     idx = current_device() if idx is None else idx
-    desc = _C._describe_device(idx)
-    limit = _C._memory_stats(idx)["bytes_limit"]
+    desc = _C.runtime.describe_device(idx)
+    limit = _C.runtime.memory_stats(idx)["bytes_limit"]
     return _DeviceProperties(desc, runtime.platform(), max(limit, 0))
 
 
@@ -366,4 +366,4 @@ def stream(s: torch.Stream | None):
         yield
     finally:
         set_stream(prev)
-        _C._set_device(prev_dev)
+        _C.device.set_device(prev_dev)

@@ -1,4 +1,9 @@
-#include "python/custom_autograd.h"
+// The autograd kernel (AutogradPrivateUse1) of a custom kernel's operator (torch_tpu/pallas/ops.py).
+// A call that needs no gradient (grad mode off, or no input requiring grad) goes straight to the tpu
+// kernel below autograd, in C++; only a call that does calls back into Python, whose
+// torch.autograd.Function records the backward. torch.library's own autograd kernel is Python on
+// every call, which costs a small op several times its launch.
+#include "python/bindings.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/GradMode.h>
@@ -69,12 +74,11 @@ torch::Library& autograd_library(const std::string& ns) {
 
 }  // namespace
 
-void bind_custom_autograd(py::module& m) {
-  m.def(
-      "_register_custom_autograd",
+void bind_custom_autograd(py::module_& m) {
+  m.def("register_custom_autograd",
       [](const std::string& qualified, py::object with_grad) {
         auto sep = qualified.find("::");
-        TORCH_CHECK(sep != std::string::npos, "_register_custom_autograd: expected ns::op, got ", qualified);
+        TORCH_CHECK(sep != std::string::npos, "register_custom_autograd: expected ns::op, got ", qualified);
         std::lock_guard<std::mutex> g(g_mu);
         autograd_library(qualified.substr(0, sep))
             .impl(qualified.substr(sep + 2).c_str(),

@@ -1,4 +1,5 @@
-// Python binding of the tpu_dist backend: torch_tpu._C._TpuBackend, a subclass of c10d's Backend
+// The tpu_dist backend's Python type and job-store callbacks: torch_tpu._C.distributed.
+// Python binding of the tpu_dist backend: torch_tpu._C.distributed.TpuBackend, a subclass of c10d's Backend
 // type (so torch.distributed accepts it from the creator that torch_tpu.distributed registers).
 #include <pybind11/chrono.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -6,7 +7,7 @@
 
 #include "distributed/backend.h"
 #include "distributed/job_store.h"
-#include "python/distributed.h"
+#include "python/bindings.h"
 #include "runtime/runtime.h"
 
 namespace py = pybind11;
@@ -87,16 +88,16 @@ distributed::ProgramBuilder program_builder(py::object fn) {
 
 }  // namespace
 
-void init_distributed(py::module& m) {
+void bind_distributed(py::module_& m) {
   // torch registers c10d::Backend's Python type when torch.distributed's C module loads.
   py::module::import("torch._C._distributed_c10d");
-  m.def("_drain_collectives", [] {
+  m.def("drain_collectives", [] {
     py::gil_scoped_release nogil;  // the completion threads may need the GIL to finish
     distributed::TpuBackend::drain_all();
   }, "At exit: waits for every tpu_dist backend's queued collectives (each within its group's timeout) "
      "and releases the tensors they held (TpuBackend::drain_all).");
   py::class_<distributed::TpuBackend, c10d::Backend, c10::intrusive_ptr<distributed::TpuBackend>>(
-      m, "_TpuBackend",
+      m, "TpuBackend",
       "tpu_dist's c10d Backend; built by torch_tpu.distributed's backend creator, not by hand.")
       .def(py::init([](const c10::intrusive_ptr<c10d::Backend>& host, int rank, int size,
                        std::chrono::milliseconds timeout, py::object device) {
@@ -120,7 +121,7 @@ void init_distributed(py::module& m) {
       .def("perform_nocolor_split", [](distributed::TpuBackend&, const at::Device&) {});
 
   py::class_<KeyValueCallbacksHandle>(
-      m, "_KeyValueCallbacks",
+      m, "KeyValueCallbacks",
       "The PJRT key-value callbacks (kv_put / kv_get / kv_try_get) a plugin's client is given, called as the "
       "plugin calls them: over a c10d Store, or (of_runtime) over the running client's own store.")
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store) {

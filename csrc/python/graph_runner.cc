@@ -1,4 +1,6 @@
-#include "python/graph_runner.h"
+// torch_tpu._C.graph.GraphRunner: the per-call work of a compiled graph (torch.compile(backend="tpu")),
+// in C++ because it runs on every step and the host thread competes with the device's.
+#include "python/bindings.h"
 
 #include <ATen/ops/empty_strided.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -22,7 +24,7 @@ using runtime::Cell;
 using runtime::LaunchArg;
 using runtime::Runtime;
 
-// Kinds of program argument, as torch_tpu/dynamo/lower_graph.py's GraphProgram plans them (_C.GraphArgKind).
+// Kinds of program argument, as torch_tpu/dynamo/lower_graph.py's GraphProgram plans them (_C.graph.ArgKind).
 enum Kind : int { kTpuInput = 0, kCpuInput = 1, kRngState = 2, kHostPack = 3, kConstant = 4 };
 
 struct Arg {
@@ -207,8 +209,8 @@ class GraphRunner {
 
 }  // namespace
 
-void bind_graph_runner(py::module_& m) {
-  py::enum_<Kind>(m, "GraphArgKind", "Where a compiled graph's program argument comes from, per call (GraphRunner's plan).")
+void bind_graph(py::module_& m) {
+  py::enum_<Kind>(m, "ArgKind", "Where a compiled graph's program argument comes from, per call (GraphRunner's plan).")
       .value("tpu_input", kTpuInput)
       .value("cpu_input", kCpuInput)
       .value("rng_state", kRngState)

@@ -1,4 +1,6 @@
-#include "python/host_caches.h"
+// The runtime's one cache policy (runtime/lru_cache.h) on torch_tpu._C.runtime: every cache's
+// counters, and the LRU map itself for Python's caches (torch.compile's per-shape programs).
+#include "python/bindings.h"
 
 #include "runtime/lru_cache.h"
 
@@ -18,8 +20,8 @@ using PyLru = runtime::LruCache<py::object, py::object, PyHash, PyEq>;
 
 }  // namespace
 
-void bind_host_caches(py::module& m) {
-  m.def("_host_caches", [] {
+void bind_host_caches(py::module_& m) {
+  m.def("host_caches", [] {
     py::dict out;
     for (const auto& s : runtime::host_caches()) {
       py::dict d;
@@ -35,7 +37,7 @@ void bind_host_caches(py::module& m) {
     return out;
   }, "Per in-memory cache name: entries, capacity, bytes, max_bytes (0: no byte bound), hits, misses, "
      "evictions (caches of one name summed).");
-  m.def("_reset_host_cache_stats", &runtime::reset_host_cache_stats);
+  m.def("reset_host_cache_stats", &runtime::reset_host_cache_stats);
   // Every method is called with the GIL held (keys and values are Python objects); values leave
   // the cache after its lock is released, so a value's __del__ cannot deadlock it.
   py::class_<PyLru>(m, "LruCache",

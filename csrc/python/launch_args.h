@@ -1,6 +1,6 @@
 // What the Python bindings hand to Runtime::execute: the storage cell of a tpu tensor, host operands
 // uploaded as buffers of their own, and the new tpu tensors that receive fresh results. Shared by
-// _C._launch (one op or fused run) and GraphRunner (a compiled graph).
+// _C.runtime.launch (one op or fused run) and GraphRunner (a compiled graph).
 #pragma once
 
 #include <torch/csrc/utils/pybind.h>
@@ -18,13 +18,13 @@ namespace torch_tpu::python {
 namespace py = pybind11;
 
 using aten::cell_of;
-// The live cell whose fake device address is `key` (_C._storage_key). Raises if none is.
+// The live cell whose fake device address is `key` (_C.device.storage_key). Raises if none is.
 runtime::Cell* cell_by_key(uintptr_t key);
 // One launch operand from Python: an int (a storage key), a tpu tensor (its storage), a CPU tensor
 // (uploaded to `device`, row-major), or a (number, torch.dtype) pair (a 0-dim scalar; uint64 takes a
 // (seed, offset) pair and is 1-D of 2). Raises for an unsupported scalar dtype.
 runtime::LaunchArg launch_arg(py::handle h, int device);
-// aten::new_tpu_tensor of a fresh result's spec (_C.FreshSpec).
+// aten::new_tpu_tensor of a fresh result's spec (_C.eager.FreshSpec).
 at::Tensor new_tpu_tensor_of_spec(const eager::FreshSpec& spec, int device);
 // The scalar type of a torch.dtype object.
 c10::ScalarType dtype_of(py::handle dtype);

@@ -1,6 +1,7 @@
-// torch_tpu._C bindings of compile-only targets (pjrt::Topology): a plugin's topology description
-// and PJRT_Compile for it, with no client and no chip. torch_tpu/aot/ is their Python front.
-#include "python/targets.h"
+// torch_tpu._C.runtime bindings of compile-only targets (pjrt::Topology): a plugin's topology description
+// and PJRT_Compile for it, with no client and no chip (torch_tpu/aot/ is their Python front), and
+// the compile cache's store.
+#include "python/bindings.h"
 
 #include "pjrt/pjrt.h"
 #include "runtime/compile_cache.h"
@@ -34,12 +35,12 @@ py::dict description(const DeviceDescription& d) {
 
 }  // namespace
 
-void bind_compile_targets(py::module& m) {
-  m.def("_replica_compile_options", [](const std::vector<int64_t>& device_ids) {
+void bind_compile_targets(py::module_& m) {
+  m.def("replica_compile_options", [](const std::vector<int64_t>& device_ids) {
     return py::bytes(torch_tpu::pjrt::replica_compile_options(device_ids));
   }, py::arg("device_ids"),
      "The serialized xla.CompileOptionsProto for one replica on each of device_ids (csrc/pjrt/pjrt.h).");
-  m.def("_cache_store", [](const std::string& key, const py::bytes& payload, double seconds,
+  m.def("cache_store", [](const std::string& key, const py::bytes& payload, double seconds,
                            const std::vector<std::string>& dirs) {
     torch::PyWarningHandler warnings;  // "cannot write executables into ...": a Python warning
     std::string bytes = payload;
@@ -63,7 +64,7 @@ void bind_compile_targets(py::module& m) {
            }),
            py::arg("plugin_path"), py::arg("env_var"), py::arg("name"), py::arg("options"),
            "PJRT_TopologyDescription_Create(name, int64 options) with the plugin at plugin_path; raises "
-           "torch_tpu._C.PjrtError with the plugin's message for an unknown name or option.")
+           "torch_tpu._C.runtime.PjrtError with the plugin's message for an unknown name or option.")
       .def_property_readonly("name", &Topology::name)
       .def_property_readonly("platform_name", &Topology::platform_name)
       .def_property_readonly("platform_version", &Topology::platform_version)

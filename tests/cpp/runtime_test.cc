@@ -6,6 +6,7 @@
 // threads at once. The
 // plugin is the one named by env TORCH_TPU_TEST_PLUGIN; the cache directory by TORCH_TPU_TEST_DIR.
 #include <gtest/gtest.h>
+#include <torch/library.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -18,6 +19,7 @@
 #include "aten/device.h"
 #include "eager/fused.h"
 #include "eager/mode.h"
+#include "eager/op_kernel.h"
 #include "eager/plan.h"
 #include "runtime/compile_cache.h"
 #include "runtime/runtime.h"
@@ -536,4 +538,119 @@ TEST(FusedRecorder, RecordsAndFlushesFromManyThreads) {
   for (int t = 0; t < kThreads; ++t)
     EXPECT_EQ(read(torch_tpu::aten::cell_of(ts[t])), (std::vector<float>{40, 40, 40, 40.0f + t}));
   EXPECT_EQ(rec.stats().ops, 40 * kThreads);
+}
+
+// The dispatcher's entry of an op (csrc/eager/op_kernel.h) driven by a C++ front end: what torch_tpu's
+// Python kernels do on a miss, here a fixed program that doubles a float32[4].
+namespace {
+
+const char* kDouble = R"(module @m {
+  func.func public @main(%a: tensor<4xf32>) -> tensor<4xf32> {
+    %0 = "stablehlo.add"(%a, %a) : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>
+    "func.return"(%0) : (tensor<4xf32>) -> ()
+  }
+})";
+
+TORCH_LIBRARY(tpu_test, m) { m.def("double_it(Tensor x) -> Tensor"); }
+
+struct DoubleFrontEnd final : torch_tpu::eager::FrontEnd {
+  std::atomic<int>* builds;
+  std::atomic<int>* waits;
+  DoubleFrontEnd(std::atomic<int>* b, std::atomic<int>* w) : builds(b), waits(w) {}
+  void call_whole(const torch_tpu::eager::OpKernel&, torch::jit::Stack*) override {
+    throw std::logic_error("double_it has no prepare step");
+  }
+  torch_tpu::eager::Built build(const torch_tpu::eager::OpKernel&, torch::jit::Stack*,
+                                const torch_tpu::eager::Call& call,
+                                const std::shared_ptr<torch_tpu::eager::Plan>& cached) override {
+    EXPECT_EQ(call.parts.size(), 1u);  // described for the front end
+    torch_tpu::eager::Built b;
+    if (cached) {  // debug eager: the cached plan runs, then waits
+      b.run = cached;
+      return b;
+    }
+    ++*builds;
+    auto p = std::make_shared<torch_tpu::eager::Plan>();
+    p->exe = compiled("runtime_test_double", kDouble);
+    p->order = {0};
+    p->fresh = {torch_tpu::eager::FreshSpec{{4}, {}, c10::ScalarType::Float}};
+    p->sinks = {{true, 0}};
+    p->name = "tpu_test::double_it";
+    p->fast = true;
+    p->entry = std::make_shared<int>(0);
+    b.store = b.run = p;
+    return b;
+  }
+  std::shared_ptr<torch_tpu::eager::Plan> reread(const torch_tpu::eager::OpKernel&,
+                                                 const torch_tpu::eager::Plan&) override {
+    return nullptr;
+  }
+  void debug_synchronize(const torch_tpu::eager::OpKernel&, const torch_tpu::eager::Call& call) override {
+    ++*waits;
+    runtime().synchronize(call.device);
+  }
+};
+
+// The op's kernel, registered once for the whole binary; counts its front end's builds and waits.
+struct DoubleOp {
+  std::atomic<int> builds{0}, waits{0};
+  DoubleOp() {
+    torch_tpu::eager::KernelOptions o;
+    o.signature.kinds = "T";
+    torch_tpu::eager::register_op_kernel("tpu_test::double_it", "", o, true,
+                                         std::make_unique<DoubleFrontEnd>(&builds, &waits));
+  }
+  at::Tensor operator()(const at::Tensor& x) const {
+    static auto op = c10::Dispatcher::singleton().findSchemaOrThrow("tpu_test::double_it", "")
+                         .typed<at::Tensor(const at::Tensor&)>();
+    return op.call(x);
+  }
+};
+
+DoubleOp& double_op() {
+  static DoubleOp op;
+  return op;
+}
+
+}  // namespace
+
+TEST(OpKernel, AMissIsBuiltByTheFrontEndOnceThenRunsFromThePlanCache) {
+  auto& op = double_op();
+  at::Tensor x = tpu_floats({1, 2, 3, 4});
+  int builds = op.builds.load();
+  int64_t fast = torch_tpu::eager::plan_fast_runs().load();
+  for (int i = 0; i < 3; ++i) {
+    at::Tensor y = op(x);
+    EXPECT_EQ(y.sizes(), at::IntArrayRef({4}));
+    EXPECT_EQ(read(torch_tpu::aten::cell_of(y)), (std::vector<float>{2, 4, 6, 8}));
+  }
+  EXPECT_LE(op.builds.load() - builds, 1);  // none when an earlier test built it
+  EXPECT_GE(torch_tpu::eager::plan_fast_runs().load() - fast, 2);
+}
+
+TEST(OpKernel, DebugEagerRunsTheCachedPlanAndWaitsAfterEachCall) {
+  auto& op = double_op();
+  at::Tensor x = tpu_floats({1, 1, 1, 1});
+  op(x);  // cached
+  int waits = op.waits.load();
+  torch_tpu::eager::push_thread_mode(torch_tpu::eager::Mode::kDebug);
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(read(torch_tpu::aten::cell_of(op(x))), (std::vector<float>{2, 2, 2, 2}));
+  torch_tpu::eager::pop_thread_mode();
+  EXPECT_EQ(op.waits.load() - waits, 2);
+}
+
+TEST(OpKernel, CalledFromManyThreads) {
+  auto& op = double_op();
+  std::vector<std::thread> threads;
+  std::atomic<int> wrong{0};
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      at::Tensor x = tpu_floats({0, 1, 2, float(t)});
+      for (int i = 0; i < 25; ++i)
+        if (read(torch_tpu::aten::cell_of(op(x))) != std::vector<float>{0, 2, 4, 2.0f * t}) ++wrong;
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_LE(op.builds.load(), kThreads);  // threads that miss at once may each build
 }

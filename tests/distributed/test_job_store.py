@@ -13,7 +13,7 @@ JOB = textwrap.dedent("""
     from torch_tpu import _C
 
     torch.ones(1, device="tpu").cpu()  # the client starts
-    kv = _C._KeyValueCallbacks.of_runtime()
+    kv = _C.distributed.KeyValueCallbacks.of_runtime()
     assert kv is not None, "torchrun's store is not behind the client's callbacks"
     rank = int(os.environ["RANK"])
     # Through the C callbacks a plugin calls: what one process puts, the other gets (bytes, zeros kept).
@@ -44,4 +44,4 @@ def test_torchrun_store_backs_the_clients_key_value_callbacks(tmp_path):
 def test_a_single_process_client_has_no_store():
     import torch
     torch.ones(1, device="tpu").cpu()
-    assert _C._KeyValueCallbacks.of_runtime() is None
+    assert _C.distributed.KeyValueCallbacks.of_runtime() is None

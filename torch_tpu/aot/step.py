@@ -69,7 +69,7 @@ def compile(fn, *args, topology: str | Topology = "v5e:1x1", cache=None, **kwarg
         written = set()
         for r in report.programs:
             if r.ok and r.serialized and r.replicas == 1:  # the runtime has no key for replicated programs yet
-                written.update(_C._cache_store(r.key, r.serialized, r.compile_seconds, dirs))
+                written.update(_C.runtime.cache_store(r.key, r.serialized, r.compile_seconds, dirs))
         report.cached = sorted(written)
     report.seconds = time.perf_counter() - t0
     return report

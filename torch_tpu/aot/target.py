@@ -89,8 +89,8 @@ class Topology:
         _compile_only_environment(name)
         options = [("num_slices", num_slices)] if num_slices > 1 else []
         try:
-            self._t = _C.Topology(path, PLUGIN_ENV, name, options)
-        except _C.PjrtError as e:
+            self._t = _C.runtime.Topology(path, PLUGIN_ENV, name, options)
+        except _C.runtime.PjrtError as e:
             raise ValueError(f"libtpu does not know the topology {name!r} (num_slices={num_slices}): {e}. Names "
                              "look like 'v5e:2x2', 'v4:2x2x1', 'v5p:2x2x1', 'v6e:4x4', 'tpu7x:2x2x1'.") from None
         self.name = name
@@ -122,7 +122,7 @@ class Topology:
         1 partition: what the runtime compiles on each TPU process), or, with `devices` (global device
         ids of this topology, e.g. [d.id for d in topo.devices]), as one replica on each of them, so
         that the program's collectives run across them (replica_groups index `devices`).
-        Returns the _C.Topology.compile dict. Raises ValueError for ids this topology does not have,
+        Returns the _C.runtime.Topology.compile dict. Raises ValueError for ids this topology does not have,
         TypeError for what TPU cannot run (lowering/target.py, checked before libtpu sees the program),
         RuntimeError with the compiler's message, and worker.CompilerCrash (a RuntimeError) when libtpu
         crashed compiling it."""
@@ -134,7 +134,7 @@ class Topology:
         why = tpu_rules.refusal(program, num_devices=len(ids))
         if why:
             raise TypeError(why)
-        return self._workers.compile(program, _C._replica_compile_options(ids) if devices is not None else b"")
+        return self._workers.compile(program, _C.runtime.replica_compile_options(ids) if devices is not None else b"")
 
     def __repr__(self):
         return (f"Topology({self.name!r}, num_slices={self.num_slices}: {len(self.devices)} x {self.kind}, "

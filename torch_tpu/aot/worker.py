@@ -9,7 +9,7 @@ a file holding the program for a bug report, and the next program gets a fresh w
 
 Protocol (pickle over two pipes): the worker says ("ready", None) once its topology exists; then the
 parent sends ("compile", program_text, options) and reads ("ok", dict as
-_C.Topology.compile returns it) or ("error", message). The worker's stdout is its stderr (libtpu
+_C.runtime.Topology.compile returns it) or ("error", message). The worker's stdout is its stderr (libtpu
 prints there), so only replies travel on the channel. A worker ends when its channel closes or its
 parent dies (polled each second): nothing outlives the job.
 """
@@ -112,7 +112,7 @@ class Pool:
 
     def compile(self, program: str, options: bytes = b"") -> dict:
         """Compiles `program` in a worker, with `options` (a serialized xla.CompileOptionsProto;
-        empty: the default). Returns _C.Topology.compile's dict. Raises RuntimeError with libtpu's
+        empty: the default). Returns _C.runtime.Topology.compile's dict. Raises RuntimeError with libtpu's
         message, CompilerCrash when libtpu died compiling it."""
         worker = self._take()
         reply = None
@@ -183,7 +183,7 @@ def _serve(plugin: str, env_var: str, name: str, num_slices: str, recv_fd: str, 
     from .. import _C
 
     options = [("num_slices", num_slices)] if num_slices > 1 else []
-    topo = _C.Topology(plugin, env_var, name, options)
+    topo = _C.runtime.Topology(plugin, env_var, name, options)
     recv, send = os.fdopen(recv_fd, "rb"), os.fdopen(send_fd, "wb")
     pickle.dump(("ready", None), send)
     send.flush()
@@ -194,7 +194,7 @@ def _serve(plugin: str, env_var: str, name: str, num_slices: str, recv_fd: str, 
             return
         try:
             reply = ("ok", topo.compile(program, options))
-        except _C.PjrtError as e:
+        except _C.runtime.PjrtError as e:
             reply = ("error", str(e))
         pickle.dump(reply, send)
         send.flush()

@@ -8,7 +8,7 @@ Importing torch_tpu registers the backend (`torch.distributed.Backend.register_b
     dist.init_process_group()                          # the same: tpu -> tpu_dist, cpu -> gloo
     dist.init_process_group("tpu_dist", device_id=torch.device("tpu"))
 
-The backend itself is C++ (csrc/distributed/backend.h, `torch_tpu._C._TpuBackend`). On a plugin
+The backend itself is C++ (csrc/distributed/backend.h, `torch_tpu._C.distributed.TpuBackend`). On a plugin
 without cross-process collectives (the CPU plugin), each collective is staged through host memory
 and run by PyTorch's ProcessGroupGloo, created here on the same store: one device -> host and one
 host -> device copy per collective. The group's `timeout` bounds every collective: a rank that died
@@ -69,8 +69,8 @@ def _create_backend(dist_backend_opts, backend_options=None):
         timeout = timedelta(seconds=float(timeout))
     opts = _HostOptions.make(timeout)
     device = backend_device_path(dist.PrefixStore("tpu_dist/device/", dist_backend_opts.store), rank, size,
-                                 _C._current_device(), str(dist_backend_opts.group_id), timeout=timeout)
-    backend = _C._TpuBackend(dist.ProcessGroupGloo(store, rank, size, opts), rank, size, timeout, device)
+                                 _C.device.current_device(), str(dist_backend_opts.group_id), timeout=timeout)
+    backend = _C.distributed.TpuBackend(dist.ProcessGroupGloo(store, rank, size, opts), rank, size, timeout, device)
     # pybind hands back this Python object for the C++ options only while it is alive; the backend's
     # Python wrapper is dropped after creation, so the options are kept here (one per group).
     _HOST_OPTIONS.append(opts)
@@ -88,9 +88,9 @@ def _check_one_device_per_process(group_size: int) -> None:
     path = runtime.resolve_plugin()[0]
     # Only where libtpu is the plugin: elsewhere this must not start the client (a rank may never
     # use its tpu device).
-    if group_size > 1 and path and path == runtime._tpu_plugin() and _C._device_count() > 1:
+    if group_size > 1 and path and path == runtime._tpu_plugin() and _C.runtime.device_count() > 1:
         raise RuntimeError(
-            f"tpu_dist: this process sees {_C._device_count()} TPU devices, but tpu_dist runs one process per "
+            f"tpu_dist: this process sees {_C.runtime.device_count()} TPU devices, but tpu_dist runs one process per "
             "device. Under torchrun torch_tpu sets TPU_VISIBLE_CHIPS=LOCAL_RANK and the process bounds itself "
             "(torch_tpu.distributed.tpu_process_env); a job that sets TPU_VISIBLE_CHIPS must name one chip.")
 

@@ -95,18 +95,18 @@ def _run(name: str, kind: str, inputs, outputs, out_shape: tuple, **kw) -> None:
     _check_outputs(name, outputs, devices, out_shape, inputs[0].dtype)
     srcs = [t if _whole(t) else t.contiguous().clone() for t in inputs]
     # The program takes each storage's buffer as it is laid out ((dtype, dims) of its PJRT buffer).
-    dims = tuple(_C._storage_spec(srcs[0])[1])
-    if any(tuple(_C._storage_spec(s)[1]) != dims for s in srcs[1:]):
+    dims = tuple(_C.device.storage_spec(srcs[0])[1])
+    if any(tuple(_C.device.storage_spec(s)[1]) != dims for s in srcs[1:]):
         srcs = [s.clone() for s in srcs]  # copies made by one program: one layout
-        dims = tuple(_C._storage_spec(srcs[0])[1])
+        dims = tuple(_C.device.storage_spec(srcs[0])[1])
     text = programs.program(kind, tuple(inputs[0].shape), inputs[0].dtype, len(devices), buffer_shape=dims, **kw)
     exe = runtime.compile(text, f"{name} over tpu:{','.join(map(str, devices))}",
-                          device_ids=[_C._describe_device(d)["id"] for d in devices])
+                          device_ids=[_C.runtime.describe_device(d)["id"] for d in devices])
     sinks = [o if _whole(o) else None for o in outputs]
-    _C._fused_flush()  # ops fused eager recorded on these tensors run first
-    parts = [([s], [o], [] if o is not None else [_C.FreshSpec(tuple(out_shape), inputs[0].dtype)], d)
+    _C.eager.fused_flush()  # ops fused eager recorded on these tensors run first
+    parts = [([s], [o], [] if o is not None else [_C.eager.FreshSpec(tuple(out_shape), inputs[0].dtype)], d)
              for s, o, d in zip(srcs, sinks, devices)]
-    fresh = _C._launch_replicas(exe, parts, name)
+    fresh = _C.runtime.launch_replicas(exe, parts, name)
     for o, new in zip(outputs, fresh):
         if new:  # a view (or a strided tensor) receives its result through a copy
             o.copy_(new[0].view(o.shape))
@@ -167,8 +167,8 @@ def _has_cross_process_collectives() -> bool:
     path = runtime.resolve_plugin()[0]
     if not path or path == runtime._cpu_plugin():  # decided without starting the client
         return False
-    platform = _C._platform_name()
-    return platform == "tpu" or (platform == "cuda" and _C._KeyValueCallbacks.of_runtime() is not None)
+    platform = _C.runtime.platform_name()
+    return platform == "tpu" or (platform == "cuda" and _C.distributed.KeyValueCallbacks.of_runtime() is not None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,7 +215,7 @@ def graph_replicas(span: Sequence[int]) -> GraphReplicas | None:
 def backend_device_path(store, rank: int, size: int, device: int, group_name: str, mode: str | None = None,
                         timeout: datetime.timedelta = datetime.timedelta(minutes=30)):
     """The device path of one tpu_dist group for its rank `rank` driving local device `device`, as
-    _C._TpuBackend takes it: (group_key, local_devices, build), or None for the host path.
+    _C.distributed.TpuBackend takes it: (group_key, local_devices, build), or None for the host path.
 
     `mode` (default: env TORCH_TPU_DIST_DEVICE_COLLECTIVES): "auto" (on where the plugin has
     cross-process collectives), "1" (on; on the CPU plugin only when every rank of the group is in
@@ -230,14 +230,14 @@ def backend_device_path(store, rank: int, size: int, device: int, group_name: st
     if mode == "0" or (mode == "auto" and not _has_cross_process_collectives()):
         return None
     me = f"{socket.gethostname()}:{os.getpid()}"
-    store.set(f"rank{rank}", f"{me}|{device}|{_C._describe_device(device)['id']}")
+    store.set(f"rank{rank}", f"{me}|{device}|{_C.runtime.describe_device(device)['id']}")
     if rank == 0:
         store.set("token", uuid.uuid4().hex)
     peers = [store.get(f"rank{r}").decode().split("|") for r in range(size)]
     local = [int(d) if p == me else -1 for p, d, _ in peers]
     ids = [int(i) for _, _, i in peers]
     if -1 in local and not _has_cross_process_collectives():
-        raise RuntimeError(f"TORCH_TPU_DIST_DEVICE_COLLECTIVES=1: this group spans processes, but the {_C._platform_name()} "
+        raise RuntimeError(f"TORCH_TPU_DIST_DEVICE_COLLECTIVES=1: this group spans processes, but the {_C.runtime.platform_name()} "
                            "plugin has no cross-process collectives; unset it (the host path runs them)")
     key = f"{group_name}:{store.get('token').decode()}"
     _PATHS[group_name] = _Path(key, tuple(ids), tuple(local), timeout)

@@ -154,7 +154,7 @@ class _PerShape:
 
     def __init__(self, gm, name, fullgraph):
         self.gm, self.name, self.fullgraph = gm, name, fullgraph
-        self.programs = _C.LruCache("compiled graph shapes", PER_SHAPE_PROGRAMS, PER_SHAPE_BYTES)
+        self.programs = _C.runtime.LruCache("compiled graph shapes", PER_SHAPE_PROGRAMS, PER_SHAPE_BYTES)
 
     def __call__(self, args):
         key = tuple((tuple(a.shape), a.dtype, a.device) if isinstance(a, torch.Tensor) else a for a in args)

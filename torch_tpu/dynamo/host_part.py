@@ -7,7 +7,7 @@ Per-tensor PyTorch calls on them cost more host time than the device program the
 foreach op over 0-dim CPU tensors of one dtype runs as ONE op on their packed 1-D tensor (the same
 values: the scalar promotes a 0-dim and a 1-D tensor alike), its results stay packed ("lanes"), the
 program reads the packed tensor as its operand when the lanes are exactly that operand, and the new
-step counts are written back into the inputs with one byte copy each (_C._scatter_scalars).
+step counts are written back into the inputs with one byte copy each (_C.device.scatter_scalars).
 """
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ class HostPart:
         src = _whole_lanes(members, self._lanes)
         if src is not None:
             return self._packed[src]
-        return self._g.call_function(_C._gather_scalars, ([self._value(m) for m in members],))
+        return self._g.call_function(_C.device.gather_scalars, ([self._value(m) for m in members],))
 
     def _slot(self, value) -> int:
         self._slots.append(value)
@@ -145,7 +145,7 @@ class HostPart:
         """copy_ of the new host values into the CPU inputs they replace."""
         for slot, dsts in self.scatters:
             targets = [None if i is None else inputs[i] for i in dsts]
-            if not _C._scatter_scalars(values[slot], targets):  # not a plain byte copy: PyTorch's copy_
+            if not _C.device.scatter_scalars(values[slot], targets):  # not a plain byte copy: PyTorch's copy_
                 pairs = [(t, v) for t, v in zip(targets, values[slot].unbind()) if t is not None]
                 torch._foreach_copy_([t for t, _ in pairs], [v for _, v in pairs])
         if self.copies:

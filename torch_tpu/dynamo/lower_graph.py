@@ -169,7 +169,7 @@ class GraphProgram:
                                f"--- program ---\n{self.text}") from None
         meet = None if replicas is None else (replicas.place(self.text), list(replicas.local),
                                               int(replicas.timeout.total_seconds() * 1000))
-        self.runner = _C.GraphRunner(self.exe, self.run_plan, sorted(self.donated), self.sink_plan, self.prog_specs,
+        self.runner = _C.graph.GraphRunner(self.exe, self.run_plan, sorted(self.donated), self.sink_plan, self.prog_specs,
                                      f"compiled {self.label}", self.rng_draws, meet)
         _state.count("compiled_graphs")
         log.info("compiled %s graph: %d nodes, %d program inputs, %d outputs", name, self.num_nodes,
@@ -271,7 +271,7 @@ class GraphProgram:
                 return None
             if isinstance(v, torch.Tensor):
                 v = v.item()
-            c = b.constant(v, _C._scalar_operand_dtype(v, self.wide))
+            c = b.constant(v, _C.eager.scalar_operand_dtype(v, self.wide))
             return Value(c.name, c.type, v)
 
         def rng_state(draws):
@@ -333,7 +333,7 @@ class GraphProgram:
         outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
         placeholders_set = set(placeholders)
         results = []             # program results (1-D)
-        self.prog_specs = []     # _C.FreshSpec of each program result's tensor
+        self.prog_specs = []     # _C.eager.FreshSpec of each program result's tensor
         self.prog_to_cpu = []    # whether the result is a CPU tensor of the graph (copied to host)
         self.out_plan = []
         seen = {}
@@ -356,10 +356,10 @@ class GraphProgram:
                 # A permuted dense output (channels-last, transposed) is written in memory order into
                 # a new tensor with its strides: a tensor of its own, as CPU's, not a view.
                 perm = _layout_perm(val)
-                spec = _C.FreshSpec(tuple(val.shape), val.dtype)
+                spec = _C.eager.FreshSpec(tuple(val.shape), val.dtype)
                 if perm is not None:
                     v = b.transpose(v, perm)
-                    spec = _C.FreshSpec(tuple(val.shape), val.dtype, tuple(val.stride()))
+                    spec = _C.eager.FreshSpec(tuple(val.shape), val.dtype, tuple(val.stride()))
                 k = len(results)
                 results.append(v)  # in its memory-order shape: the new tensor's buffer
                 self.prog_specs.append(spec)
@@ -376,7 +376,7 @@ class GraphProgram:
         for i, v in mutations:
             k = len(results)
             results.append(v)  # written inputs are read row-major: the result has their argument's type
-            self.prog_specs.append(_C.FreshSpec(tuple(v.shape), v.dtype))
+            self.prog_specs.append(_C.eager.FreshSpec(tuple(v.shape), v.dtype))
             self.prog_to_cpu.append(False)
             self.mutations.append((i, k))
             # Donate the old buffer: the result replaces it.
@@ -392,11 +392,11 @@ class GraphProgram:
         self._plan_run()
 
     def _plan_run(self):
-        """The per-call work as flat lists, for _C.GraphRunner: (_C.GraphArgKind, payload) per program
+        """The per-call work as flat lists, for _C.graph.GraphRunner: (_C.graph.ArgKind, payload) per program
         argument (tpu_input, with the strides it is read in or None for contiguous and the dims of its
         buffer; cpu_input; rng_state; host_pack; constant) and the tpu inputs that receive a result in
         place (result index, placeholder index)."""
-        K = _C.GraphArgKind
+        K = _C.graph.ArgKind
         kinds = {"rng": K.rng_state, "pack": K.host_pack, "const": K.constant}
         self.run_plan = []
         for entry in self.arg_plan:
@@ -557,8 +557,8 @@ class GraphProgram:
         """Runs `check` at call time when every tensor it reads is a graph input."""
         template, ok = [], True
         for v, kind in zip(vals, sig.kinds):
-            if kind in (_C.ArgKind.tensor, _C.ArgKind.tensor_list):
-                items = v if kind == _C.ArgKind.tensor_list else [v]
+            if kind in (_C.eager.ArgKind.tensor, _C.eager.ArgKind.tensor_list):
+                items = v if kind == _C.eager.ArgKind.tensor_list else [v]
                 conv = []
                 for t in items:
                     if isinstance(t, torch.fx.Node):
@@ -568,7 +568,7 @@ class GraphProgram:
                         conv.append(("in", self.ph_index[t]))
                     else:
                         conv.append(t)
-                template.append(conv if kind == _C.ArgKind.tensor_list else (conv[0] if conv else None))
+                template.append(conv if kind == _C.eager.ArgKind.tensor_list else (conv[0] if conv else None))
             else:
                 template.append(v)
             if not ok:
@@ -596,9 +596,9 @@ class GraphProgram:
         real = list(args)
         args.clear()  # boxed calling convention: inputs may be freed as soon as they are used
         if self.status_ph is not None:
-            real.append(_C._index_status(self.status_device))
+            real.append(_C.eager.index_status(self.status_device))
         for n, (check, template, keyed) in enumerate(self.checks):
-            key = _C._content_key([real[x] if isinstance(x, int) else x for x in keyed])
+            key = _C.device.content_key([real[x] if isinstance(x, int) else x for x in keyed])
             key = None if key is None else (n, key)
             if key is None or key not in self.passed_checks:
                 check(*[_fill(t, real) for t in template])  # downloads the indices: a host sync
@@ -613,10 +613,10 @@ class GraphProgram:
         produced, copied = self.runner(real, packs)
         if _state.eager_mode() == "debug":
             try:
-                _C._synchronize(-1, index_errors=False)
+                _C.runtime.synchronize(-1, index_errors=False)
             except RuntimeError as e:
                 raise RuntimeError(f"tpu: compiled {self.name} graph failed: {e}") from None
-            _C._raise_index_errors(-1)  # CPU's own error type and message, naming the op
+            _C.eager.raise_index_errors(-1)  # CPU's own error type and message, naming the op
         _state.count("graph_executions")
         for i, k in self.mutations if copied else self.host_side_mutations:
             if produced[k] is not real[i]:  # a copied input, or one on the host: write back

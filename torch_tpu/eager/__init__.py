@@ -1,5 +1,5 @@
 """The eager layer's Python half, beside its C++ half (csrc/eager: the call key, the plan cache, the
-fused recorder; csrc/python/op_kernel.cc: the dispatcher's entry, which calls in here on a miss):
+fused recorder; csrc/eager/op_kernel.h: the dispatcher's entry, which calls in here on a miss):
 
 - modes.py: the eager modes a user picks (torch_tpu.set_eager_mode, eager_mode, get_eager_mode);
 - state.py: process-wide counters, the calling thread's mode, run_as_is;

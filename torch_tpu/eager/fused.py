@@ -13,21 +13,21 @@ from __future__ import annotations
 from .. import _C, runtime
 from ..lowering.builder import Builder
 
-MAX_OPS = _C._fused_max_ops()  # a run reaching this many ops is cut (bounds pending memory)
+MAX_OPS = _C.eager.fused_max_ops()  # a run reaching this many ops is cut (bounds pending memory)
 
 
 def flush() -> None:
     """Runs the recorded ops (if any) as one program."""
-    _C._fused_flush()
+    _C.eager.fused_flush()
 
 
 def pending() -> int:
     """Number of recorded ops not yet run."""
-    return _C._fused_pending()
+    return _C.eager.fused_pending()
 
 
 def _text(records, outputs):
-    """The fused module, and what each @main argument is (_C.FusedWire: a local storage or a host operand).
+    """The fused module, and what each @main argument is (_C.eager.FusedWire: a local storage or a host operand).
     Each op's program is a private function @op<uid>; @main calls them in order, each storage's
     current value threaded from one call to the next."""
     b = Builder()

@@ -1,6 +1,6 @@
 """The eager front-end's Python half: one kernel object per lowered ATen overload.
 
-The dispatcher enters C++ first (csrc/python/op_kernel.cc): it builds the call's key from the
+The dispatcher enters C++ first (csrc/eager/op_kernel.h): it builds the call's key from the
 argument stack (csrc/eager/call.h: for each tensor its dtype, sizes, strides, offset and which
 storage it lives in; for each Scalar only its type, its value travelling as a runtime operand, so
 changing a learning rate never recompiles; every other argument by value) and looks it up in the
@@ -35,8 +35,8 @@ from .launch import compile_entry_text, debug_synchronize, executable
 
 
 
-ArgKind = _C.ArgKind
-KeyPartKind = _C.KeyPartKind
+ArgKind = _C.eager.ArgKind
+KeyPartKind = _C.eager.KeyPartKind
 
 
 def _arg_kind(arg) -> ArgKind:
@@ -56,7 +56,7 @@ def _arg_kind(arg) -> ArgKind:
 
 
 class Signature:
-    """Precomputed facts about one overload's schema: argument names and kinds (_C.ArgKind),
+    """Precomputed facts about one overload's schema: argument names and kinds (_C.eager.ArgKind),
     written arguments, return count, whether it is an out= overload; invoke() and bind() call it with
     values in schema order (eager kernels and torch.compile's graph lowering share it)."""
 
@@ -94,7 +94,7 @@ class Signature:
 
 
 def _key_parts(key, kinds) -> list[list]:
-    """Per argument, its parts of a call key (_C.KeyPart, csrc/eager/call.h): one for a tensor,
+    """Per argument, its parts of a call key (_C.eager.KeyPart, csrc/eager/call.h): one for a tensor,
     Scalar, Generator or value; one per element for a list (whose own part is its length)."""
     it = iter(key)
     out = []
@@ -110,27 +110,27 @@ def _key_parts(key, kinds) -> list[list]:
 def _fresh_layout(t: TensorType, strides: tuple):
     """(spec, order) of a fresh result with CPU's `strides` (the meta kernel's, or the lowering's
     `layout`: e.g. TensorIterator keeping a channels_last or transposed input's layout, clone's
-    memory_format). spec: a _C.FreshSpec (strides None for row-major); order: the transpose that puts
+    memory_format). spec: a _C.eager.FreshSpec (strides None for row-major); order: the transpose that puts
     the value in memory order, None when none is needed. Strides that are not a dense permutation
     (no CPU kernel makes them for a fresh result) fall back to row-major."""
     shape, strides = tuple(t.shape), tuple(strides)
     if strides == tuple(contiguous_strides(shape)):
-        return _C.FreshSpec(shape, t.dtype), None
+        return _C.eager.FreshSpec(shape, t.dtype), None
     if t.numel == 0:
-        return _C.FreshSpec(shape, t.dtype, strides), None
+        return _C.eager.FreshSpec(shape, t.dtype, strides), None
     order = dense_order(shape, strides)
     if order is None:
-        return _C.FreshSpec(shape, t.dtype), None
-    return _C.FreshSpec(shape, t.dtype, strides), (None if order == sorted(order) else order)
+        return _C.eager.FreshSpec(shape, t.dtype), None
+    return _C.eager.FreshSpec(shape, t.dtype, strides), (None if order == sorted(order) else order)
 
 
 @dataclass
 class _Entry:
     exe: object
     plan: list          # operand positions, in program argument order
-    new_outputs: list   # _C.FreshSpec of each fresh result tensor
-    sinks: list         # per program output: _C.PlanSink (fresh result j, or operand position j)
-    structure: object   # _C.ResultStructure: one, tuple, list; written for in-place / out= ops
+    new_outputs: list   # _C.eager.FreshSpec of each fresh result tensor
+    sinks: list         # per program output: _C.eager.PlanSink (fresh result j, or operand position j)
+    structure: object   # _C.eager.ResultStructure: one, tuple, list; written for in-place / out= ops
     rng_draws: int = 0
     resize: list = field(default_factory=list)  # out= args to resize first: (arg index, shape, strides)
     # (position, value) of results the program does not compute: None (an undefined tensor, e.g.
@@ -167,7 +167,7 @@ def cpu_dtype_probe(low: Lowering, sig: "Signature", vals, host_inputs: bool = F
     Not probed: random ops (they would draw from CPU's generator), host-input ops, float8 (tpu
     computes what CPU has no float8 kernel for: README), lowerings with cpu_dtypes=False (decided
     otherwise), out= overloads (not probed: their one-element out= would be resized) and other
-    namespaces' ops. The probe's own warnings are dropped (C++ ones through _C._without_cpp_warnings:
+    namespaces' ops. The probe's own warnings are dropped (C++ ones through _C.device.without_cpp_warnings:
     the caller's warning handler would hold them past any Python filter)."""
     if low.rng or not low.cpu_dtypes or host_inputs or sig.is_out or sig.overload.namespace != "aten":
         return
@@ -184,7 +184,7 @@ def cpu_dtype_probe(low: Lowering, sig: "Signature", vals, host_inputs: bool = F
     try:
         with warnings.catch_warnings():  # the probe's warnings (var's "degrees of freedom is <= 0"
             warnings.simplefilter("ignore")  # on one element) are not the call's
-            _C._without_cpp_warnings(sig.invoke, probe)
+            _C.device.without_cpp_warnings(sig.invoke, probe)
     except NotImplementedError as e:  # TORCH_CHECK_NOT_IMPLEMENTED: what CPU has no code for
         m = str(e)  # (not an op with no CPU kernel at all, or a privateuse1-only stub: no dtype rule)
         if not m.startswith("Could not run") and "privateuse1" not in m:
@@ -211,15 +211,15 @@ def _map_pairs(dev, host, fn):
 
 def cache_size() -> int:
     """Entries of the eager plan cache (one per op call signature)."""
-    return _C._plan_cache_stats()["entries"]
+    return _C.eager.plan_cache_stats()["entries"]
 
 
 def clear_cache() -> None:
-    _C._plan_cache_clear()
+    _C.eager.plan_cache_clear()
 
 
 class _Call:
-    """One call as the C++ front-end (csrc/eager/call.h) describes it: its key parts (_C.KeyPart per
+    """One call as the C++ front-end (csrc/eager/call.h) describes it: its key parts (_C.eager.KeyPart per
     argument in schema order, a list's length part before its elements'), its operands (tpu tensors
     one per storage, CPU tensors, (number, dtype) scalars, generators) and its device."""
     __slots__ = ("key", "operands", "device", "memo_key")
@@ -322,9 +322,9 @@ def _check_overlap(vals, sig):
     inputs = [t for i, v in enumerate(vals) if i not in sig.written
               for t in (v if isinstance(v, list) else [v]) if isinstance(t, torch.Tensor) and not t.is_cpu]
     for w in written:
-        wk, (wlo, whi) = _C._storage_key(w), _extent(w)
+        wk, (wlo, whi) = _C.device.storage_key(w), _extent(w)
         for u in inputs:
-            if u.numel() == 0 or _C._storage_key(u) != wk:
+            if u.numel() == 0 or _C.device.storage_key(u) != wk:
                 continue
             if not (is_non_overlapping_and_dense(u) and is_non_overlapping_and_dense(w)):
                 continue  # CPU's get_overlap_status calls that "too hard" and lets it run
@@ -406,7 +406,7 @@ class Kernel:
         (dispatch=False: callable from Python only, e.g. copy_'s device-side copy)."""
         ov = self.sig.overload
         low = self.lowering
-        self.id = _C._register_op_kernel(
+        self.id = _C.eager.register_op_kernel(
             ov._schema.name, ov._overloadname, self.sig.kinds, self.host_inputs,
             low.rng and ArgKind.generator not in self.sig.kinds, low.check is not None and not low.check_per_key,
             low.prepare is not None, low.prepare_only_for_masks, low.bounds is not None, dispatch, self)
@@ -419,13 +419,13 @@ class Kernel:
         if self.lowering.prepare is not None:
             for i, v in zip(self.f_index, self.lowering.prepare(*[vals[i] for i in self.f_index])):
                 vals[i] = v
-        return _C._run_op_kernel(self.id, vals)
+        return _C.eager.run_op_kernel(self.id, vals)
 
     def _slow(self, args, kwargs, key, operands, device, entry, key_words=None):
         """A call the C++ fast path does not take: a cache miss (entry None: meta, lowering, compile),
         debug eager, a per-call check, the CPU fallback. Returns (result, the new entry for the plan
         cache or None, the entry C++ runs or None). C++ runs every op program (strict, debug and
-        fused alike, csrc/python/op_kernel.cc's run_entry); Python returns a result itself only
+        fused alike, csrc/eager/op_kernel.cc's OpKernel::slow); Python returns a result itself only
         for the CPU fallback, an expanded fill and an out= resize. key_words: the key after the op's
         id, as bytes (None for a call the plan cache does not keep), which keys the meta memo."""
         vals = self.sig.bind(args, kwargs)
@@ -455,7 +455,7 @@ class Kernel:
                 vals[i].resize_(shape)
                 if strides is not None:
                     vals[i].as_strided_(shape, strides)
-            return _C._run_op_kernel(self.id, vals), None, None
+            return _C.eager.run_op_kernel(self.id, vals), None, None
         if self.lowering.check is not None and not self.lowering.check_per_key:
             self.lowering.check(*[vals[i] for i in self.f_index])
         if _state.eager_mode() != "fused":
@@ -471,7 +471,7 @@ class Kernel:
         """The counted CPU fallback, for arguments the lowering refused (NotLowered): the op runs on
         CPU copies; results come back to the device, written arguments are updated in place."""
         op = self.sig.overload
-        _C._note_fallback(op._schema.name + ("" if op._overloadname == "default" else "." + op._overloadname))
+        _C.device.note_fallback(op._schema.name + ("" if op._overloadname == "default" else "." + op._overloadname))
         dev = next(t.device for t in _tensors(vals) if t.device.type != "cpu")
         host = [_map_tensors(v, lambda t: t.cpu() if t.device.type != "cpu" else t) for v in vals]
         out = self.sig.invoke(host)
@@ -570,33 +570,33 @@ class Kernel:
                     if sig.kinds[i] == ArgKind.tensor and tuple(k_meta[i].shape) != tuple(vals[i].shape):
                         resize.append((i, tuple(k_meta[i].shape)))
                 if resize:
-                    return _Entry(None, [], [], [], _C.ResultStructure.written,
+                    return _Entry(None, [], [], [], _C.eager.ResultStructure.written,
                                   resize=self._resized_layouts(resize, vals, meta_vals))
         f_vals = [vals[i] for i in self.f_index]
         f_kinds = [sig.kinds[i] for i in self.f_index]
         if fsig is sig and sig.written:
             value_meta = [k_meta[i] for i in sig.written]
             value_meta = [x for v in value_meta for x in (v if isinstance(v, list) else [v])]
-            structure = _C.ResultStructure.written
+            structure = _C.eager.ResultStructure.written
             written = [x for i in sig.written for x in (vals[i] if isinstance(vals[i], list) else [vals[i]])]
             if known is None and not warned and \
                     [meta_memo.tensor_record(m) for m in value_meta] == [meta_memo.tensor_record(t) for t in written]:
                 meta_memo.MEMO.put(call.memo_key, "written")  # (meta restrided nothing)
         elif known is not None:
-            structure, value_meta = _C.ResultStructure(known[0]), known[1]
+            structure, value_meta = _C.eager.ResultStructure(known[0]), known[1]
         else:
             f_meta = meta_vals(f_vals, f_kinds)
             value_meta, warned_f = _meta_call(self.lowering.meta, *f_meta) if self.lowering.meta else \
                 _meta_call(fsig.invoke, f_meta)
             if isinstance(value_meta, torch.Tensor):
-                structure, value_meta = _C.ResultStructure.one, [value_meta]
+                structure, value_meta = _C.eager.ResultStructure.one, [value_meta]
             elif isinstance(value_meta, list):
-                structure = _C.ResultStructure.list
+                structure = _C.eager.ResultStructure.list
             else:
-                structure, value_meta = _C.ResultStructure.tuple, list(value_meta)
+                structure, value_meta = _C.eager.ResultStructure.tuple, list(value_meta)
             if not (warned or warned_f) and all(m is None or isinstance(m, torch.Tensor) for m in value_meta):
                 meta_memo.MEMO.put(call.memo_key, [int(structure), [meta_memo.tensor_record(m) for m in value_meta]])
-        if sig.written and not sig.is_out and structure != _C.ResultStructure.written:
+        if sig.written and not sig.is_out and structure != _C.eager.ResultStructure.written:
             _check_inplace_cast(vals, sig, value_meta)
         out_types = [TensorType(tuple(m.shape), m.dtype) if isinstance(m, torch.Tensor) else None for m in value_meta]
         cpu_dtype_probe(self.lowering, self.sig, vals, self.host_inputs)
@@ -635,7 +635,7 @@ class Kernel:
             """The argument of a tpu storage as its buffer is: an array of the storage's dims."""
             v = arg_of.get(pos)
             if v is None:
-                sdt, dims = _C._storage_spec(call.operands[pos])
+                sdt, dims = _C.device.storage_spec(call.operands[pos])
                 v = arg_of[pos] = b.arg(TensorType(dims, sdt))
                 plan.append(pos)
             return v
@@ -713,7 +713,7 @@ class Kernel:
                 if order is not None:
                     r = b.transpose(r, order)
                 outputs.append(r)  # the new storage's buffer: the result's sizes in memory order
-                sinks.append(_C.PlanSink(True, len(new_outputs)))
+                sinks.append(_C.eager.PlanSink(True, len(new_outputs)))
                 new_outputs.append(spec)
         else:
             targets = []
@@ -729,7 +729,7 @@ class Kernel:
                 if bits:
                     r = _apply_bits(b, r, bits)
                 r = b.broadcast_to(r, tuple(t.shape)) if r.shape != tuple(t.shape) else r
-                sdt, dims = _C._storage_spec(t)
+                sdt, dims = _C.device.storage_spec(t)
                 n = math.prod(dims)
                 # new_base: each written storage's new buffer, in its dims (the storage keeps them)
                 if slot not in new_base and sdt == t.dtype and is_whole(n, t.storage_offset(), t.shape, t.stride()):
@@ -741,13 +741,13 @@ class Kernel:
                 if failed is not None:  # bad indices: the storage keeps its value
                     v = b.select(b.broadcast_to(failed, v.shape), storage_arg(slot), v)
                 outputs.append(v)
-                sinks.append(_C.PlanSink(False, slot))
+                sinks.append(_C.eager.PlanSink(False, slot))
                 if slot in arg_of:  # donate the old buffer: the program's result replaces it
                     b.donate(arg_of[slot], len(outputs) - 1)
         if status is not None:  # the device's index-error status, updated in place
             slot = call.key[-1].slot
             outputs.append(b.reshape(status, list(arg_of[slot].shape)))
-            sinks.append(_C.PlanSink(False, slot))
+            sinks.append(_C.eager.PlanSink(False, slot))
             b.donate(arg_of[slot], len(outputs) - 1)
         text = b.module(outputs)
         _state.last_program_text = text

@@ -1,5 +1,5 @@
 """An op program's executable, and what the three eager modes need from Python around its run.
-C++ runs every op program (csrc/python/op_kernel.cc; csrc/eager/plan.h run_plan):
+C++ runs every op program (csrc/eager/op_kernel.h; csrc/eager/plan.h run_plan):
 
 - strict (default): queued asynchronously, like CUDA; errors surface at the next host read,
   naming the op that produced the failing value.
@@ -47,12 +47,12 @@ def _user_line() -> str:
 
 
 def debug_synchronize(name: str, operands, device: int) -> None:
-    """Debug eager, after C++ queued op `name`'s program (csrc/python/op_kernel.cc run_entry): waits
+    """Debug eager, after C++ queued op `name`'s program (csrc/eager/op_kernel.cc OpKernel::slow): waits
     for tpu:`device`; a failure is raised here, naming the op, its operands' shapes and dtypes and the
     user's line (torch.OutOfMemoryError stays one, as callers catch it; anything else is a
     RuntimeError)."""
     try:
-        _C._synchronize(device)
+        _C.runtime.synchronize(device)
     except RuntimeError as e:
         shapes = ", ".join(f"{tuple(t.shape)}:{t.dtype}" for t in operands if isinstance(t, torch.Tensor))
         kind = type(e) if isinstance(e, torch.OutOfMemoryError) else RuntimeError  # what callers catch
@@ -61,5 +61,5 @@ def debug_synchronize(name: str, operands, device: int) -> None:
 
 # Fused eager builds new run signatures with fused.py and, if such a program cannot be built,
 # replays the run op by op with each op's own executable.
-_C._fused_install(fused._build, executable)
+_C.eager.fused_install(fused._build, executable)
 _state.run_as_is(fused._build, executable)  # called by the C++ flush

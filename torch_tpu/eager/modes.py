@@ -20,13 +20,13 @@ from . import state as _state
 from .state import MODES
 
 
-_flush = _C._fused_flush  # runs what fused mode recorded
+_flush = _C.eager.fused_flush  # runs what fused mode recorded
 
 
-def _code(mode: str) -> "_C.EagerMode":
+def _code(mode: str) -> "_C.eager.Mode":
     if mode not in MODES:
         raise ValueError(f"unknown tpu eager mode {mode!r}: expected one of {', '.join(MODES)}")
-    return _C.EagerMode.__members__[mode]
+    return _C.eager.Mode.__members__[mode]
 
 
 def set_eager_mode(mode: str) -> None:
@@ -36,7 +36,7 @@ def set_eager_mode(mode: str) -> None:
     code = _code(mode)
     if _state.eager_mode() == "fused" and mode != "fused":
         _flush()
-    _C._set_default_eager_mode(code)
+    _C.eager.set_default_mode(code)
 
 
 def get_eager_mode() -> str:
@@ -51,13 +51,13 @@ def eager_mode(mode: str):
     code = _code(mode)
     if _state.eager_mode() == "fused" and mode != "fused":
         _flush()
-    _C._push_eager_mode(code)
+    _C.eager.push_mode(code)
     try:
         yield
     finally:
         if _state.eager_mode() == "fused":
             _flush()
-        _C._pop_eager_mode()
+        _C.eager.pop_mode()
 
 
 def _mode_from_env() -> str:
@@ -71,6 +71,6 @@ def _mode_from_env() -> str:
     return mode
 
 
-_C._set_default_eager_mode(_code(_mode_from_env()))
+_C.eager.set_default_mode(_code(_mode_from_env()))
 # eager/launch.py installs fused eager's program builder and the runtime's host-read hook: every host
 # read (download, synchronize, the CPU fallback) first runs what fused mode recorded.

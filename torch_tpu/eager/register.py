@@ -62,9 +62,9 @@ def register_lowering(name: str, low) -> None:
         kern = Kernel(k, low, f, host_inputs=host)
         if host and k._schema.name == "aten::copy_":
             # copy_, _copy_from, _copy_from_and_resize and _local_scalar_dense are C++ kernels
-            # (csrc/python/copies.cc) that run this lowered copy for the device side.
+            # (csrc/eager/copies.cc) that run this lowered copy for the device side.
             kern.register(dispatch=False)
-            _C._register_copy_ops(kern.id)
+            _C.eager.register_copy_ops(kern.id)
             _registered[overload_name(k)] = kern
         else:
             _impl(k, kern)

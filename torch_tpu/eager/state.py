@@ -8,13 +8,13 @@ from .. import _C
 counts: collections.Counter = collections.Counter()
 last_program_text: str | None = None
 
-# The eager modes' names (csrc/eager/mode.h's, through the _C.EagerMode enum).
-MODES = tuple(_C.EagerMode.__members__)
+# The eager modes' names (csrc/eager/mode.h's, through the _C.eager.Mode enum).
+MODES = tuple(_C.eager.Mode.__members__)
 
 
 def eager_mode() -> str:
     """The calling thread's eager mode: "debug", "strict" or "fused" (eager/modes.py)."""
-    return _C._eager_mode().name
+    return _C.eager.mode().name
 
 
 def count(name: str, n: int = 1) -> None:

@@ -17,7 +17,7 @@ from .builder import Builder, Value
 from .elementwise import compute_dtype, operand
 from .registry import register
 
-COMPLEX32_ERROR = _C.COMPLEX32_ERROR  # one message, shared with the C++ copies (csrc/python/copies.cc)
+COMPLEX32_ERROR = _C.eager.COMPLEX32_ERROR  # one message, shared with the C++ copies (csrc/eager/copies.cc)
 
 
 def reject_complex32(*dtypes) -> None:

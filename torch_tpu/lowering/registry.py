@@ -108,7 +108,7 @@ def bounds_status(b: Builder, bounds: list[IndexBound], value_of: Callable, op: 
         first = b.reduce([pos], [b.constant(n, i64)], [0], lambda rb, x, y: [rb.minimum(x, y)])[0]
         hit = b.compare(first, b.constant(n, i64), "LT")
         at = b.reshape(b.dynamic_slice(flat, [b.minimum(first, b.constant(n - 1, i64))], [1]), [])
-        ident = _C._register_index_error(op, bd.error is IndexError, bd.message)
+        ident = _C.eager.register_index_error(op, bd.error is IndexError, bd.message)
         code = b.select(hit, b.constant(ident, i64), code)
         value = b.select(hit, at, value)
         failed = hit if failed is None else b.or_(hit, failed)
@@ -199,7 +199,7 @@ def register(*names: str, check: Callable | None = None, check_per_key: bool = F
 
 def lower_arguments(vals, kinds, tensor, scalar, generator, value=None, rng_state=None) -> list:
     """A lowering's arguments from an overload's call (`vals` in schema order), the one conversion
-    that eager, fused eager and the graph lowering share. `kinds`: a _C.ArgKind per argument
+    that eager, fused eager and the graph lowering share. `kinds`: a _C.eager.ArgKind per argument
     (eager/kernel.py's Signature.kinds). Tensors become `tensor(v, i, j)` and Scalars
     `scalar(v, i, j)` (i: the argument's position, j: the element's in a list, else None), a
     Generator `generator(v, i)`, other values `value(v, i)` (default: as they are). A random
@@ -207,19 +207,19 @@ def lower_arguments(vals, kinds, tensor, scalar, generator, value=None, rng_stat
     `rng_state()`, as its last argument."""
     out = []
     for i, (v, kind) in enumerate(zip(vals, kinds)):
-        if kind == _C.ArgKind.tensor:
+        if kind == _C.eager.ArgKind.tensor:
             out.append(tensor(v, i, None))
-        elif kind == _C.ArgKind.tensor_list:
+        elif kind == _C.eager.ArgKind.tensor_list:
             out.append([tensor(t, i, j) for j, t in enumerate(v)])
-        elif kind == _C.ArgKind.scalar:
+        elif kind == _C.eager.ArgKind.scalar:
             out.append(scalar(v, i, None))
-        elif kind == _C.ArgKind.scalar_list:
+        elif kind == _C.eager.ArgKind.scalar_list:
             out.append([scalar(s, i, j) for j, s in enumerate(v)])
-        elif kind == _C.ArgKind.generator:
+        elif kind == _C.eager.ArgKind.generator:
             out.append(generator(v, i))
         else:
             out.append(v if value is None else value(v, i))
-    if rng_state is not None and _C.ArgKind.generator not in kinds:
+    if rng_state is not None and _C.eager.ArgKind.generator not in kinds:
         out.append(rng_state())
     return out
 

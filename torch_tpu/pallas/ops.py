@@ -88,7 +88,7 @@ class JaxOp:
         self._setup_fn = None
         self._function = _autograd_function(self)
         if not self.donate:
-            _C._register_custom_autograd(name, self._with_grad)
+            _C.eager.register_custom_autograd(name, self._with_grad)
             _state.run_as_is(self._with_grad)
 
     # -- calling ---------------------------------------------------------------------------------

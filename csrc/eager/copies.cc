@@ -11,10 +11,11 @@
 
 #include "aten/device.h"
 #include "eager/index_errors.h"
-#include "python/op_kernel.h"
+#include "eager/copies.h"
+#include "eager/op_kernel.h"
 #include "runtime/runtime.h"
 
-namespace torch_tpu::python {
+namespace torch_tpu::eager {
 
 const char* const kComplex32Error =
     "tpu: dtype torch.complex32 (chalf) is not supported on the tpu device: PJRT has no complex type with "
@@ -98,4 +99,4 @@ void register_copy_ops(int64_t copy_kernel) {
   lib->impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
 }
 
-}  // namespace torch_tpu::python
+}  // namespace torch_tpu::eager

@@ -1,20 +1,18 @@
-#include "python/op_kernel.h"
+// torch_tpu._C.eager: the eager layer (csrc/eager) as Python sees it, and the Python front end of its
+// dispatcher entry (csrc/eager/op_kernel.h): an overload's kernel object (torch_tpu/eager/kernel.py)
+// builds the plan of a call the plan cache misses; the entry runs it.
+#include "python/bindings.h"
 
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/utils/tensor_memoryformats.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <pybind11/complex.h>
-#include <torch/library.h>
 
 #include <atomic>
 #include <complex>
-#include <initializer_list>
-#include <map>
 #include <memory>
 #include <optional>
-#include <mutex>
 #include <vector>
 
 #include "eager/call.h"
@@ -22,7 +20,8 @@
 #include "eager/index_errors.h"
 #include "eager/mode.h"
 #include "eager/plan.h"
-#include "eager/range_out.h"
+#include "eager/op_kernel.h"
+#include "eager/copies.h"
 #include "python/launch_args.h"
 
 namespace torch_tpu::python {
@@ -40,7 +39,7 @@ py::object dtype_obj(c10::ScalarType t) {
 
 py::tuple ints(const std::vector<int64_t>& v) { return py::cast(v); }
 
-// The key parts as the Python front-end reads them (kernel.py's _build): _C.KeyPart objects.
+// The key parts as the Python front-end reads them (kernel.py's _build): _C.eager.KeyPart objects.
 py::list key_of(const Call& call) {
   py::list out;
   for (const KeyPart& p : call.parts) out.append(py::cast(p));
@@ -154,240 +153,135 @@ std::shared_ptr<Plan> plan_of_entry(const py::object& entry, bool written, bool 
   return p;
 }
 
-class OpKernel final : public c10::OperatorKernel {
+// An overload's Python front end: its torch_tpu/eager/kernel.py kernel object.
+class PyFrontEnd final : public eager::FrontEnd {
  public:
-  OpKernel(int64_t id, c10::OperatorHandle op, eager::Signature sig, eager::OpFacts facts, bool has_check,
-           bool python_first, bool prepare_only_for_masks, py::object py_kernel)
-      : id_(id), op_(std::move(op)), sig_(std::move(sig)), facts_(std::move(facts)), has_check_(has_check),
-        python_first_(python_first), masks_only_(prepare_only_for_masks), range_out_(eager::range_out_of(facts_.name)),
-        py_kernel_(hold(std::move(py_kernel))) {}
+  explicit PyFrontEnd(py::object kernel) : kernel_(hold(std::move(kernel))) {}
 
-  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
-    run(stack, false);
-  }
-
-  // entered: called from the Python kernel itself (after its `prepare`), not by the dispatcher.
-  void run(torch::jit::Stack* stack, bool entered) {
-    size_t n = sig_.kinds.size();
-    c10::ArrayRef<c10::IValue> args(stack->data() + stack->size() - n, n);
-    eager::size_range_out(range_out_, args);
-    if (python_first_ && !entered && (!masks_only_ || has_mask(args))) return call_python(stack);
-    Call call;
-    eager::describe_call(id_, sig_, facts_.name, args, false, call);
-    std::shared_ptr<Plan> plan = call.cacheable ? eager::plan_cache().find(call.key) : nullptr;
-    if (plan && plan->fast) {
-      auto mode = eager::mode();
-      if (mode == eager::Mode::kStrict && plan->exe) {
-        eager::run_plan(plan, facts_, call, stack, false);
-        eager::plan_fast_runs()++;
-        return;
-      }
-      if (mode == eager::Mode::kFused) {
-        // A flush may build a program in Python: never wait for the recorder's lock holding the GIL.
-        std::optional<py::gil_scoped_release> nogil;
-        if (PyGILState_Check()) nogil.emplace();
-        eager::run_plan(plan, facts_, call, stack, true);
-        eager::plan_fast_runs()++;
-        return;
-      }
-    }
-    slow(stack, std::move(call), std::move(plan));
-  }
-
-  const c10::OperatorHandle& op() const { return op_; }
-
- private:
-  py::handle kernel() const { return static_cast<PyObject*>(py_kernel_.get()); }
-
-  // The Python kernel's __call__ on the whole call (ops with a `prepare` rewriting arguments).
-  void call_python(torch::jit::Stack* stack) {
+  void call_whole(const eager::OpKernel& k, torch::jit::Stack* stack) override {
     py::gil_scoped_acquire gil;
-    auto arguments = torch::jit::pop(*stack, sig_.kinds.size());
-    auto [args, kwargs] = to_py(op_.schema(), arguments);
+    auto arguments = torch::jit::pop(*stack, k.options().signature.kinds.size());
+    auto [args, kwargs] = to_py(k.op().schema(), arguments);
     py::object out = kernel()(*args, **kwargs);
-    push_result(op_.schema(), stack, out);
+    push_result(k.op().schema(), stack, out);
   }
 
-  void slow(torch::jit::Stack* stack, Call hashed, std::shared_ptr<Plan> plan) {
+  eager::Built build(const eager::OpKernel& k, torch::jit::Stack* stack, const Call& call,
+                     const std::shared_ptr<Plan>& cached) override {
     py::gil_scoped_acquire gil;
-    size_t n = sig_.kinds.size();
-    c10::ArrayRef<c10::IValue> arguments(stack->data() + stack->size() - n, n);
-    Call call;
-    eager::describe_call(id_, sig_, facts_.name, arguments, true, call);
-    auto [args, kwargs] = to_py(op_.schema(), arguments);
-    py::object entry = plan ? py::reinterpret_borrow<py::object>(static_cast<PyObject*>(plan->entry.get()))
-                            : py::none();
-    py::list operands = operands_of(call);
+    size_t n = k.options().signature.kinds.size();
+    auto [args, kwargs] = to_py(k.op().schema(), c10::ArrayRef<c10::IValue>(stack->data() + stack->size() - n, n));
+    py::object entry = cached ? borrow(cached->entry) : py::none();
     // The key's words after the op's id (which is this process's registration order), for the meta
     // memo that outlives the process (torch_tpu/eager/meta_memo.py); None for a key the cache skips.
     py::object words = py::none();
     if (call.cacheable)
       words = py::bytes(reinterpret_cast<const char*>(call.key.data() + 1), (call.key.size() - 1) * sizeof(int64_t));
-    // (result, entry for the plan cache or None, entry for C++ to run or None: Python returned the result)
-    py::tuple r = kernel().attr("_slow")(args, kwargs, key_of(call), operands, call.device, entry, words);
+    // (result, entry for the plan cache or None, entry to run or None: Python returned the result)
+    py::tuple r = kernel().attr("_slow")(args, kwargs, key_of(call), operands_of(call), call.device, entry, words);
     py::object stored = r[1], to_run = r[2];
-    bool written = !facts_.written.empty();
-    std::shared_ptr<Plan> built;
-    if (call.cacheable && !stored.is_none()) {
-      built = plan_of_entry(stored, written, has_check_);
-      eager::plan_cache().put(hashed.key, built, eager::plan_bytes(*built));
-    } else if (call.cacheable && plan && plan->fast && !plan->exe) {
-      auto again = plan_of_entry(entry, written, has_check_);  // built by fused eager, compiled since
-      if (again->exe) {
-        built = std::move(again);
-        eager::plan_cache().put(hashed.key, built, eager::plan_bytes(*built));
-      }
-    }
+    eager::Built built;
+    if (call.cacheable && !stored.is_none()) built.store = plan_of(k, stored);
     if (to_run.is_none()) {
       torch::jit::drop(*stack, n);
-      push_result(op_.schema(), stack, r[0]);
-      return;
+      push_result(k.op().schema(), stack, r[0]);
+      built.returned = true;
+      return built;
     }
-    run_entry(to_run, {built, plan}, call, stack, operands);
-  }
-
-  // The one run of an op's program outside the fast path (the fast path runs the same run_plan):
-  // strict queues it, debug queues it and waits (a failure names the op), fused records it. Reuses
-  // a plan already made for `entry`.
-  void run_entry(const py::object& entry, std::initializer_list<std::shared_ptr<Plan>> made, Call& call,
-                 torch::jit::Stack* stack, const py::list& operands) {
-    auto mode = eager::mode();
-    bool fused = mode == eager::Mode::kFused;
-    std::shared_ptr<Plan> plan;
-    for (const auto& p : made)
-      if (p && p->entry.get() == entry.ptr() && (p->exe || fused)) { plan = p; break; }
-    if (!plan) plan = plan_of_entry(entry, !facts_.written.empty(), has_check_);
-    TORCH_CHECK(fused || plan->exe, facts_.name, ": the tpu kernel returned an entry with no executable to run");
-    if (fused) {
-      // A flush may build a program in Python: never wait for the recorder's lock holding the GIL.
-      py::gil_scoped_release nogil;
-      eager::run_plan(plan, facts_, call, stack, true);
-      return;
-    }
-    eager::run_plan(plan, facts_, call, stack, false);
-    if (mode == eager::Mode::kDebug) kernel().attr("_debug_synchronize")(operands, call.device);
-  }
-
-  int64_t id_;
-  c10::OperatorHandle op_;
-  eager::Signature sig_;
-  eager::OpFacts facts_;
-  // A bool/uint8 mask or a CPU tensor in a tensor-list argument (what advanced indexing's
-  // `prepare` rewrites).
-  bool has_mask(c10::ArrayRef<c10::IValue> args) const {
-    for (size_t i = 0; i < args.size(); ++i) {
-      if (static_cast<eager::ArgKind>(sig_.kinds[i]) != eager::ArgKind::kTensorList) continue;
-      for (const auto& e : args[i].toListRef()) {
-        if (!e.isTensor() || !e.toTensor().defined()) continue;
-        const auto& t = e.toTensor();
-        if (t.is_cpu() || t.scalar_type() == c10::ScalarType::Bool || t.scalar_type() == c10::ScalarType::Byte)
-          return true;
+    // A plan already made for the entry to run (fused eager runs one with no program yet).
+    bool fused = eager::mode() == eager::Mode::kFused;
+    for (const auto& p : {built.store, cached})
+      if (p && p->entry.get() == to_run.ptr() && (p->exe || fused)) {
+        built.run = p;
+        return built;
       }
-    }
-    return false;
+    built.run = plan_of(k, to_run);
+    return built;
   }
 
-  bool has_check_, python_first_, masks_only_;
-  eager::RangeOut range_out_;  // arange / linspace out=: sized in C++ before keying
-  std::shared_ptr<void> py_kernel_;
+  std::shared_ptr<Plan> reread(const eager::OpKernel& k, const Plan& cached) override {
+    py::gil_scoped_acquire gil;
+    return plan_of(k, borrow(cached.entry));
+  }
+
+  void debug_synchronize(const eager::OpKernel&, const Call& call) override {
+    py::gil_scoped_acquire gil;
+    kernel().attr("_debug_synchronize")(operands_of(call), call.device);
+  }
+
+  void unlocked(const std::function<void()>& fn) override {
+    if (!PyGILState_Check()) return fn();
+    py::gil_scoped_release nogil;
+    fn();
+  }
+
+ private:
+  py::handle kernel() const { return static_cast<PyObject*>(kernel_.get()); }
+  static py::object borrow(const std::shared_ptr<void>& o) {
+    return py::reinterpret_borrow<py::object>(static_cast<PyObject*>(o.get()));
+  }
+  // The plan of an entry; the op's written arguments and per-call check decide how it runs.
+  static std::shared_ptr<Plan> plan_of(const eager::OpKernel& k, const py::object& entry) {
+    return plan_of_entry(entry, !k.facts().written.empty(), k.options().has_check);
+  }
+
+  std::shared_ptr<void> kernel_;
 };
-
-std::mutex g_mu;
-std::vector<OpKernel*> g_kernels;  // owned by the dispatcher's registrations (process lifetime)
-std::vector<std::unique_ptr<OpKernel>> g_undispatched;  // kernels called from Python only
-
-// The PrivateUse1 IMPL library of an operator namespace ("aten", or a custom kernel's); caller holds g_mu.
-torch::Library& library(const std::string& ns) {
-  static auto* libs = new std::map<std::string, std::unique_ptr<torch::Library>>();
-  auto& lib = (*libs)[ns];
-  if (!lib) lib = std::make_unique<torch::Library>(torch::Library::IMPL, ns, c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
-  return *lib;
-}
 
 }  // namespace
 
-void run_op_kernel(int64_t id, torch::jit::Stack* stack) {
-  OpKernel* k;
-  {
-    std::lock_guard<std::mutex> g(g_mu);
-    k = g_kernels.at(id);
-  }
-  k->run(stack, true);
-}
-
-void bind_op_kernels(py::module& m) {
-  m.def("_register_op_kernel", [](const std::string& qualified, const std::string& overload,
-                                  const std::vector<eager::ArgKind>& arg_kinds,
-                                  bool host_inputs, bool default_generator,
-                                  bool has_check, bool python_first, bool prepare_only_for_masks, bool has_bounds,
-                                  bool dispatch, py::object py_kernel) {
-    auto sep = qualified.find("::");
-    TORCH_CHECK(sep != std::string::npos, "_register_op_kernel: expected a qualified name (ns::op), got ", qualified);
-    const std::string ns = qualified.substr(0, sep), name = qualified.substr(sep + 2);
-    auto op = c10::Dispatcher::singleton().findSchemaOrThrow(qualified.c_str(),
-                                                             overload == "default" ? "" : overload.c_str());
-    const auto& schema = op.schema();
-    std::string kinds;
-    for (auto k : arg_kinds) kinds.push_back(static_cast<char>(k));
-    TORCH_CHECK(kinds.size() == schema.arguments().size(), qualified, ": ", kinds.size(), " kinds for ",
-                schema.arguments().size(), " arguments");
-    eager::Signature sig{kinds, host_inputs, default_generator, has_bounds};
-    eager::OpFacts facts;
-    for (size_t i = 0; i < schema.arguments().size(); ++i) {
-      const auto* alias = schema.arguments()[i].alias_info();
-      if (alias && alias->isWrite()) facts.written.push_back(static_cast<int>(i));
-    }
-    facts.num_returns = schema.returns().size();
-    facts.name = qualified + (overload.empty() || overload == "default" ? "" : "." + overload);
-    std::lock_guard<std::mutex> g(g_mu);
-    int64_t id = static_cast<int64_t>(g_kernels.size());
-    auto kernel = std::make_unique<OpKernel>(id, op, std::move(sig), std::move(facts), has_check, python_first,
-                                             prepare_only_for_masks, std::move(py_kernel));
-    g_kernels.push_back(kernel.get());
-    if (!dispatch) {
-      g_undispatched.push_back(std::move(kernel));
-      return id;
-    }
-    library(ns).impl((name + (overload.empty() || overload == "default" ? "" : "." + overload)).c_str(),
-                     torch::CppFunction::makeFromBoxedFunctor(std::move(kernel)));
-    return id;
-  }, "Registers the tpu kernel of ns::name.overload (qualified: \"ns::name\"): C++ keying and plan cache, calling py_kernel._slow "
-     "on a miss (and py_kernel(*args) first when python_first); dispatch=False registers nothing with the "
-     "dispatcher (the kernel is run by _run_op_kernel only). arg_kinds: an ArgKind per schema argument "
-     "(csrc/eager/call.h). Returns the kernel's id.");
-  m.def("_run_op_kernel", [](int64_t id, py::list vals) -> py::object {
-    OpKernel* k;
-    {
-      std::lock_guard<std::mutex> g(g_mu);
-      k = g_kernels.at(id);
-    }
-    const auto& args = k->op().schema().arguments();
-    TORCH_CHECK(vals.size() == args.size(), "_run_op_kernel: ", vals.size(), " values for ", args.size(), " arguments");
+void bind_eager(py::module_& m) {
+  m.def("register_op_kernel", [](const std::string& qualified, const std::string& overload,
+                                 const std::vector<eager::ArgKind>& arg_kinds, bool host_inputs, bool default_generator,
+                                 bool has_check, bool prepare, bool prepare_only_for_masks, bool index_status,
+                                 bool dispatch, py::object kernel) {
+    eager::KernelOptions o;
+    for (auto k : arg_kinds) o.signature.kinds.push_back(static_cast<char>(k));
+    o.signature.host_inputs = host_inputs;
+    o.signature.default_generator = default_generator;
+    o.signature.index_status = index_status;
+    o.has_check = has_check;
+    o.whole_first = prepare;
+    o.whole_only_for_masks = prepare_only_for_masks;
+    return eager::register_op_kernel(qualified, overload, std::move(o), dispatch,
+                                     std::make_unique<PyFrontEnd>(std::move(kernel)));
+  }, py::arg("qualified"), py::arg("overload"), py::arg("arg_kinds"), py::arg("host_inputs"),
+     py::arg("default_generator"), py::arg("has_check"), py::arg("prepare"), py::arg("prepare_only_for_masks"),
+     py::arg("index_status"), py::arg("dispatch"), py::arg("kernel"),
+     "Registers the tpu kernel of ns::name.overload (qualified: \"ns::name\") with `kernel` (torch_tpu/eager/"
+     "kernel.py) as its front end: C++ keys each call and runs cached plans; a miss calls kernel._slow, and "
+     "with `prepare` kernel(*args) runs first (only for a mask or CPU index with prepare_only_for_masks). "
+     "arg_kinds: an ArgKind per schema argument; index_status: the device's index-error status is the last "
+     "operand; dispatch=False registers nothing with the dispatcher (run_op_kernel only). Returns the "
+     "kernel's id (csrc/eager/op_kernel.h).");
+  m.def("run_op_kernel", [](int64_t id, py::list vals) -> py::object {
+    eager::OpKernel& k = eager::op_kernel(id);
+    const auto& args = k.op().schema().arguments();
+    TORCH_CHECK(vals.size() == args.size(), "run_op_kernel: ", vals.size(), " values for ", args.size(), " arguments");
     torch::jit::Stack stack;
     for (size_t i = 0; i < args.size(); ++i) stack.push_back(torch::jit::toIValue(vals[i], args[i].real_type()));
     {
       py::gil_scoped_release nogil;
-      k->run(&stack, true);
+      k.run(&stack, true);
     }
     return torch::jit::createPyObjectForStack(std::move(stack));
   }, "Runs kernel `id` on argument values in schema order (the Python kernel's own entry: after its "
      "prepare, and for direct calls such as copy_'s device-side copy).");
-  m.def("_register_index_error", &eager::register_index_error,
+  m.def("register_index_error", &eager::register_index_error,
         "The id of an index error found on the device: (op, IndexError (else RuntimeError), CPU's message with "
         "{value} for the bad index).");
-  m.def("_index_status", &eager::index_status, py::arg("device"),
+  m.def("index_status", &eager::index_status, py::arg("device"),
         "The index-error status tensor of tpu device `device` (int64[2]: error id, first bad index), "
         "which programs with device-side index checks update in place.");
-  m.def("_raise_index_errors", [](int device) {
+  m.def("raise_index_errors", [](int device) {
     py::gil_scoped_release nogil;
     eager::raise_index_errors(device);
   }, "Raises the first index error found on the device (-1: any) since the last call, and clears it.");
-  m.def("_register_copy_ops", &register_copy_ops,
+  m.def("register_copy_ops", &eager::register_copy_ops,
         "Registers the C++ tpu kernels of copy_, _copy_from, _copy_from_and_resize and _local_scalar_dense, "
         "whose device-side copy is op kernel `copy_kernel`.");
-  m.attr("COMPLEX32_ERROR") = kComplex32Error;
-  m.def(
-      "_scalar_operand_dtype",
+  m.attr("COMPLEX32_ERROR") = eager::kComplex32Error;
+  m.def("scalar_operand_dtype",
       [](const py::object& v, bool wide) {
         c10::Scalar s;
         if (py::isinstance<py::bool_>(v)) {
@@ -405,7 +299,7 @@ void bind_op_kernels(py::module& m) {
       py::arg("value"), py::arg("wide"),
       "The dtype a python number takes as a Scalar operand of a program (eager keys and compiled "
       "graphs alike): bool, int64, or float32/complex64 (float64/complex128 when `wide`).");
-  m.def("_plan_cache_stats", [] {
+  m.def("plan_cache_stats", [] {
     auto s = eager::plan_cache().stats();
     py::dict d;
     d["entries"] = s.entries;
@@ -414,8 +308,8 @@ void bind_op_kernels(py::module& m) {
     d["fast_runs"] = eager::plan_fast_runs().load();
     return d;
   }, "The eager plan cache: entries, hits, misses, and calls run in C++ with no Python (fast_runs).");
-  m.def("_plan_cache_clear", [] { eager::plan_cache().clear(); });
-  m.def("_plan_cache_reset_stats", [] {
+  m.def("plan_cache_clear", [] { eager::plan_cache().clear(); });
+  m.def("plan_cache_reset_stats", [] {
     eager::plan_cache().reset_stats();
     eager::plan_fast_runs() = 0;
   });
@@ -461,19 +355,19 @@ void bind_op_kernels(py::module& m) {
       .def("__repr__", [](const KeyPart& p) {
         return "KeyPart(" + std::string(py::str(py::cast(p.tag))) + ")";
       });
-  py::enum_<eager::Mode>(m, "EagerMode", "The eager modes (csrc/eager/mode.h; torch_tpu/eager/modes.py names them).")
+  py::enum_<eager::Mode>(m, "Mode", "The eager modes (csrc/eager/mode.h; torch_tpu/eager/modes.py names them).")
       .value("debug", eager::Mode::kDebug)
       .value("strict", eager::Mode::kStrict)
       .value("fused", eager::Mode::kFused);
-  m.def("_eager_mode", &eager::mode, "This thread's eager mode.");
-  m.def("_set_default_eager_mode", &eager::set_default_mode, "Sets the process's default eager mode.");
-  m.def("_fused_flush", [] {
+  m.def("mode", &eager::mode, "This thread's eager mode.");
+  m.def("set_default_mode", &eager::set_default_mode, "Sets the process's default eager mode.");
+  m.def("fused_flush", [] {
     py::gil_scoped_release nogil;
     eager::fused().flush();
   }, "Runs what fused eager recorded (if anything) as one program.");
-  m.def("_fused_pending", [] { return eager::fused().pending(); });
-  m.def("_fused_max_ops", [] { return eager::kMaxOps; });
-  m.def("_fused_stats", [] {
+  m.def("fused_pending", [] { return eager::fused().pending(); });
+  m.def("fused_max_ops", [] { return eager::kMaxOps; });
+  m.def("fused_stats", [] {
     auto s = eager::fused().stats();
     py::dict d;
     d["fused_ops"] = s.ops;
@@ -481,7 +375,7 @@ void bind_op_kernels(py::module& m) {
     d["fused_compiles"] = s.compiles;
     return d;
   });
-  m.def("_fused_reset_stats", [] { eager::fused().reset_stats(); });
+  m.def("fused_reset_stats", [] { eager::fused().reset_stats(); });
   py::class_<eager::Sink>(m, "PlanSink",
                           "Where an eager program's output goes: fresh result tensor `index` (fresh=True) "
                           "or the storage of operand `index` (csrc/eager/plan.h).")
@@ -533,7 +427,7 @@ void bind_op_kernels(py::module& m) {
       .def("__repr__", [](const eager::Wire& w) {
         return std::string(w.local ? "FusedWire(local " : "FusedWire(host ") + std::to_string(w.index) + ")";
       });
-  m.def("_fused_install", [](py::object build, py::object op_executable) {
+  m.def("fused_install", [](py::object build, py::object op_executable) {
     auto b = std::make_shared<py::object>(std::move(build));
     auto e = std::make_shared<py::object>(std::move(op_executable));
     eager::fused().set_builder(
@@ -562,9 +456,9 @@ void bind_op_kernels(py::module& m) {
      "new run signature (records: (entry, FusedWire per op argument, output locals)); "
      "op_executable(entry) -> one op's executable (replay); and the runtime's host-read hook (every "
      "host read flushes the recorded ops first).");
-  m.def("_push_eager_mode", &eager::push_thread_mode,
+  m.def("push_mode", &eager::push_thread_mode,
         "Enters an eager_mode block on this thread.");
-  m.def("_pop_eager_mode", [] { eager::pop_thread_mode(); }, "Leaves this thread's innermost eager_mode block.");
+  m.def("pop_mode", [] { eager::pop_thread_mode(); }, "Leaves this thread's innermost eager_mode block.");
 }
 
 }  // namespace torch_tpu::python
