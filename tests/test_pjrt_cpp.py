@@ -1,7 +1,8 @@
 """Builds and runs the GoogleTest suites of the C++ core:
 
 - tests/cpp/pjrt_test.cc: the PJRT layer alone (csrc/pjrt);
-- tests/cpp/runtime_test.cc: the runtime, executable cache, eager plan cache and eager mode, driven
+- tests/cpp/runtime_test.cc: the runtime, executable cache, eager plan cache and eager mode, the
+  dispatcher's op entry, fused eager's recorder and compiled graphs' runner, driven
   from several threads, built with ThreadSanitizer (any report fails the test).
 
 Needs GoogleTest (Debian's libgtest-dev, which .ci/run installs); skipped with that reason without it.
@@ -64,7 +65,7 @@ def test_runtime_googletest_under_thread_sanitizer(tmp_path):
              f"-I{ROOT}/csrc", f"-I{_plugin_dir()}/include", f"-I{torch_dir}/include",
              f"-I{torch_dir}/include/torch/csrc/api/include"]
     sources = [os.path.join(HERE, "cpp", "runtime_test.cc")] + sorted(
-        p for d in ("aten", "eager", "pjrt", "runtime") for p in glob.glob(os.path.join(ROOT, "csrc", d, "*.cc")))
+        p for d in ("aten", "eager", "graph", "pjrt", "runtime") for p in glob.glob(os.path.join(ROOT, "csrc", d, "*.cc")))
 
     def compile_one(src):
         obj = tmp_path / (os.path.basename(os.path.dirname(src)) + "_" + os.path.basename(src) + ".o")
@@ -79,6 +80,6 @@ def test_runtime_googletest_under_thread_sanitizer(tmp_path):
                     f"-L{_gtest()}", "-lgtest", "-lgtest_main", "-lpthread", "-ldl", "-o", str(exe)],
                    check=True, timeout=300)
     suppressions = os.path.join(HERE, "cpp", "tsan.supp")
-    r = _run(exe, 22, env={"TORCH_TPU_TEST_DIR": str(tmp_path / "cache"),
+    r = _run(exe, 26, env={"TORCH_TPU_TEST_DIR": str(tmp_path / "cache"),
                           "TSAN_OPTIONS": f"halt_on_error=1 second_deadlock_stack=1 suppressions={suppressions}"})
     assert "WARNING: ThreadSanitizer" not in r.stderr, r.stderr[-6000:]

@@ -94,6 +94,10 @@ ScalarBuffers& scalar_buffers() {
 
 }  // namespace
 
+at::Tensor new_tensor_of(const FreshSpec& spec, int device) {
+  return aten::new_tpu_tensor(spec.sizes, spec.dtype, device, spec.strides.empty() ? nullptr : &spec.strides);
+}
+
 LaunchArg host_tensor_arg(const at::Tensor& t, int device) {
   if (t.dim() == 0 && t.is_cpu() && t.element_size() <= 16) {  // a wrapped number or 0-dim operand
     alignas(16) unsigned char bytes[16] = {0};
@@ -158,7 +162,7 @@ void run_plan(const std::shared_ptr<Plan>& plan_ptr, const OpFacts& op, Call& ca
   std::vector<at::Tensor> fresh;
   fresh.reserve(plan.fresh.size());
   for (const auto& s : plan.fresh)
-    fresh.push_back(aten::new_tpu_tensor(s.sizes, s.dtype, call.device, s.strides.empty() ? nullptr : &s.strides));
+    fresh.push_back(new_tensor_of(s, call.device));
   if (fused) {
     std::vector<at::Tensor> sinks;
     sinks.reserve(plan.sinks.size());

@@ -78,6 +78,8 @@ void run_plan(const std::shared_ptr<Plan>& plan, const OpFacts& op, Call& call, 
 // (seed, offset) state (1-D of 2 uint64, uploaded by the launcher). Raises for a scalar dtype programs
 // never take.
 runtime::LaunchArg host_tensor_arg(const at::Tensor& t, int device);
+// A new tpu tensor on `device` of a fresh result's spec (its buffer made by the program that writes it).
+at::Tensor new_tensor_of(const FreshSpec& spec, int device);
 runtime::LaunchArg scalar_arg(const c10::Scalar& v, c10::ScalarType dtype, int device);
 runtime::LaunchArg rng_arg(std::pair<uint64_t, uint64_t> state);
 

@@ -14,7 +14,7 @@ void bind_compile_targets(py::module_& m);  //   compile-only targets and the ca
 void bind_device(py::module_& m);           // _C.device: the device integration (device.cc)
 void bind_eager(py::module_& m);            // _C.eager: the eager layer's entry and its front end (eager.cc)
 void bind_custom_autograd(py::module_& m);  //   custom kernels' autograd kernels (custom_autograd.cc)
-void bind_graph(py::module_& m);            // _C.graph: compiled graphs' per-call runner (graph_runner.cc)
+void bind_graph(py::module_& m);            // _C.graph: compiled graphs' per-call runner (graph.cc)
 void bind_distributed(py::module_& m);      // _C.distributed: the tpu_dist backend (distributed.cc)
 
 }  // namespace torch_tpu::python

@@ -46,8 +46,4 @@ runtime::LaunchArg launch_arg(py::handle h, int device) {
   }
 }
 
-at::Tensor new_tpu_tensor_of_spec(const eager::FreshSpec& spec, int device) {
-  return aten::new_tpu_tensor(spec.sizes, spec.dtype, device, spec.strides.empty() ? nullptr : &spec.strides);
-}
-
 }  // namespace torch_tpu::python

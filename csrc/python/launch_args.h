@@ -24,8 +24,6 @@ runtime::Cell* cell_by_key(uintptr_t key);
 // (uploaded to `device`, row-major), or a (number, torch.dtype) pair (a 0-dim scalar; uint64 takes a
 // (seed, offset) pair and is 1-D of 2). Raises for an unsupported scalar dtype.
 runtime::LaunchArg launch_arg(py::handle h, int device);
-// aten::new_tpu_tensor of a fresh result's spec (_C.eager.FreshSpec).
-at::Tensor new_tpu_tensor_of_spec(const eager::FreshSpec& spec, int device);
 // The scalar type of a torch.dtype object.
 c10::ScalarType dtype_of(py::handle dtype);
 

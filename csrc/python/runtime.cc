@@ -27,7 +27,7 @@ std::vector<at::Tensor> launch_part(py::handle inputs, py::handle sinks, py::han
   for (py::handle h : inputs) part.args.push_back(launch_arg(h, device));
   std::vector<at::Tensor> fresh;
   for (py::handle h : new_specs)
-    fresh.push_back(new_tpu_tensor_of_spec(h.cast<eager::FreshSpec>(), device));
+    fresh.push_back(eager::new_tensor_of(h.cast<eager::FreshSpec>(), device));
   size_t next_new = 0;
   for (py::handle h : sinks) {
     if (h.is_none()) {

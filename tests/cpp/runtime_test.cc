@@ -7,6 +7,7 @@
 // plugin is the one named by env TORCH_TPU_TEST_PLUGIN; the cache directory by TORCH_TPU_TEST_DIR.
 #include <gtest/gtest.h>
 #include <torch/library.h>
+#include <ATen/ops/scalar_tensor.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -21,6 +22,7 @@
 #include "eager/mode.h"
 #include "eager/op_kernel.h"
 #include "eager/plan.h"
+#include "graph/graph_runner.h"
 #include "runtime/compile_cache.h"
 #include "runtime/runtime.h"
 #include "runtime/trace.h"
@@ -653,4 +655,82 @@ TEST(OpKernel, CalledFromManyThreads) {
   for (auto& th : threads) th.join();
   EXPECT_EQ(wrong.load(), 0);
   EXPECT_LE(op.builds.load(), kThreads);  // threads that miss at once may each build
+}
+
+// A compiled graph's per-call runner (csrc/graph/graph_runner.h) on the programs above.
+namespace {
+
+using torch_tpu::graph::ArgKind;
+using torch_tpu::graph::GraphArg;
+using torch_tpu::graph::GraphRunner;
+
+GraphArg tpu_input(int64_t index) {
+  GraphArg a;
+  a.kind = ArgKind::kTpuInput;
+  a.index = index;
+  a.dims = {4};
+  return a;
+}
+
+const torch_tpu::eager::FreshSpec kFloats4{{4}, {}, c10::ScalarType::Float};
+
+}  // namespace
+
+TEST(GraphRunner, ADonatedInputReceivesItsResultInPlace) {
+  // add_one's output aliases its input: the graph's `x.add_(1)`.
+  GraphRunner r(compiled("runtime_test_add_one", kAddOne), {tpu_input(0)}, {0}, {{0, 0}}, {kFloats4}, "add_one", 0,
+                std::nullopt);
+  at::Tensor x = tpu_floats({1, 2, 3, 4});
+  for (int step = 1; step <= 2; ++step) {
+    auto out = r.run({x}, {});
+    ASSERT_EQ(out.tensors.size(), 1u);
+    EXPECT_TRUE(out.tensors[0].is_same(x));
+    EXPECT_TRUE(out.copied.empty());
+    float s = static_cast<float>(step);
+    EXPECT_EQ(read(torch_tpu::aten::cell_of(x)), (std::vector<float>{1 + s, 2 + s, 3 + s, 4 + s}));
+  }
+}
+
+TEST(GraphRunner, CpuInputsAndConstantsAreUploadedAndResultsAreNewTensors) {
+  GraphArg scalar;
+  scalar.kind = ArgKind::kCpuInput;
+  scalar.index = 1;
+  GraphRunner with_input(compiled("runtime_test_add_scalar", kAddScalar), {tpu_input(0), scalar}, {}, {}, {kFloats4},
+                         "add_scalar", 0, std::nullopt);
+  at::Tensor x = tpu_floats({1, 2, 3, 4});
+  auto out = with_input.run({x, at::scalar_tensor(10.0f)}, {});
+  EXPECT_FALSE(out.tensors[0].is_same(x));
+  EXPECT_EQ(read(torch_tpu::aten::cell_of(out.tensors[0])), (std::vector<float>{11, 12, 13, 14}));
+  EXPECT_EQ(read(torch_tpu::aten::cell_of(x)), (std::vector<float>{1, 2, 3, 4}));
+
+  GraphArg constant;
+  constant.kind = ArgKind::kConstant;
+  constant.constant = at::scalar_tensor(-1.0f);
+  GraphRunner with_constant(compiled("runtime_test_add_scalar", kAddScalar), {tpu_input(0), constant}, {}, {},
+                            {kFloats4}, "add_constant", 0, std::nullopt);
+  EXPECT_EQ(read(torch_tpu::aten::cell_of(with_constant.run({x}, {}).tensors[0])), (std::vector<float>{0, 1, 2, 3}));
+}
+
+TEST(GraphRunner, BadPlansAndCallsRaise) {
+  auto exe = compiled("runtime_test_add_one", kAddOne);
+  EXPECT_THROW(GraphRunner(exe, {tpu_input(0)}, {3}, {}, {kFloats4}, "g", 0, std::nullopt), c10::Error);
+  EXPECT_THROW(GraphRunner(exe, {tpu_input(0)}, {}, {}, {kFloats4, kFloats4}, "g", 0, std::nullopt), c10::Error);
+  GraphRunner r(exe, {tpu_input(1)}, {}, {}, {kFloats4}, "g", 0, std::nullopt);
+  EXPECT_THROW(r.run({tpu_floats({0, 0, 0, 0})}, {}), c10::Error);               // too few inputs
+  EXPECT_THROW(r.run({tpu_floats({0, 0, 0, 0}), at::Tensor()}, {}), c10::Error);  // not a tensor
+}
+
+TEST(GraphRunner, OneRunnerCalledFromManyThreads) {
+  GraphRunner r(compiled("runtime_test_add_one", kAddOne), {tpu_input(0)}, {0}, {{0, 0}}, {kFloats4}, "add_one", 0,
+                std::nullopt);
+  std::vector<at::Tensor> xs;
+  for (int t = 0; t < kThreads; ++t) xs.push_back(tpu_floats({0, 0, 0, float(t)}));
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 30; ++i) r.run({xs[t]}, {});
+    });
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t)
+    EXPECT_EQ(read(torch_tpu::aten::cell_of(xs[t])), (std::vector<float>{30, 30, 30, 30.0f + t}));
 }

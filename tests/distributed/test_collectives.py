@@ -307,7 +307,7 @@ def init_variants():
                                 world_size=n, **kwargs)
         assert dist.get_backend() == shown, (kwargs, dist.get_backend())
         tpu_backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("tpu"))
-        assert type(tpu_backend).__name__ == "_TpuBackend", (kwargs, type(tpu_backend))
+        assert type(tpu_backend).__name__ == "TpuBackend", (kwargs, type(tpu_backend))
         x = torch.full((2,), float(r + 1), device="tpu")
         dist.all_reduce(x)
         assert x.cpu().tolist() == [3.0, 3.0]

@@ -169,8 +169,8 @@ class GraphProgram:
                                f"--- program ---\n{self.text}") from None
         meet = None if replicas is None else (replicas.place(self.text), list(replicas.local),
                                               int(replicas.timeout.total_seconds() * 1000))
-        self.runner = _C.graph.GraphRunner(self.exe, self.run_plan, sorted(self.donated), self.sink_plan, self.prog_specs,
-                                     f"compiled {self.label}", self.rng_draws, meet)
+        self.runner = _C.graph.GraphRunner(self.exe, self.run_plan, sorted(self.donated), self.sink_plan,
+                                           self.prog_specs, f"compiled {self.label}", self.rng_draws, meet)
         _state.count("compiled_graphs")
         log.info("compiled %s graph: %d nodes, %d program inputs, %d outputs", name, self.num_nodes,
                  len(self.arg_plan), len(self.prog_specs))
@@ -392,20 +392,24 @@ class GraphProgram:
         self._plan_run()
 
     def _plan_run(self):
-        """The per-call work as flat lists, for _C.graph.GraphRunner: (_C.graph.ArgKind, payload) per program
-        argument (tpu_input, with the strides it is read in or None for contiguous and the dims of its
-        buffer; cpu_input; rng_state; host_pack; constant) and the tpu inputs that receive a result in
+        """The per-call work, for _C.graph.GraphRunner: a _C.graph.GraphArg per program argument (a tpu
+        input with the strides it is read in, None for contiguous, and the dims of its buffer; a CPU
+        input; the rng state; a host pack; a constant) and the tpu inputs that receive a result in
         place (result index, placeholder index)."""
-        K = _C.graph.ArgKind
-        kinds = {"rng": K.rng_state, "pack": K.host_pack, "const": K.constant}
+        G, K = _C.graph.GraphArg, _C.graph.ArgKind
         self.run_plan = []
         for entry in self.arg_plan:
             if entry[0] == "in" and self.ph_devices[entry[1]] == "cpu":
-                self.run_plan.append((K.cpu_input, entry[1]))
+                self.run_plan.append(G(K.cpu_input, entry[1]))
             elif entry[0] == "in":
-                self.run_plan.append((K.tpu_input, entry[1], self.ph_strides.get(entry[1]), self.ph_dims[entry[1]]))
+                self.run_plan.append(G(K.tpu_input, entry[1], strides=self.ph_strides.get(entry[1]),
+                                       dims=self.ph_dims[entry[1]]))
+            elif entry[0] == "rng":
+                self.run_plan.append(G(K.rng_state))
+            elif entry[0] == "pack":
+                self.run_plan.append(G(K.host_pack, entry[1]))
             else:
-                self.run_plan.append((kinds[entry[0]], entry[1] if len(entry) > 1 else None))
+                self.run_plan.append(G(K.constant, constant=entry[1]))
         self.sink_plan = sorted((k, i) for i, k in self.mutations if self.ph_devices[i] != "cpu")
         self.host_side_mutations = [(i, k) for i, k in self.mutations if self.ph_devices[i] == "cpu"]
 
