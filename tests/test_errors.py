@@ -60,3 +60,22 @@ def test_out_resized_like_cpu():
 def test_unsupported_dtype_message():
     with pytest.raises((TypeError, RuntimeError)):
         torch.ones(2, dtype=torch.quint8, device="tpu")
+
+
+@pytest.mark.parametrize("call", [
+    lambda d: torch.mm(torch.ones(2, 3, device=d), torch.ones(2, 3, device=d)),
+    lambda d: torch.ones(2, 3, device=d) @ torch.ones(2, 3, device=d),
+    lambda d: torch.addmm(torch.ones(2, 3, device=d), torch.ones(2, 3, device=d), torch.ones(2, 3, device=d)),
+    lambda d: torch.nn.functional.linear(torch.ones(4, 3, device=d), torch.ones(5, 4, device=d)),
+    lambda d: torch.mv(torch.ones(2, 3, device=d), torch.ones(2, device=d)),
+    lambda d: torch.ones(2, 3, device=d) @ torch.ones(2, device=d),
+    lambda d: torch.dot(torch.ones(3, device=d), torch.ones(2, device=d)),
+], ids=["mm", "matmul", "addmm", "linear", "mv", "matmul_mv", "dot"])
+def test_matrix_shape_errors_are_cpus(call):
+    """A shape mismatch in a matrix product raises CPU's type and message (PyTorch's meta kernels
+    word these differently, e.g. "a and b must have same reduction dim")."""
+    with pytest.raises(Exception) as on_cpu:
+        call("cpu")
+    with pytest.raises(type(on_cpu.value)) as on_tpu:
+        call("tpu")
+    assert str(on_tpu.value) == str(on_cpu.value)

@@ -18,6 +18,7 @@ updates do not double memory). Execution is asynchronous: nothing waits for the 
 from __future__ import annotations
 
 import math
+import re
 import warnings
 from dataclasses import dataclass, field
 
@@ -347,12 +348,37 @@ def _check_inplace_cast(vals, sig, value_meta):
                                f"{scalar_type_name(w.dtype)}")
 
 
-# Errors PyTorch's meta kernels and refs raise with another type than its device kernels (CPU's, the
-# reference): (meta's type, the message's start) -> (CPU's type, CPU's message or None: meta's).
+def _mm_message(meta: str) -> str:
+    """CPU's mm/addmm/linear shape error from meta's "a and b must have same reduction dim, but got
+    [N, M1] X [M2, P].": "mat1 and mat2 shapes cannot be multiplied (NxM1 and M2xP)"."""
+    shapes = re.findall(r"\[(-?\d+), (-?\d+)\]", meta)
+    if len(shapes) != 2:
+        return meta
+    (n, m1), (m2, p) = shapes
+    return f"mat1 and mat2 shapes cannot be multiplied ({n}x{m1} and {m2}x{p})"
+
+
+def _mv_message(meta: str) -> str:
+    """CPU's mv shape error (its addmv names the result too) from the decomposition's "size mismatch,
+    got input (MxN), vec (K)": "size mismatch, got input (M), mat (MxN), vec (K)"."""
+    got = re.fullmatch(r"size mismatch, got input \((\d+)x(\d+)\), vec \((\d+)\)", meta)
+    if got is None:
+        return meta
+    m, n, k = got.groups()
+    return f"size mismatch, got input ({m}), mat ({m}x{n}), vec ({k})"
+
+
+# Errors PyTorch's meta kernels, refs and decompositions raise with another type or message than its
+# device kernels (CPU's, the reference): (meta's type, the message's start) -> (CPU's type, CPU's
+# message: None for meta's, or a function of meta's message).
 _META_ERRORS = (
     (RuntimeError, "tensors used as indices must be", IndexError, None),  # TORCH_CHECK_INDEX on CPU
     (ValueError, "clamp called but both min and max are none", RuntimeError,
      "torch.clamp: At least one of 'min' or 'max' must not be None"),
+    (RuntimeError, "a and b must have same reduction dim", RuntimeError, _mm_message),
+    (RuntimeError, "size mismatch, got input (", RuntimeError, _mv_message),
+    (RuntimeError, "inconsistent tensor size, expected tensor [", RuntimeError,
+     lambda meta: meta.replace("to have thesame number", "to have the same number")),  # dot's meta
 )
 
 
@@ -377,7 +403,8 @@ def _as_cpu_raises(fn, *args):
     except (RuntimeError, ValueError) as e:
         for meta_type, start, cpu_type, message in _META_ERRORS:
             if type(e) is meta_type and str(e).startswith(start):
-                raise cpu_type(message or str(e)) from None
+                text = str(e) if message is None else message if isinstance(message, str) else message(str(e))
+                raise cpu_type(text) from None
         raise
 
 
