@@ -70,10 +70,18 @@ def test_unsupported_dtype_message():
     lambda d: torch.mv(torch.ones(2, 3, device=d), torch.ones(2, device=d)),
     lambda d: torch.ones(2, 3, device=d) @ torch.ones(2, device=d),
     lambda d: torch.dot(torch.ones(3, device=d), torch.ones(2, device=d)),
-], ids=["mm", "matmul", "addmm", "linear", "mv", "matmul_mv", "dot"])
-def test_matrix_shape_errors_are_cpus(call):
-    """A shape mismatch in a matrix product raises CPU's type and message (PyTorch's meta kernels
-    word these differently, e.g. "a and b must have same reduction dim")."""
+    lambda d: torch.softmax(torch.ones(3, 4, device=d), dim=2),
+    lambda d: torch.softmax(torch.ones(3, 4, device=d), dim=-3),
+    lambda d: torch.softmax(torch.tensor(1.0, device=d), dim=1),
+    lambda d: torch.nn.functional.nll_loss(torch.ones(4, 5, device=d), torch.zeros(4, 5, dtype=torch.long, device=d)),
+    lambda d: torch.ops.aten.nll_loss_forward(torch.ones(2, 4, 5, device=d), torch.zeros(2, dtype=torch.long, device=d),
+                                              None, 1, -100),
+], ids=["mm", "matmul", "addmm", "linear", "mv", "matmul_mv", "dot", "softmax_dim", "softmax_neg_dim",
+        "softmax_scalar_dim", "nll_multi_target", "nll_3d_input"])
+def test_shape_errors_are_cpus(call):
+    """A bad shape or dim raises CPU's type and message (PyTorch's meta kernels and decompositions
+    word these differently, e.g. "a and b must have same reduction dim", or assert; _softmax's meta
+    accepts any dim)."""
     with pytest.raises(Exception) as on_cpu:
         call("cpu")
     with pytest.raises(type(on_cpu.value)) as on_tpu:

@@ -377,6 +377,10 @@ _META_ERRORS = (
      "torch.clamp: At least one of 'min' or 'max' must not be None"),
     (RuntimeError, "a and b must have same reduction dim", RuntimeError, _mm_message),
     (RuntimeError, "size mismatch, got input (", RuntimeError, _mv_message),
+    # nll_loss's decompositions assert where CPU's TORCH_CHECKs (and add ", got 2D").
+    (AssertionError, "0D or 1D target tensor expected, multi-target not supported", RuntimeError,
+     "0D or 1D target tensor expected, multi-target not supported"),
+    (AssertionError, "input tensor should be 1D or 2D", RuntimeError, "input tensor should be 1D or 2D"),
     (RuntimeError, "inconsistent tensor size, expected tensor [", RuntimeError,
      lambda meta: meta.replace("to have thesame number", "to have the same number")),  # dot's meta
 )
@@ -400,7 +404,7 @@ def _as_cpu_raises(fn, *args):
     """fn(*args) (a meta computation), with its errors of _META_ERRORS raised as CPU raises them."""
     try:
         return fn(*args)
-    except (RuntimeError, ValueError) as e:
+    except (RuntimeError, ValueError, AssertionError) as e:
         for meta_type, start, cpu_type, message in _META_ERRORS:
             if type(e) is meta_type and str(e).startswith(start):
                 text = str(e) if message is None else message if isinstance(message, str) else message(str(e))

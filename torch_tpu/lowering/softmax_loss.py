@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch._prims_common import canonicalize_dim
 
 from .elementwise import compute_dtype
 from .reduction import reduce_max, reduce_sum
@@ -39,7 +40,12 @@ def _math_dtype(out):
     return compute_dtype(out) if out.is_floating_point else torch.float32
 
 
-@register("_softmax")
+def _check_softmax_dim(x, dim, half_to_float=False):
+    """CPU's IndexError for a dim out of range (PyTorch's meta of _softmax does not check it)."""
+    canonicalize_dim(max(x.dim(), 1), dim)
+
+
+@register("_softmax", check=_check_softmax_dim, check_per_key=True)
 def softmax(ctx, x, dim, half_to_float=False):
     b = ctx.b
     out = ctx.out[0].dtype
