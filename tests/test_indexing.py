@@ -232,9 +232,15 @@ def test_device_index_error_surfaces_at_the_next_sync_naming_the_op():
 def test_device_index_error_raises_at_the_op_in_debug_mode():
     x = torch.zeros(5, 3, device="tpu")
     with torch_tpu.eager_mode("debug"):
-        with pytest.raises(IndexError, match="index out of range in self"):
+        with pytest.raises(IndexError, match="index out of range in self") as e:
             torch.nn.functional.embedding(torch.tensor([[1, 5]], device="tpu"), x)
         torch.tpu.synchronize()
+    # CPU's message first, then the op, its inputs and the caller's line; no advice to use debug mode
+    message = str(e.value)
+    assert message.startswith("index out of range in self\n"), message
+    assert "by the tpu op aten::embedding; the op wrote nothing" in message, message
+    assert "(1, 2):torch.int64" in message and "test_indexing.py" in message, message
+    assert "TORCH_TPU_EAGER_MODE=debug" not in message, message
 
 
 @torch_tpu.eager_mode("strict")  # counts host syncs: debug mode waits after every op

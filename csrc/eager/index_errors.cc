@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "aten/device.h"
+#include "eager/mode.h"
 #include "runtime/runtime.h"
 
 namespace torch_tpu::eager {
@@ -74,9 +75,12 @@ void raise_index_errors(int device) {
       message = k.message;
       auto at = message.find("{value}");
       if (at != std::string::npos) message.replace(at, 7, std::to_string(v[1]));
+      // Debug eager waits after every op, so the op that found it is the one that just ran.
       message += "\n(found on the device by the tpu op " + k.op +
-                 ", launched before this synchronisation; run with TORCH_TPU_EAGER_MODE=debug to raise it at "
-                 "the op; the op wrote nothing)";
+                 (mode() == Mode::kDebug ? std::string()
+                                         : ", launched before this synchronisation; run with TORCH_TPU_EAGER_MODE=debug "
+                                           "to raise it at the op") +
+                 "; the op wrote nothing)";
       index_error = k.index_error;
       int64_t zeros[2] = {0, 0};
       rt.upload(*c, zeros, c10::ScalarType::Long, 2);

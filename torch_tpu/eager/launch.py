@@ -49,12 +49,14 @@ def _user_line() -> str:
 def debug_synchronize(name: str, operands, device: int) -> None:
     """Debug eager, after C++ queued op `name`'s program (csrc/eager/op_kernel.cc OpKernel::slow): waits
     for tpu:`device`; a failure is raised here, naming the op, its operands' shapes and dtypes and the
-    user's line (torch.OutOfMemoryError stays one, as callers catch it; anything else is a
-    RuntimeError)."""
+    user's line. torch.OutOfMemoryError and an IndexError found on the device keep their type (callers
+    catch them; the IndexError's first line is CPU's message); anything else is a RuntimeError."""
     try:
         _C.runtime.synchronize(device)
-    except RuntimeError as e:
+    except (RuntimeError, IndexError) as e:
         shapes = ", ".join(f"{tuple(t.shape)}:{t.dtype}" for t in operands if isinstance(t, torch.Tensor))
+        if isinstance(e, IndexError):
+            raise IndexError(f"{e}\n(inputs: {shapes}; at {_user_line()})") from None
         kind = type(e) if isinstance(e, torch.OutOfMemoryError) else RuntimeError  # what callers catch
         raise kind(f"tpu op {name} failed (inputs: {shapes}) at {_user_line()}:\n{e}") from None
 
