@@ -375,8 +375,8 @@ def compile(program: str, name: str = "program", device_ids: Sequence[int] | Non
     if _identity is None:
         start()
         _on_tpu = _C.runtime.platform_name() == "tpu"
-        _identity = target_identity(_C.runtime.platform_name(), _C.runtime.platform_version(), tuple(_C.runtime.api_version()),
-                                    _C.runtime.plugin_path())
+        rt = _C.runtime
+        _identity = target_identity(rt.platform_name(), rt.platform_version(), tuple(rt.api_version()), rt.plugin_path())
     options, key = b"", program
     if device_ids is not None:  # the options name the devices: the key covers them
         options = _C.runtime.replica_compile_options([int(d) for d in device_ids])

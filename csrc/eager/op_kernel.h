@@ -7,9 +7,9 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <c10/util/FunctionRef.h>
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 
@@ -44,7 +44,8 @@ class FrontEnd {
   virtual void debug_synchronize(const OpKernel& k, const Call& call) = 0;
   // Runs fn without the front end's interpreter lock where the caller holds it (fused recording may
   // flush, and a flush may build its program through the front end from the recorder's thread).
-  virtual void unlocked(const std::function<void()>& fn) { fn(); }
+  // A function_ref: fused eager's hot path calls it per op, and std::function would allocate.
+  virtual void unlocked(c10::function_ref<void()> fn) { fn(); }
 };
 
 // How an overload's calls are keyed and run (_C.eager.register_op_kernel's flags).

@@ -209,7 +209,7 @@ class PyFrontEnd final : public eager::FrontEnd {
     kernel().attr("_debug_synchronize")(operands_of(call), call.device);
   }
 
-  void unlocked(const std::function<void()>& fn) override {
+  void unlocked(c10::function_ref<void()> fn) override {
     if (!PyGILState_Check()) return fn();
     py::gil_scoped_release nogil;
     fn();

@@ -1,6 +1,6 @@
-// What the Python bindings hand to Runtime::execute: the storage cell of a tpu tensor, host operands
-// uploaded as buffers of their own, and the new tpu tensors that receive fresh results. Shared by
-// _C.runtime.launch (one op or fused run) and GraphRunner (a compiled graph).
+// Launch operands from Python for _C.runtime.launch and launch_replicas (the runtime tests' and the
+// device collectives' launches): the storage cell of a tpu tensor, host operands uploaded as buffers
+// of their own, and scalar operands.
 #pragma once
 
 #include <torch/csrc/utils/pybind.h>

@@ -237,8 +237,9 @@ def backend_device_path(store, rank: int, size: int, device: int, group_name: st
     local = [int(d) if p == me else -1 for p, d, _ in peers]
     ids = [int(i) for _, _, i in peers]
     if -1 in local and not _has_cross_process_collectives():
-        raise RuntimeError(f"TORCH_TPU_DIST_DEVICE_COLLECTIVES=1: this group spans processes, but the {_C.runtime.platform_name()} "
-                           "plugin has no cross-process collectives; unset it (the host path runs them)")
+        raise RuntimeError(f"TORCH_TPU_DIST_DEVICE_COLLECTIVES=1: this group spans processes, but the "
+                           f"{_C.runtime.platform_name()} plugin has no cross-process collectives; unset it (the "
+                           "host path runs them)")
     key = f"{group_name}:{store.get('token').decode()}"
     _PATHS[group_name] = _Path(key, tuple(ids), tuple(local), timeout)
 
