@@ -90,14 +90,15 @@ def configure() -> None:
     path, error = resolve_plugin()
     options = []
     if "xla_cpu_pjrt" in os.path.basename(path):
-        _follow_xla_min_max("--xla_cpu_enable_fast_min_max")
+        _own_xla_flag(_NAN_MIN_MAX["cpu"])
+        _own_xla_flag(_NO_XNNPACK)
         _take_local_share_of_cores()
         try:
             options.append(("cpu_device_count", cpu_device_count()))
         except ValueError as e:  # raised on first use, as a missing plugin is: importing still works
             path, error = "", str(e)
     elif path and path == _cuda_plugin():
-        _follow_xla_min_max("--xla_gpu_enable_fast_min_max")
+        _own_xla_flag(_NAN_MIN_MAX["cuda"])
     elif path and path == _tpu_plugin():
         if not _has_tpu():
             # No TPU chips here: libtpu would ask the cloud metadata server for the VM's TPU before
@@ -113,25 +114,39 @@ def configure() -> None:
     _C.runtime.configure(path, error, options, _torchrun_job_store())
 
 
-# The flags torch_tpu adds to XLA_FLAGS for the CPU and CUDA plugins (_follow_xla_min_max). They are
+# The flags torch_tpu adds to XLA_FLAGS for the CPU and CUDA plugins (_own_xla_flag). They are
 # left out of executable keys (target_identity): a TPU key that torch_tpu.aot writes on a CPU host, or
-# in a process started by one (which inherits them), equals the key the TPU VM computes.
-_OWN_XLA_FLAGS = ("--xla_cpu_enable_fast_min_max=false", "--xla_gpu_enable_fast_min_max=false")
+# in a process started by one (which inherits them), equals the key the TPU VM computes. What they
+# change in CPU and CUDA executables is covered by _CACHE_FORMAT instead.
+_NAN_MIN_MAX = {"cpu": "--xla_cpu_enable_fast_min_max=false", "cuda": "--xla_gpu_enable_fast_min_max=false"}
+_NO_XNNPACK = "--xla_cpu_use_xnnpack=false"
+_OWN_XLA_FLAGS = (*_NAN_MIN_MAX.values(), _NO_XNNPACK)
 
 
 def _keyed_xla_flags() -> str:
     return " ".join(f for f in settings.get("XLA_FLAGS").split() if f not in _OWN_XLA_FLAGS)
 
 
-def _follow_xla_min_max(flag: str) -> None:
-    """XLA's maximum / minimum propagate NaN (as torch.maximum, amax and max_pool do, and as on TPU),
-    but XLA:CPU's default debug options make them return the other operand (TensorFlow's old Eigen
-    behaviour; XLA:GPU has the same switch). JAX turns `flag` off in its compile options; we do
-    through XLA_FLAGS, which the plugin reads at its first compile, so that lowerings emit the bare
-    StableHLO op on every target. A user's own setting of the flag is kept."""
+def _own_xla_flag(flag: str) -> None:
+    """Adds `flag` ("--name=value", one of _OWN_XLA_FLAGS) to XLA_FLAGS, which the plugin reads at its
+    first compile, unless the user set that flag's name themselves (their setting is kept).
+
+    Why each:
+    - fast_min_max=false: XLA's maximum / minimum propagate NaN (as torch.maximum, amax and max_pool
+      do, and as on TPU), but XLA:CPU's and XLA:GPU's default debug options make them return the
+      other operand (TensorFlow's old Eigen behaviour). JAX turns it off in its compile options; we do
+      here, so that lowerings emit the bare StableHLO op on every target.
+    - xla_cpu_use_xnnpack=false: XLA:CPU's XNNPACK dot (xla-cpu-pjrt 0.0.1) captures a dot's
+      right-hand operand by value when it is a parameter of the program: it packs the weights once and
+      reuses the packing while the parameter's buffer has the same address. torch_tpu updates buffers
+      in place (a donated input's result is written where the input was: optimizer steps, add_,
+      copy_) and the allocator reuses freed addresses, so `g @ w` after `w.add_(1)` returned the old
+      product (issue 50). XLA's own comment on that capture says the address is not a sound identity.
+      Eigen's dot is as fast here (benchmarks/bench_cpu_dot.py)."""
+    name = flag.split("=", 1)[0]
     flags = settings.get("XLA_FLAGS")
-    if flag not in flags:
-        os.environ["XLA_FLAGS"] = (flags + " " + flag + "=false").strip()  # one of _OWN_XLA_FLAGS
+    if name not in flags:
+        os.environ["XLA_FLAGS"] = (flags + " " + flag).strip()
 
 
 def _torchrun_job_store() -> bool:
@@ -257,7 +272,7 @@ def lowering_for(platform_name: str):
 
 # -- the compilation cache ----------------------------------------------------------------------
 # Bump when what torch_tpu puts into programs or compile options changes meaning.
-_CACHE_FORMAT = "torch_tpu-0.1.0/compile-options-v1/nan-min-max/shaped-buffers"
+_CACHE_FORMAT = "torch_tpu-0.1.0/compile-options-v1/nan-min-max/shaped-buffers/no-xnnpack"
 
 
 def _default_cache_dir() -> str:

@@ -1,9 +1,11 @@
 """Runs seeded fuzz programs on tpu against CPU and prints every difference.
 
-    python -m tests.fuzz --programs 10000 --modes strict,fused,compiled [--seed 0]
+    python -m tests.fuzz --programs 10000 --modes strict,fused,compiled [--seed 0] [--kind ops|reuse]
 
-Exit status 1 when some program differs. Modes: strict and fused eager, compiled
-(torch.compile(backend="tpu") per step)."""
+Exit status 1 when some program differs. Modes: debug, strict and fused eager, compiled
+(torch.compile(backend="tpu") per step). Kinds: ops (programs.py: random ops on small tensors of
+every dtype and layout) and reuse (reuse.py: an operand updated in place, then used again, at the
+sizes of real layers)."""
 from __future__ import annotations
 
 import argparse
@@ -19,22 +21,25 @@ def main(argv=None) -> int:
     p.add_argument("--programs", type=int, default=1000)
     p.add_argument("--seed", type=int, default=0, help="first program's seed (programs are seed .. seed+N-1)")
     p.add_argument("--modes", default="strict,fused,compiled")
+    p.add_argument("--kind", choices=("ops", "reuse"), default="ops")
     p.add_argument("--verbose", action="store_true", help="print each program before it runs (to find a crash)")
     a = p.parse_args(argv)
     warnings.filterwarnings("ignore")
     import torch_tpu
-    from .programs import compare, generate, run
+    from . import programs, reuse
+    kind = programs if a.kind == "ops" else reuse
     bad = 0
     for mode in a.modes.split(","):
         t0, found = time.perf_counter(), 0
         for seed in range(a.seed, a.seed + a.programs):
-            prog = generate(seed)
+            prog = kind.generate(seed)
             if a.verbose:
                 print(f"[{mode}] running {prog}", flush=True)
-            cpu = run(prog, "cpu")
+            cpu = kind.run(prog, "cpu")
             with torch_tpu.eager_mode("strict" if mode == "compiled" else mode):
-                tpu = run(prog, "tpu", compiled=mode == "compiled")
-            diffs = compare(cpu, tpu, compiled=mode == "compiled")
+                tpu = kind.run(prog, "tpu", compiled=mode == "compiled")
+            diffs = (programs.compare(cpu, tpu, compiled=mode == "compiled") if kind is programs
+                     else reuse.compare(cpu, tpu))
             if diffs:
                 found += 1
                 print(f"[{mode}] {prog}")

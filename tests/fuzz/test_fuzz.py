@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import torch_tpu
+from . import reuse
 from .programs import KNOWN, KNOWN_COMPILED, compare, generate, run
 
 # Programs that once differed, and what they found (all fixed):
@@ -66,6 +67,22 @@ def test_fuzz_budget(mode, first, count):
         diffs = _check(seed, mode)
         if diffs:
             differ[str(generate(seed))] = diffs
+    assert not differ, "\n".join(f"{p}\n    " + "\n    ".join(d) for p, d in differ.items())
+
+
+@pytest.mark.parametrize("mode,count", [("strict", 40), ("debug", 15), ("fused", 25), ("compiled", 12)])
+def test_reuse_budget(mode, count):
+    """Operands updated in place (or through a view, out=, an optimizer step, a reallocation) and read
+    again, at real layer sizes (tests/fuzz/reuse.py); with XLA:CPU's XNNPACK on, strict's budget finds
+    stale products (issue 50)."""
+    differ = {}
+    for seed in range(count):
+        prog = reuse.generate(seed)
+        cpu = reuse.run(prog, "cpu")
+        with torch_tpu.eager_mode("strict" if mode == "compiled" else mode):
+            diffs = reuse.compare(cpu, reuse.run(prog, "tpu", compiled=mode == "compiled"))
+        if diffs:
+            differ[str(prog)] = diffs
     assert not differ, "\n".join(f"{p}\n    " + "\n    ".join(d) for p, d in differ.items())
 
 

@@ -14,3 +14,4 @@ from . import bags  # noqa: F401
 from . import amp  # noqa: F401
 from . import attention  # noqa: F401
 from . import collectives  # noqa: F401
+from . import rnn  # noqa: F401

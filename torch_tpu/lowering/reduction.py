@@ -49,7 +49,7 @@ def reduce_sum(b, x, dims):
 
 def reduce_max(b, x, dims, is_max=True):
     """NaN-propagating max (or min) over dims: XLA's maximum/minimum propagate NaN (on TPU; the CPU
-    and CUDA plugins are told to, runtime._follow_xla_min_max), so the reduction body is the bare op —
+    and CUDA plugins are told to, runtime._own_xla_flag), so the reduction body is the bare op —
     an explicit is-NaN select there made libtpu 0.0.52's fusion pass crash on attention's softmax."""
     name = "maximum" if is_max else "minimum"
     init = b.constant(_lowest(x.dtype) if is_max else _highest(x.dtype), x.dtype)
