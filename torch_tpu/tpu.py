@@ -26,8 +26,11 @@ def init() -> None:
 
 
 def device_count() -> int:
-    """Number of tpu devices (addressable PJRT devices); 0 when no plugin can start."""
-    return _C.runtime.device_count()
+    """Number of tpu devices: the plugin's addressable devices; 0 when no plugin can start. In a
+    multi-process job on this host whose processes each drive one device (torchrun), the host's
+    local world size, as CUDA shows each process every GPU (csrc/aten/device.h visible_device_count):
+    tpu:LOCAL_RANK (also tpu:0) is this process's device, the other indices other processes'."""
+    return _C.device.visible_device_count()
 
 
 def current_device() -> int:

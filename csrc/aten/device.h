@@ -31,6 +31,15 @@ void hint_layout(const at::Tensor& t);
 // Every other index is returned as it is.
 c10::DeviceIndex own_device(c10::DeviceIndex index);
 
+// The device count that CUDA-habit code sees (torch.accelerator.device_count(), torch.tpu.device_count(),
+// DeviceMesh's devices per host). In a multi-process job on this host whose processes each drive one
+// device (LOCAL_WORLD_SIZE > 1 and the plugin shows this process one device), it is LOCAL_WORLD_SIZE,
+// as CUDA shows every process all the host's GPUs: scripts that check `device_count() >= nproc` start,
+// and index LOCAL_RANK (as 0) names this process's device. The other indices name the other
+// processes' devices, which this process cannot use (check_device_index says so). Otherwise the
+// plugin's addressable device count. Never throws; 0 when no plugin can start.
+c10::DeviceIndex visible_device_count() noexcept;
+
 // The thread's current tpu device index (torch.tpu.current_device()).
 c10::DeviceIndex current_device();
 // Sets it (own_device(index)); throws a clear error when `index` is not a device of the running plugin.

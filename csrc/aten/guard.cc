@@ -111,9 +111,7 @@ struct TpuGuardImpl final : c10::impl::DeviceGuardImplInterface {
                 "end_event.synchronize() first");
     return static_cast<double>(*tb - *ta) / 1e6;
   }
-  c10::DeviceIndex deviceCount() const noexcept override {
-    return static_cast<c10::DeviceIndex>(runtime::Runtime::get().device_count_noexcept());
-  }
+  c10::DeviceIndex deviceCount() const noexcept override { return visible_device_count(); }
   void synchronizeDevice(c10::DeviceIndex index) const override {
     runtime::Runtime::get().synchronize(index);
   }
@@ -125,17 +123,35 @@ C10_REGISTER_GUARD_IMPL(PrivateUse1, TpuGuardImpl);
 
 c10::DeviceIndex current_device() { return tls_device; }
 
-c10::DeviceIndex own_device(c10::DeviceIndex index) {
-  // Read once: torchrun sets these before the process starts.
-  static const int local_rank = [] {
+namespace {
+// (LOCAL_RANK, LOCAL_WORLD_SIZE) of a torchrun job running several processes on this host, else
+// (-1, 0). Read once: torchrun sets them before the process starts.
+std::pair<int, int> local_world() {
+  static const std::pair<int, int> w = [] {
     const char* size = std::getenv("LOCAL_WORLD_SIZE");
     const char* rank = std::getenv("LOCAL_RANK");
-    if (!size || !rank) return -1;
+    if (!size || !rank) return std::make_pair(-1, 0);
     int n = std::atoi(size), r = std::atoi(rank);
-    return n > 1 && r > 0 && r < n ? r : -1;
+    return n > 1 && r >= 0 && r < n ? std::make_pair(r, n) : std::make_pair(-1, 0);
   }();
-  if (index != local_rank || local_rank < 0) return index;
-  return runtime::Runtime::get().device_count_noexcept() == 1 ? 0 : index;
+  return w;
+}
+
+// True in a process of such a job that drives one device (the plugin shows it one).
+bool drives_one_of_local_world() noexcept {
+  return local_world().second > 1 && runtime::Runtime::get().device_count_noexcept() == 1;
+}
+}  // namespace
+
+c10::DeviceIndex visible_device_count() noexcept {
+  if (drives_one_of_local_world()) return static_cast<c10::DeviceIndex>(local_world().second);
+  return static_cast<c10::DeviceIndex>(runtime::Runtime::get().device_count_noexcept());
+}
+
+c10::DeviceIndex own_device(c10::DeviceIndex index) {
+  int local_rank = local_world().first;
+  if (index != local_rank || local_rank <= 0) return index;
+  return drives_one_of_local_world() ? 0 : index;
 }
 
 void check_device_index(c10::DeviceIndex index) {
@@ -144,8 +160,14 @@ void check_device_index(c10::DeviceIndex index) {
   if (own < 0 || own >= n) {
     // Starting the client raises the plugin's own error when that is why there is no device.
     runtime::Runtime::get().client();
-    const char* local = std::getenv("LOCAL_WORLD_SIZE");
-    bool per_process = local && std::atoi(local) > 1;
+    auto [local_rank, local_size] = local_world();
+    if (drives_one_of_local_world() && index > 0 && index < local_size) {
+      TORCH_CHECK_INDEX(false, "tpu:", static_cast<int>(index), " is the device of local rank ",
+                        static_cast<int>(index), ", which its own process drives: in a multi-process job "
+                        "(torchrun) each process drives one device. This process (LOCAL_RANK=", local_rank,
+                        ") drives tpu:", local_rank, ", also named tpu:0; write torch.device('tpu').");
+    }
+    bool per_process = local_size > 1;
     TORCH_CHECK_INDEX(false, "invalid tpu device index ", static_cast<int>(index), ": there are ", n,
                       " tpu device(s) (valid indices 0..", n - 1, ")",
                       per_process ? ". In a multi-process job (torchrun) each process drives its own device, "

@@ -80,9 +80,7 @@ struct TpuHooks final : at::PrivateUse1HooksInterface {
   // from this allocator reads as pinned (is_pinned() is true), as DDP's reducer asserts of it.
   at::Allocator* getPinnedMemoryAllocator() const override { return &pinned_allocator(); }
   bool isPinnedPtr(const void* p) const override { return pinned_allocator().owns(p); }
-  c10::DeviceIndex deviceCount() const override {
-    return static_cast<c10::DeviceIndex>(Runtime::get().device_count_noexcept());
-  }
+  c10::DeviceIndex deviceCount() const override { return visible_device_count(); }
   void setCurrentDevice(c10::DeviceIndex d) const override { set_device(d); }
   c10::DeviceIndex getCurrentDevice() const override { return current_device(); }
   c10::DeviceIndex exchangeDevice(c10::DeviceIndex d) const override {

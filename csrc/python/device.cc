@@ -59,6 +59,10 @@ void bind_device(py::module_& m) {
   m.def("current_device", [] { return static_cast<int>(torch_tpu::aten::current_device()); });
   m.def("set_device", [](int index) { torch_tpu::aten::set_device(index); });
   m.def("check_device_index", [](int index) { torch_tpu::aten::check_device_index(index); });
+  m.def("visible_device_count", [] {
+    torch::PyWarningHandler warnings;  // the first start's "runs on the CPU plugin" warning
+    return static_cast<int>(torch_tpu::aten::visible_device_count());
+  });
   m.def("own_device", [](int index) { return static_cast<int>(torch_tpu::aten::own_device(index)); });
   m.def("default_generator", [](int index) {
     return py::reinterpret_steal<py::object>(

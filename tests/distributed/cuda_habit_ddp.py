@@ -8,6 +8,11 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 local_rank = int(os.environ["LOCAL_RANK"])
+# The start-up check of pytorch/examples' distributed scripts: every process sees the host's devices.
+nproc = int(os.environ["LOCAL_WORLD_SIZE"])
+if torch.accelerator.device_count() < nproc or torch.tpu.device_count() != nproc:
+    raise SystemExit(f"Unable to locate sufficient {nproc} devices to run this example "
+                     f"({torch.accelerator.device_count()}, {torch.tpu.device_count()})")
 torch.tpu.set_device(local_rank)
 device = torch.device(f"tpu:{local_rank}")
 dist.init_process_group("tpu_dist")
@@ -31,5 +36,13 @@ for p, r in zip(model.parameters(), reference.parameters()):
     torch.testing.assert_close(p.grad.cpu(), r.grad / world, rtol=1e-5, atol=1e-5)
 assert torch.tpu.current_device() == 0 and torch.tpu.memory_allocated(local_rank) >= 0
 assert torch.randn(3, device=device, generator=torch.Generator(device=device).manual_seed(2)).device == torch.device("tpu", 0)
+# Another local rank's device is not this process's: a clear error, not a silent alias.
+other = (local_rank + 1) % nproc
+if other != 0:
+    try:
+        torch.zeros(1, device=f"tpu:{other}")
+        raise AssertionError(f"tpu:{other} made a tensor in local rank {local_rank}'s process")
+    except IndexError as e:
+        assert f"is the device of local rank {other}" in str(e), e
 print(f"OK rank {rank}")
 dist.destroy_process_group()

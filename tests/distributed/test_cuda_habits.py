@@ -1,6 +1,7 @@
 """CUDA-habit scripts run unchanged on tpu: under torchrun, `torch.tpu.set_device(local_rank)`,
 `torch.device(f"tpu:{local_rank}")` and `DDP(model, device_ids=[local_rank])` name each process's own
-device (tpu:0) on every rank; `init_process_group("nccl")` where NCCL is not built in says to use
+device (tpu:0) on every rank, `torch.accelerator.device_count()` is the host's process count (the
+examples' start-up check) and another rank's index is a clear error; `init_process_group("nccl")` where NCCL is not built in says to use
 tpu_dist."""
 import os
 import subprocess

@@ -329,13 +329,13 @@ def device_descriptions() -> list[dict]:
     collective: every rank must call it); otherwise this process's tpu devices, in index order."""
     import torch.distributed as dist
 
-    from .. import tpu
+    from .. import _C, tpu
 
     if dist.is_available() and dist.is_initialized():
         out: list = [None] * dist.get_world_size()
         dist.all_gather_object(out, _describe(tpu.current_device()))
         return out
-    return [_describe(i) for i in range(tpu.device_count())]
+    return [_describe(i) for i in range(_C.runtime.device_count())]
 
 
 def _check_device_type(device_type) -> None:
