@@ -39,10 +39,15 @@ def test_key_parts_have_named_fields():
     view = base[1:, ::2]  # offset 4, strides (4, 2)
     t, t2, s = _parts_of_miss(lambda: torch.add(view, view, alpha=2.5))
     assert t.kind == _C.eager.KeyPartKind.device
-    assert (t.dtype, t.sizes, t.strides, t.offset, t.slot, t.bits) == (torch.float32, (2, 2), (4, 2), 4, 0, 0)
+    # offset 4 is an operand (position 1, after its storage): the program adds t.offset to it
+    assert (t.dtype, t.sizes, t.strides, t.offset, t.offset_position, t.slot, t.bits) == \
+        (torch.float32, (2, 2), (4, 2), 0, 1, 0, 0)
     assert t.first and t.storage_dtype == torch.float32
     assert t2.kind == _C.eager.KeyPartKind.device and t2.slot == 0 and not t2.first  # the same storage
-    assert s.kind == _C.eager.KeyPartKind.scalar and s.dtype == torch.float32 and s.position == 1 and s.baked is None
+    assert (t2.offset, t2.offset_position) == (0, 1)  # the same view: relative offset 0
+    assert s.kind == _C.eager.KeyPartKind.scalar and s.dtype == torch.float32 and s.position == 2 and s.baked is None
+    t0 = _parts_of_miss(lambda: torch.add(base[:2], 1.5))[0]  # offset 0 is baked
+    assert (t0.offset, t0.offset_position) == (0, -1)
     _, wrapped, alpha = _parts_of_miss(lambda: torch.add(view, 2.5))  # a wrapped number; alpha 1 is baked
     assert wrapped.kind == _C.eager.KeyPartKind.host and wrapped.dtype == torch.float64 and wrapped.sizes == ()
     assert alpha.kind == _C.eager.KeyPartKind.baked and alpha.baked == 1 and alpha.dtype == torch.int64

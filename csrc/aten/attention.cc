@@ -22,6 +22,9 @@
 namespace torch_tpu::aten {
 namespace {
 
+// Reads sizes as SymInts: under torch.compile with dynamic shapes (PyTorch's default dynamic=None
+// makes a length symbolic at its first recompile) the inputs are fake tensors with symbolic sizes,
+// whose numel() and size() throw; comparing SymInts guards on the answer, as Dynamo expects.
 bool fused_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                    const std::optional<at::Tensor>& mask, bool enable_gqa) {
   const int64_t d = q.dim();
@@ -29,22 +32,22 @@ bool fused_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   if (q.is_nested() || k.is_nested() || v.is_nested()) return false;
   if (!q.is_floating_point() || q.scalar_type() != k.scalar_type() || q.scalar_type() != v.scalar_type())
     return false;
-  if (q.numel() == 0 || k.numel() == 0 || v.numel() == 0) return false;
-  if (d == 4 && (k.size(0) != q.size(0) || v.size(0) != q.size(0))) return false;
-  const int64_t hq = q.size(-3), hk = k.size(-3);
-  if (v.size(-3) != hk || k.size(-2) != v.size(-2) || q.size(-1) != k.size(-1)) return false;
+  if (q.sym_numel() == 0 || k.sym_numel() == 0 || v.sym_numel() == 0) return false;
+  if (d == 4 && (k.sym_size(0) != q.sym_size(0) || v.sym_size(0) != q.sym_size(0))) return false;
+  const c10::SymInt hq = q.sym_size(-3), hk = k.sym_size(-3);
+  if (v.sym_size(-3) != hk || k.sym_size(-2) != v.sym_size(-2) || q.sym_size(-1) != k.sym_size(-1)) return false;
   if (hq != hk && !(enable_gqa && hq % hk == 0)) return false;
   if (mask.has_value() && mask->defined()) {
     // an additive bias or a bool mask (which scaled_dot_product_attention converts to a bias before
     // it calls the fused op) that broadcasts to (B, H, L, S)
     if (mask->dim() > 4 || !(mask->is_floating_point() || mask->scalar_type() == at::kBool)) return false;
-    const std::vector<int64_t> full = d == 4
-        ? std::vector<int64_t>{q.size(0), hq, q.size(-2), k.size(-2)}
-        : std::vector<int64_t>{hq, q.size(-2), k.size(-2)};
+    const std::vector<c10::SymInt> full = d == 4
+        ? std::vector<c10::SymInt>{q.sym_size(0), hq, q.sym_size(-2), k.sym_size(-2)}
+        : std::vector<c10::SymInt>{hq, q.sym_size(-2), k.sym_size(-2)};
     const int64_t off = static_cast<int64_t>(full.size()) - mask->dim();
     if (off < 0) return false;
     for (int64_t i = 0; i < mask->dim(); ++i)
-      if (mask->size(i) != 1 && mask->size(i) != full[off + i]) return false;
+      if (mask->sym_size(i) != 1 && mask->sym_size(i) != full[off + i]) return false;
   }
   return true;
 }

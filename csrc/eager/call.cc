@@ -17,7 +17,7 @@ using runtime::Cell;
 
 // Word tags of the key: each entry starts with one, so that no two different calls share words.
 enum : int64_t {
-  kWNone = 1, kWHost, kWDevice, kWDeviceAgain, kWBaked, kWScalar, kWLength, kWGenerator,
+  kWNone = 1, kWHost, kWDevice, kWDeviceAt, kWDeviceAgain, kWBaked, kWScalar, kWLength, kWGenerator,
   kWVNone, kWVBool, kWVInt, kWVDouble, kWVString, kWVIntList, kWVDoubleList, kWVBoolList, kWVDevice,
   kWVList, kWVTuple, kWVComplex,
 };
@@ -86,19 +86,34 @@ class Walker {
       TORCH_CHECK(false, same_device_message("tpu:" + std::to_string(call_.device), "tpu:" + std::to_string(dev)));
     }
     int64_t bits = (t.is_conj() ? 1 : 0) | (t.is_neg() ? 2 : 0);
-    int64_t slot = -1;
-    for (size_t i = 0; i < slots_.size(); ++i)
-      if (slots_[i].first == cell) slot = slots_[i].second;
-    bool first = slot < 0;
+    Slot* seen = nullptr;
+    for (auto& s : slots_)
+      if (s.cell == cell) seen = &s;
+    bool first = seen == nullptr;
+    int64_t offset = t.storage_offset();
     if (first) {
-      slot = static_cast<int64_t>(call_.operands.size());
-      slots_.emplace_back(cell, slot);
+      Slot s{cell, static_cast<int64_t>(call_.operands.size()), offset, -1};
       Operand o{Operand::kCell};
       o.tensor = t;
       o.cell = cell;
       call_.operands.push_back(std::move(o));
+      // A view at a nonzero offset takes its offset at run time: one program for t[i] at every i.
+      if (offset != 0) {
+        s.offset_position = static_cast<int64_t>(call_.operands.size());
+        Operand off{Operand::kScalar};
+        off.value = c10::Scalar(offset);
+        off.dtype = c10::ScalarType::Long;
+        call_.operands.push_back(std::move(off));
+      }
+      slots_.push_back(s);
+      seen = &slots_.back();
     }
-    words({first ? kWDevice : kWDeviceAgain, static_cast<int64_t>(dtype), t.dim(), t.storage_offset(), slot, bits});
+    // The first view of a storage: its offset is 0 (baked) or an operand. A later view of the same
+    // storage: its offset relative to the first's, baked, so the key fixes how the views overlap
+    // (what PyTorch's overlap checks read) and the program adds it to the first's.
+    int64_t rel = first ? (offset == 0 ? 0 : seen->offset_position) : offset - seen->offset;
+    int64_t tag = !first ? kWDeviceAgain : offset == 0 ? kWDevice : kWDeviceAt;
+    words({tag, static_cast<int64_t>(dtype), t.dim(), rel, seen->slot, bits});
     call_.key.insert(call_.key.end(), t.sizes().begin(), t.sizes().end());
     call_.key.insert(call_.key.end(), t.strides().begin(), t.strides().end());
     if (first) {  // the program's parameter type: the storage's buffer as it is
@@ -111,8 +126,9 @@ class Walker {
       p.dtype = dtype;
       p.sizes = t.sizes().vec();
       p.strides = t.strides().vec();
-      p.offset = t.storage_offset();
-      p.slot = slot;
+      p.offset_position = seen->offset_position;
+      p.offset = seen->offset_position < 0 ? offset : offset - seen->offset;
+      p.slot = seen->slot;
       p.bits = bits;
       p.first = first;
       p.storage_dtype = *cell->dtype;
@@ -257,7 +273,13 @@ class Walker {
   bool describe_;
   Call& call_;
   bool wide_ = false;
-  std::vector<std::pair<Cell*, int64_t>> slots_;
+  // A storage of this call: its operand position (slot), the offset of its first view and, when
+  // that is nonzero, the operand position of that offset (else -1).
+  struct Slot {
+    Cell* cell;
+    int64_t slot, offset, offset_position;
+  };
+  std::vector<Slot> slots_;
 };
 
 }  // namespace

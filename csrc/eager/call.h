@@ -2,17 +2,19 @@
 //
 // The key holds, per argument in schema order (this is the one implementation of the eager cache
 // key; torch_tpu/eager/kernel.py builds programs from the same description):
-//  - tpu tensor: dtype, sizes, strides, storage offset, which storage of this call it lives in (its
-//    slot), its lazy conj/neg bits, and the storage's dtype and element count the first time a slot
-//    is seen;
+//  - tpu tensor: dtype, sizes, strides, which storage of this call it lives in (its slot), its lazy
+//    conj/neg bits, and the storage's dtype and element count the first time a slot is seen. Its
+//    storage offset: the first view of a storage at offset 0 is keyed as such; at another offset,
+//    the offset is an int64 operand (a loop over t[i] is one program, issue 49); a later view of the
+//    same storage keys its offset relative to the first's (which fixes how the two overlap);
 //  - CPU tensor (a 0-dim operand, or any CPU tensor for ops that take host inputs): dtype and sizes;
 //  - Scalar: its type only (its value travels as an operand, so a new learning rate recompiles
 //    nothing), except 0, 1 and -1 of integer and bool type, which are baked into the program;
 //    floats travel in double precision when a tensor argument is float64/complex128, else single;
 //  - Generator: its operand position (the program takes the (seed, offset) state);
 //  - anything else (dims, flags, dtypes, lists of ints): its value.
-// Operands are what a program may take: one per storage slot, per CPU tensor, per non-baked
-// Scalar and per generator.
+// Operands are what a program may take: one per storage slot (and its first view's nonzero offset),
+// per CPU tensor, per non-baked Scalar and per generator.
 #pragma once
 
 #include <ATen/core/Generator.h>
@@ -60,7 +62,9 @@ struct KeyPart {
   enum Tag : uint8_t { kNone, kHost, kDevice, kBaked, kScalar, kLength, kGenerator, kValue } tag = kNone;
   c10::ScalarType dtype = c10::ScalarType::Undefined;
   std::vector<int64_t> sizes, strides;
-  int64_t offset = 0, slot = -1, position = -1, length = 0, bits = 0;
+  // kDevice: offset is the view's storage offset when offset_position is -1 (baked into the program),
+  // else what the program adds to the int64 operand at offset_position (the storage's first view's).
+  int64_t offset = 0, offset_position = -1, slot = -1, position = -1, length = 0, bits = 0;
   bool first = false;  // kDevice: first use of its slot (carries the storage's dtype and dims)
   c10::ScalarType storage_dtype = c10::ScalarType::Undefined;
   std::vector<int64_t> storage_dims;

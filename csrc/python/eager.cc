@@ -341,7 +341,10 @@ void bind_eager(py::module_& m) {
                              "torch.dtype of a tensor or Scalar (None where not used)")
       .def_property_readonly("sizes", [](const KeyPart& p) { return ints(p.sizes); })
       .def_property_readonly("strides", [](const KeyPart& p) { return ints(p.strides); })
-      .def_readonly("offset", &KeyPart::offset, "device: storage offset, in elements")
+      .def_readonly("offset", &KeyPart::offset,
+                    "device: the storage offset in elements, baked (offset_position -1), or added to that operand")
+      .def_readonly("offset_position", &KeyPart::offset_position,
+                    "device: operand position of the int64 offset the program takes at run time, or -1")
       .def_readonly("slot", &KeyPart::slot, "device: which storage of the call (its operand position)")
       .def_readonly("position", &KeyPart::position, "host, scalar, generator: operand position")
       .def_readonly("length", &KeyPart::length, "length: the list's element count")

@@ -673,6 +673,14 @@ class Kernel:
 
         views = {}  # id(tensor) -> Value of its view
 
+        def view_offset(t, kpart):
+            """t's storage offset as the program sees it: baked (an int), or the int64 operand the
+            call passes (call.h: a storage's first view at a nonzero offset), plus the key's part."""
+            if kpart.offset_position < 0:
+                return t.storage_offset()
+            off = operand_arg(kpart.offset_position)
+            return off if kpart.offset == 0 else b.add(off, b.constant(kpart.offset, torch.int64))
+
         def lower_tensor(t, kpart):
             if t is None:
                 return None
@@ -689,7 +697,7 @@ class Kernel:
                         is_whole(raw.type.numel, t.storage_offset(), t.shape, t.stride()):
                     got = raw  # the whole storage in its own shape
                 else:
-                    got = read_view(b, operand_arg(slot), t.storage_offset(), t.shape, t.stride(), t.dtype)
+                    got = read_view(b, operand_arg(slot), view_offset(t, kpart), t.shape, t.stride(), t.dtype)
                 if kpart.bits:
                     got = _apply_bits(b, got, kpart.bits)
                 got = Value(got.name, got.type, meta(t))
@@ -751,11 +759,12 @@ class Kernel:
             for i in sig.written:
                 ts = vals[i] if isinstance(vals[i], list) else [vals[i]]
                 for t, kp in zip(ts, parts[i]):
-                    targets.append((t, kp.slot, kp.bits))
+                    targets.append((t, kp))
             if len(targets) != len(fitted):
                 raise RuntimeError(f"{self.name}: {len(fitted)} values for {len(targets)} written tensors")
             new_base = {}
-            for (t, slot, bits), r in zip(targets, fitted):
+            for (t, kp), r in zip(targets, fitted):
+                slot, bits = kp.slot, kp.bits
                 r = b.convert(r, t.dtype)
                 if bits:
                     r = _apply_bits(b, r, bits)
@@ -767,7 +776,7 @@ class Kernel:
                     new_base[slot] = b.reshape(r, dims)
                 else:
                     base = b.reshape(new_base[slot], [n]) if slot in new_base else operand_arg(slot)
-                    new_base[slot] = b.reshape(write_view(b, base, t.storage_offset(), t.shape, t.stride(), r), dims)
+                    new_base[slot] = b.reshape(write_view(b, base, view_offset(t, kp), t.shape, t.stride(), r), dims)
             for slot, v in new_base.items():
                 if failed is not None:  # bad indices: the storage keeps its value
                     v = b.select(b.broadcast_to(failed, v.shape), storage_arg(slot), v)

@@ -7,6 +7,9 @@ CPU, so reading it is a view read of that buffer and writing it is an update of 
   overlap): one slice of the padded buffer, reshape, slice, transpose;
 - everything else (diagonal, as_strided with overlap): gather / scatter at computed offsets.
 Stride-0 dimensions (expand) are read once and broadcast.
+The offset is a python int (baked into the program) or a 0-d int64 Value (a runtime operand: eager
+passes a view's nonzero offset so that one program serves a view at every offset, issue 49); the
+same ops read and write at either (dynamic_slice / dynamic_update_slice for a runtime one).
 """
 from __future__ import annotations
 
@@ -72,9 +75,20 @@ def _as_dtype(b: Builder, base: Value, dtype: torch.dtype) -> Value:
     return b.op("stablehlo.bitcast_convert", [b.reshape(base, [usable // r, r])], [TensorType((usable // r,), dtype)])[0]
 
 
+def _offset_slice(b: Builder, base: Value, offset, size: int) -> Value:
+    """base[offset : offset + size] of the 1-D base; offset an int or a 0-d int64 Value (the caller
+    makes sure the window fits: dynamic_slice would clamp its start)."""
+    if isinstance(offset, int):
+        return b.slice(base, [offset], [offset + size])
+    return b.dynamic_slice(base, [offset], [size])
+
+
 def _flat_offsets(b: Builder, offset, sizes, strides) -> Value:
-    """i64 tensor of `sizes` holding offset + sum_k i_k * stride_k."""
-    idx = b.constant(offset, torch.int64, tuple(sizes))
+    """i64 tensor of `sizes` holding offset + sum_k i_k * stride_k (offset: an int or a 0-d Value)."""
+    if isinstance(offset, int):
+        idx = b.constant(offset, torch.int64, tuple(sizes))
+    else:
+        idx = b.broadcast_in_dim(b.convert(offset, torch.int64), tuple(sizes), [])
     for d, (s, st) in enumerate(zip(sizes, strides)):
         if s > 1 and st != 0:
             term = b.multiply(b.iota(sizes, d), b.constant(st, torch.int64, tuple(sizes)))
@@ -111,28 +125,32 @@ def dense_order(sizes, strides):
     return order
 
 
-def read_view(b: Builder, base: Value, offset: int, sizes, strides, dtype: torch.dtype) -> Value:
-    """The value of the view (offset, sizes, strides) of the 1-D `base`, as a tensor of `sizes`."""
+def read_view(b: Builder, base: Value, offset, sizes, strides, dtype: torch.dtype) -> Value:
+    """The value of the view (offset, sizes, strides) of the 1-D `base`, as a tensor of `sizes`;
+    offset: an int, or a 0-d int64 Value holding one for which the view lies in the storage."""
     sizes, strides = list(sizes), list(strides)
     base = _as_dtype(b, base, dtype)
     n = math.prod(sizes)
     if n == 0:
         return b.constant(0, dtype, tuple(sizes))
     if _dense(sizes, strides):
-        return b.reshape(b.slice(base, [offset], [offset + n]), sizes)
+        return b.reshape(_offset_slice(b, base, offset, n), sizes)
     keep = [i for i in range(len(sizes)) if sizes[i] != 1 and strides[i] != 0]
     core_sizes = [sizes[i] for i in keep]
     core_strides = [strides[i] for i in keep]
     plan = _box_plan(core_sizes, core_strides) if keep else None
     if not keep:
-        core = b.reshape(b.slice(base, [offset], [offset + 1]), [])
+        core = b.reshape(_offset_slice(b, base, offset, 1), [])
     elif plan is not None:
         order, extents = plan
         window = math.prod(extents)
-        avail = base.shape[0] - offset
-        if window > avail:  # the box's last row may end before the window does: pad the buffer
-            base = b.pad(base, b.constant(0, dtype), [0], [window - avail])
-        box = b.reshape(b.slice(base, [offset], [offset + window]), extents)
+        # The box's last row may end before the window does: pad the buffer. With a runtime offset,
+        # by what the window reaches past the view's last element (a valid view ends in the storage).
+        over = window - (base.shape[0] - offset) if isinstance(offset, int) else \
+            window - 1 - sum((s - 1) * st for s, st in zip(core_sizes, core_strides))
+        if over > 0:
+            base = b.pad(base, b.constant(0, dtype), [0], [over])
+        box = b.reshape(_offset_slice(b, base, offset, window), extents)
         ordered_sizes = [core_sizes[i] for i in order]
         box = b.slice(box, [0] * len(extents), ordered_sizes + [1])
         box = b.reshape(box, ordered_sizes)
@@ -146,8 +164,9 @@ def read_view(b: Builder, base: Value, offset: int, sizes, strides, dtype: torch
     return b.broadcast_to(core, sizes)
 
 
-def write_view(b: Builder, base: Value, offset: int, sizes, strides, value: Value) -> Value:
-    """`base` (1-D) with the view (offset, sizes, strides) replaced by `value` (shape `sizes`).
+def write_view(b: Builder, base: Value, offset, sizes, strides, value: Value) -> Value:
+    """`base` (1-D) with the view (offset, sizes, strides) replaced by `value` (shape `sizes`);
+    offset as read_view's.
     Where a stride-0 dimension makes several elements one, the last one is written, as on CPU."""
     sizes, strides = list(sizes), list(strides)
     store_dtype = base.dtype
@@ -165,7 +184,8 @@ def write_view(b: Builder, base: Value, offset: int, sizes, strides, value: Valu
         flat = b.reshape(value, [n])
         if n == base.shape[0]:
             return flat
-        return b.dynamic_update_slice(base, flat, [b.constant(offset, torch.int64)])
+        start = b.constant(offset, torch.int64) if isinstance(offset, int) else offset
+        return b.dynamic_update_slice(base, flat, [start])
     # Collapse stride-0 dims to their last element (the write that lands last on CPU).
     for d in range(len(sizes)):
         if strides[d] == 0 and sizes[d] > 1:

@@ -1,0 +1,64 @@
+"""torch.compile(backend="tpu") with PyTorch's default dynamic=None and a length that changes (issue
+49): after the first recompile Dynamo makes the length symbolic, and every tpu hook that reads sizes
+(here scaled_dot_product_attention's backend choice) must take symbolic sizes. Results equal CPU's."""
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_tpu
+
+TPU = torch.device("tpu")
+
+
+@pytest.fixture(autouse=True)
+def no_eager_graphs():
+    """Every graph is lowered and runs as a program: none falls back to running eagerly."""
+    torch._dynamo.reset()
+    before = torch_tpu.metrics.counters()["graph_eager_fallbacks"]
+    yield
+    assert torch_tpu.metrics.counters()["graph_eager_fallbacks"] == before, "a graph ran eagerly"
+
+
+def test_sdpa_under_default_dynamic():
+    f = torch.compile(lambda q: F.scaled_dot_product_attention(q, q, q, is_causal=True), backend="tpu")
+    for n in (8, 9, 10, 13):
+        q = torch.randn(1, 2, n, 16)
+        torch.testing.assert_close(f(q.to(TPU)).cpu(), F.scaled_dot_product_attention(q, q, q, is_causal=True),
+                                   atol=1e-5, rtol=1e-5)
+
+
+def test_multihead_attention_trains_under_default_dynamic():
+    torch.manual_seed(0)
+    cpu = torch.nn.MultiheadAttention(16, 4, batch_first=True)
+    tpu = copy.deepcopy(cpu).to(TPU)
+
+    def loss(m, x, mask):
+        return m(x, x, x, attn_mask=mask, need_weights=False)[0].pow(2).mean()
+    step = torch.compile(loss, backend="tpu")
+    for n in (5, 6, 9):
+        x = torch.randn(2, n, 16)
+        mask = torch.triu(torch.ones(n, n, dtype=torch.bool), 1)
+        lc, lt = loss(cpu, x, mask), step(tpu, x.to(TPU), mask.to(TPU))
+        lc.backward()
+        lt.backward()
+        torch.testing.assert_close(lt.cpu(), lc, atol=1e-5, rtol=1e-5)
+        for pc, pt in zip(cpu.parameters(), tpu.parameters()):
+            torch.testing.assert_close(pt.grad.cpu(), pc.grad, atol=1e-5, rtol=1e-4)
+
+
+def test_gpt2_loss_under_default_dynamic_with_changing_lengths():
+    transformers = pytest.importorskip("transformers")
+    from models import zoo  # noqa: F401  (imports torchvision the way transformers can load it)
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(vocab_size=128, n_positions=64, n_embd=32, n_layer=2, n_head=4,
+                                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    cpu = transformers.GPT2LMHeadModel(cfg).eval()
+    tpu = copy.deepcopy(cpu).to(TPU)
+    fwd = torch.compile(lambda m, ids: m(input_ids=ids, labels=ids).loss, backend="tpu")
+    g = torch.Generator().manual_seed(1)
+    for n in (8, 11, 16, 5):
+        ids = torch.randint(0, 128, (2, n), generator=g)
+        lc, lt = cpu(input_ids=ids, labels=ids).loss, fwd(tpu, ids.to(TPU))
+        torch.testing.assert_close(lt.cpu(), lc, atol=1e-5, rtol=1e-5)
