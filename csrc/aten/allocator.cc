@@ -84,7 +84,15 @@ REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &g_allocator);
 runtime::Cell* cell_of(const at::Tensor& t) {
   TORCH_CHECK(t.device().type() == c10::DeviceType::PrivateUse1, "expected a tpu tensor, got one on ",
               t.device());
-  auto* c = static_cast<runtime::Cell*>(t.storage().data_ptr().get_context());
+  const c10::DataPtr& data = t.storage().data_ptr();
+  // A storage whose memory the tpu allocator did not make: a slice of a storage (`storage[a:b]`, whose
+  // DataPtr points into the sliced storage's and holds that StorageImpl as its context). Its bytes
+  // live inside another storage's buffer at an offset no program knows of.
+  TORCH_CHECK(data.get_deleter() == &delete_cell,
+              "this tpu tensor lives in a slice of a tpu storage (storage[a:b]), which torch_tpu cannot read or "
+              "write: index the storage itself (storage[i]), or slice a tensor that views it "
+              "(torch.empty(0, dtype=torch.uint8, device='tpu').set_(storage)[a:b])");
+  auto* c = static_cast<runtime::Cell*>(data.get_context());
   TORCH_CHECK(c, "tpu tensor has no storage cell");
   return c;
 }

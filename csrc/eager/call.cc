@@ -2,6 +2,7 @@
 
 #include <ATen/Context.h>
 
+#include <c10/core/DefaultDtype.h>
 #include <c10/util/Exception.h>
 
 #include <cstring>
@@ -294,6 +295,9 @@ void describe_call(int64_t op_id, const Signature& sig, const std::string& op_na
   // torch.set_float32_matmul_precision: float32 dots and convolutions carry it in their program
   // (torch_tpu/lowering/precision.py), so a program made under another setting is another plan.
   call.key.push_back(static_cast<int64_t>(at::globalContext().float32MatmulPrecision()));
+  // torch.set_default_dtype: the result dtype of an integer tensor and a Python float (uint8 + 5.5,
+  // true_divide of integers) is the default dtype, which the meta kernel read when the plan was made.
+  call.key.push_back(static_cast<int64_t>(c10::typeMetaToScalarType(c10::get_default_dtype())));
   for (size_t i = 0; i < args.size(); ++i) w.scan_wide(args[i], static_cast<ArgKind>(sig.kinds[i]));
   for (size_t i = 0; i < args.size(); ++i) {
     const c10::IValue& v = args[i];

@@ -418,8 +418,11 @@ def addbmm(ctx, self, x, y, beta=None, alpha=None):
 
 def _cum_extreme(is_max):
     """cummax/cummin with CPU's choice of index: the latest position holding the running extreme,
-    and once a NaN is seen it is the extreme (the latest NaN's position). One reduce_window of
-    (value, index) pairs ordered by (is NaN, value (reversed for min), index)."""
+    and once a NaN is seen it is the extreme (the latest NaN's position). Two single-operand
+    reduce_windows: the running extreme (XLA's maximum / minimum propagate NaN, runtime._own_xla_flag),
+    then the running latest position where x reaches it (x equals it, or x is NaN). A variadic
+    reduce_window of (value, index) pairs failed XLA:CPU's compiler from about 100 x 100 elements
+    (a RET_CHECK in its reduce-window rewrite)."""
     def lower(ctx, x, dim):
         b = ctx.b
         if x.rank == 0:
@@ -428,21 +431,18 @@ def _cum_extreme(is_max):
             return b.constant(0, x.dtype, x.shape), b.constant(0, torch.int64, x.shape)
         d = dim % x.rank
         window, padding = _scan_window(x, d)
-        idx = b.iota(x.shape, d)
-        init_v = b.constant(_lowest(x.dtype) if is_max else _highest(x.dtype), x.dtype)
-        init_i = b.constant(-1, torch.int64)
-
-        def body(s, va, ia, vb, ib):
-            better = s.compare(vb, va, "GT" if is_max else "LT")
-            tie = s.compare(vb, va, "EQ")
-            if x.dtype.is_floating_point:
-                na, nb = s.is_nan(va), s.is_nan(vb)
-                better = s.or_(s.and_(nb, s.not_(na)), s.and_(s.not_(na), better))
-                tie = s.or_(s.and_(na, nb), tie)
-            take_b = s.or_(better, s.and_(tie, s.compare(ib, ia, "GT")))
-            return [s.select(take_b, vb, va), s.select(take_b, ib, ia)]
-        v, i = b.reduce_window([x, idx], [init_v, init_i], window, [1] * x.rank, padding, body)
-        return v, i
+        xv = b.convert(x, torch.uint8) if x.dtype == torch.bool else x
+        init_v = b.constant(_lowest(xv.dtype) if is_max else _highest(xv.dtype), xv.dtype)
+        pick = "maximum" if is_max else "minimum"
+        v = b.reduce_window([xv], [init_v], window, [1] * x.rank, padding,
+                            lambda s, a, e: [getattr(s, pick)(a, e)])[0]
+        reached = b.compare(xv, v, "EQ")
+        if x.dtype.is_floating_point:
+            reached = b.or_(reached, b.is_nan(xv))
+        where = b.select(reached, b.iota(x.shape, d), b.constant(-1, torch.int64, x.shape))
+        i = b.reduce_window([where], [b.constant(-1, torch.int64)], window, [1] * x.rank, padding,
+                            lambda s, a, e: [s.maximum(a, e)])[0]
+        return b.convert(v, x.dtype), i
     return lower
 
 
