@@ -52,3 +52,48 @@ def test_cummax_cummin_of_real_sizes(dtype):
             (cv, ci), (tv, ti) = f(x, dim), f(x.to(TPU), dim)
             torch.testing.assert_close(tv.cpu(), cv, equal_nan=True)
             assert torch.equal(ti.cpu(), ci)
+
+
+def _same_error(fn):
+    """fn(device) raises on tpu what it raises on CPU: type and message."""
+    errors = []
+    for dev in ("cpu", TPU):
+        with pytest.raises(Exception) as e:
+            fn(dev)
+        errors.append((type(e.value), str(e.value)))
+    assert errors[1] == errors[0]
+
+
+@pytest.mark.parametrize("fn", [
+    lambda d: torch.ones(3, device=d).eq_(torch.ones(2, 1, 3, device=d)),
+    lambda d: torch.ones(3, device=d).add_(torch.ones(2, 3, device=d)),
+    lambda d: torch.ones(1, device=d).mul_(torch.ones(4, device=d)),
+], ids=["eq_", "add_", "mul_"])
+def test_an_in_place_op_that_would_grow_self_raises_cpus_error(fn):
+    _same_error(fn)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda d: torch.neg(torch.ones(4, device=d), out=torch.ones(4, dtype=torch.double, device=d)),
+    lambda d: torch.add(torch.ones(4, device=d), 1, out=torch.ones(4, dtype=torch.long, device=d)),
+    lambda d: torch.logcumsumexp(torch.ones(4, device=d), 0, out=torch.ones(4, dtype=torch.long, device=d)),
+    lambda d: torch.mm(torch.ones(1, 2, device=d), torch.ones(2, 1, device=d),
+                       out=torch.ones(1, 1, dtype=torch.double, device=d)),
+    lambda d: torch.nonzero(torch.ones(4, device=d), out=torch.ones(0, device=d)),
+], ids=["neg", "add", "logcumsumexp", "mm", "nonzero"])
+def test_an_out_tensor_of_a_refused_dtype_raises_cpus_error(fn):
+    _same_error(fn)
+
+
+def test_an_out_tensor_of_a_wider_dtype_is_written_as_on_cpu():
+    x = torch.arange(4.0)
+    for dev in ("cpu", TPU):
+        out = torch.empty(4, dtype=torch.double, device=dev)
+        torch.add(x.to(dev), 1.5, out=out)
+        assert out.dtype == torch.double and out.cpu().tolist() == [1.5, 2.5, 3.5, 4.5]
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_masked_select_of_zero_dim_operands(keep):
+    x, m = torch.tensor(2.5), torch.tensor(keep)
+    assert torch.equal(torch.masked_select(x.to(TPU), m.to(TPU)).cpu(), torch.masked_select(x, m))

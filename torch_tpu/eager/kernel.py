@@ -167,8 +167,7 @@ def cpu_dtype_probe(low: Lowering, sig: "Signature", vals, host_inputs: bool = F
     values and shapes differ).
     Not probed: random ops (they would draw from CPU's generator), host-input ops, float8 (tpu
     computes what CPU has no float8 kernel for: README), lowerings with cpu_dtypes=False (decided
-    otherwise), out= overloads (not probed: their one-element out= would be resized) and other
-    namespaces' ops. The probe's own warnings are dropped (C++ ones through _C.device.without_cpp_warnings:
+    otherwise), out= overloads (cpu_out_dtype_probe checks their out= dtypes) and other namespaces' ops. The probe's own warnings are dropped (C++ ones through _C.device.without_cpp_warnings:
     the caller's warning handler would hold them past any Python filter)."""
     if low.rng or not low.cpu_dtypes or host_inputs or sig.is_out or sig.overload.namespace != "aten":
         return
@@ -176,22 +175,79 @@ def cpu_dtype_probe(low: Lowering, sig: "Signature", vals, host_inputs: bool = F
     if any(t.dtype.is_floating_point and t.dtype.itemsize == 1 for t in tensors):
         return
 
-    def one(t):  # (an empty tensor as it is: CPU skips some kernels, and their checks, for no elements)
-        if not isinstance(t, torch.Tensor):
-            return t
-        return torch.ones(t.shape if t.numel() == 0 else [1] * t.dim(), dtype=t.dtype)
-    probe = [[one(t) for t in v] if isinstance(v, (list, tuple)) and kind == ArgKind.tensor_list else
-             None if kind == ArgKind.generator else one(v) for v, kind in zip(vals, sig.kinds)]
     try:
-        with warnings.catch_warnings():  # the probe's warnings (var's "degrees of freedom is <= 0"
-            warnings.simplefilter("ignore")  # on one element) are not the call's
-            _C.device.without_cpp_warnings(sig.invoke, probe)
+        _run_probe(sig, _probe_args(sig, vals))
     except NotImplementedError as e:  # TORCH_CHECK_NOT_IMPLEMENTED: what CPU has no code for
         m = str(e)  # (not an op with no CPU kernel at all, or a privateuse1-only stub: no dtype rule)
         if not m.startswith("Could not run") and "privateuse1" not in m:
             raise NotImplementedError(m) from None
     except Exception:  # noqa: BLE001  (only the dtype refusal above is CPU's answer for this call)
         pass
+
+
+def _probe_args(sig: "Signature", vals, dtypes=None) -> list:
+    """The call's arguments as one-element CPU tensors of their dtypes and ranks (values 1; an empty
+    tensor keeps its shape: CPU skips some kernels, and their checks, for no elements). dtypes: per
+    argument index, a dtype to use instead."""
+    def one(t, dtype):
+        if not isinstance(t, torch.Tensor):
+            return t
+        return torch.ones(t.shape if t.numel() == 0 else [1] * t.dim(), dtype=dtype or t.dtype)
+    dtypes = dtypes or {}
+    return [[one(t, None) for t in v] if isinstance(v, (list, tuple)) and kind == ArgKind.tensor_list else
+            None if kind == ArgKind.generator else one(v, dtypes.get(i)) for i, (v, kind) in enumerate(zip(vals, sig.kinds))]
+
+
+def _run_probe(sig: "Signature", probe) -> None:
+    with warnings.catch_warnings():  # the probe's warnings (var's "degrees of freedom is <= 0"
+        warnings.simplefilter("ignore")  # on one element, an out= resized) are not the call's
+        _C.device.without_cpp_warnings(sig.invoke, probe)
+
+
+def cpu_out_dtype_probe(sig: "Signature", vals, result_dtypes) -> None:
+    """Raises CPU's error for an out= tensor of a dtype CPU's kernel refuses ("Found dtype Double but
+    expected Float" for neg; nonzero's "Expected out tensor to have scalar type Long"; a result type
+    that cannot be cast to out's), which the meta kernels leave unchecked and whose wording is each
+    kernel's own: CPU runs the call on one-element tensors, and its RuntimeError is raised when the
+    same probe with out= tensors of the result's dtypes (result_dtypes, per written tensor argument)
+    passes, so only the out= dtype is to blame."""
+    written = [i for i in sig.written if sig.kinds[i] == ArgKind.tensor]
+    if not written or len(written) != len(result_dtypes) or any(d is None for d in result_dtypes) or \
+            sig.overload.namespace != "aten" or all(vals[i].dtype == d for i, d in zip(written, result_dtypes)):
+        return
+    if any(t.dtype.is_floating_point and t.dtype.itemsize == 1 for t in _tensors(vals)):
+        return  # float8: tpu computes what CPU has no kernel for (README)
+    try:
+        _run_probe(sig, _probe_args(sig, vals))
+        return
+    except RuntimeError as e:
+        refused = e
+    except Exception:  # noqa: BLE001  (only an out= dtype refusal is taken from the probe)
+        return
+    try:
+        _run_probe(sig, _probe_args(sig, vals, dict(zip(written, result_dtypes))))
+    except Exception:  # noqa: BLE001  (the call fails for another reason: left to the real call)
+        return
+    raise RuntimeError(str(refused)) from None
+
+
+# PyTorch's out= wrappers' refusals of an out= dtype, whose wording is not CPU's kernels'.
+_OUT_DTYPE_REFUSALS = ("to out tensor with dtype", "Expected out tensor to have dtype")
+
+
+def cpu_out_dtype_error(sig: "Signature", vals, meta_error: Exception) -> None:
+    """Where PyTorch's meta refused an out= tensor's dtype (its out= wrapper's message), raises the
+    RuntimeError CPU's kernel gives the same dtypes (each kernel words its own: add's "result type
+    Float can't be cast to the desired output type Long", logcumsumexp's "expected scalar_type Float
+    but found Long"); returns when the probe does not fail that way (meta's error stands)."""
+    if not any(m in str(meta_error) for m in _OUT_DTYPE_REFUSALS) or sig.overload.namespace != "aten":
+        return
+    try:
+        _run_probe(sig, _probe_args(sig, vals))
+    except RuntimeError as e:
+        raise RuntimeError(str(e)) from None
+    except Exception:  # noqa: BLE001  (another failure of the probe: meta's error stands)
+        return
 
 
 def _map_tensors(v, fn):
@@ -337,13 +393,24 @@ def _check_overlap(vals, sig):
                                    "performing the operation.")
 
 
-def _check_inplace_cast(vals, sig, value_meta):
+def _check_inplace_result(vals, sig, value_meta):
     """An in-place op computed as its functional form writes that result into self: PyTorch refuses
-    a result type that cannot be cast to self's dtype safely (TensorIterator's check, e.g.
-    bool_t.mul_(float_t)); meta kernels do not check it."""
+    a result that would grow self (x.eq_(y) where x and y broadcast to a larger shape) and a result
+    type that cannot be cast to self's dtype safely (bool_t.mul_(float_t)), in that order, with
+    TensorIterator's messages; meta kernels check neither."""
     written = [t for i in sig.written for t in (vals[i] if isinstance(vals[i], list) else [vals[i]])]
     for w, m in zip(written, value_meta):
-        if isinstance(w, torch.Tensor) and isinstance(m, torch.Tensor) and not torch.can_cast(m.dtype, w.dtype):
+        if not (isinstance(w, torch.Tensor) and isinstance(m, torch.Tensor)):
+            continue
+        if tuple(m.shape) != tuple(w.shape):
+            try:
+                grown = tuple(torch.broadcast_shapes(w.shape, m.shape)) != tuple(w.shape)
+            except RuntimeError:
+                grown = True
+            if grown:
+                raise RuntimeError(f"output with shape {list(w.shape)} doesn't match the broadcast shape "
+                                   f"{list(m.shape)}")
+        if not torch.can_cast(m.dtype, w.dtype):
             raise RuntimeError(f"result type {scalar_type_name(m.dtype)} can't be cast to the desired output type "
                                f"{scalar_type_name(w.dtype)}")
 
@@ -356,6 +423,16 @@ def _mm_message(meta: str) -> str:
         return meta
     (n, m1), (m2, p) = shapes
     return f"mat1 and mat2 shapes cannot be multiplied ({n}x{m1} and {m2}x{p})"
+
+
+def _broadcast_message(meta: str) -> str:
+    """CPU's "output with shape [3] doesn't match the broadcast shape [2, 3]" from the refs' "output
+    with shape torch.Size([3]) doesn't match the broadcast shape (2, 3)"."""
+    got = re.fullmatch(r"output with shape torch\.Size\(\[([\d, ]*)\]\) doesn't match the broadcast shape \(([\d, ]*?),?\)",
+                       meta)
+    if not got:
+        return meta
+    return f"output with shape [{got[1]}] doesn't match the broadcast shape [{got[2]}]"
 
 
 def _mv_message(meta: str) -> str:
@@ -383,6 +460,8 @@ _META_ERRORS = (
     (AssertionError, "input tensor should be 1D or 2D", RuntimeError, "input tensor should be 1D or 2D"),
     (RuntimeError, "inconsistent tensor size, expected tensor [", RuntimeError,
      lambda meta: meta.replace("to have thesame number", "to have the same number")),  # dot's meta
+    # an in-place op that would grow self: PyTorch's refs print torch.Size and a tuple
+    (RuntimeError, "output with shape torch.Size(", RuntimeError, _broadcast_message),
 )
 
 
@@ -471,11 +550,13 @@ class Kernel:
                 entry = self._build(vals, call)
             except NotLowered:
                 entry = _ON_HOST
-            except RuntimeError:
+            except RuntimeError as e:
                 # PyTorch's Python meta / reference kernels refuse some dtypes with a RuntimeError
                 # ("torch.bool not supported for floor_divide") where CPU's kernel raises
                 # NotImplementedError: CPU's answer wins.
                 cpu_dtype_probe(self.lowering, self.sig, vals, self.host_inputs)
+                if self.sig.is_out and self.lowering.cpu_dtypes and not self.host_inputs:
+                    cpu_out_dtype_error(self.sig, vals, e)
                 raise
             if entry is _ON_HOST or not entry.resize:
                 store = entry
@@ -628,9 +709,11 @@ class Kernel:
             if not (warned or warned_f) and all(m is None or isinstance(m, torch.Tensor) for m in value_meta):
                 meta_memo.MEMO.put(call.memo_key, [int(structure), [meta_memo.tensor_record(m) for m in value_meta]])
         if sig.written and not sig.is_out and structure != _C.eager.ResultStructure.written:
-            _check_inplace_cast(vals, sig, value_meta)
+            _check_inplace_result(vals, sig, value_meta)
         out_types = [TensorType(tuple(m.shape), m.dtype) if isinstance(m, torch.Tensor) else None for m in value_meta]
         cpu_dtype_probe(self.lowering, self.sig, vals, self.host_inputs)
+        if sig.is_out and not self.lowering.rng and self.lowering.cpu_dtypes and not self.host_inputs:
+            cpu_out_dtype_probe(sig, vals, [m.dtype if isinstance(m, torch.Tensor) else None for m in value_meta])
         if self.lowering.check is not None and self.lowering.check_per_key:
             self.lowering.check(*f_vals)
 

@@ -17,7 +17,7 @@ import torch
 
 from .elementwise import compute_dtype
 from .helpers import arith, points
-from .helpers.checks import meta_result
+from .helpers.checks import meta_result, scalar_type_name
 from .registry import IndexBound, check_reads, host_kernel, in_format, register
 
 
@@ -265,6 +265,9 @@ def _same_device_out(x, out):
 
 def nonzero_out(x, *, out):
     _same_device_out(x, out)
+    if out.dtype != torch.int64:  # CPU's check and words (before anything runs)
+        raise RuntimeError("nonzero: Expected out tensor to have scalar type Long but got scalar type"
+                           f"{scalar_type_name(out.dtype)}")
     return _into_out(nonzero(x), out)
 
 
@@ -276,6 +279,8 @@ def masked_select(x, mask):
     if mask.dtype != torch.bool:
         raise RuntimeError("masked_select: expected BoolTensor for mask")
     xb, mb = torch.broadcast_tensors(x, mask)
+    if xb.dim() == 0:  # a 1-D result of 0 or 1 elements, as CPU's (index takes no 0-dim mask)
+        xb, mb = xb.reshape(1), mb.reshape(1)
     return torch.ops.aten.index.Tensor(xb, [mb])
 
 
