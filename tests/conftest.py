@@ -13,6 +13,9 @@ os.environ.setdefault("TORCH_TPU_CACHE_DIR", tempfile.mkdtemp(prefix="torch_tpu_
 # Nor in the user's per-host or shared tiers (tests that use them set them).
 os.environ.pop("TORCH_TPU_TIER2_COMPILATION_CACHE", None)
 os.environ.pop("TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT", None)
+# The recompile warning fires once per process, in whichever test makes the 8th shape of an op:
+# tests that check warnings would depend on the order. tests/test_recompiles.py turns it on.
+os.environ["TORCH_TPU_RECOMPILE_WARN"] = "0"
 import torch_tpu  # noqa: E402,F401
 
 # `import torch` above already loaded torch_tpu (PyTorch's device-backend autoloading) and set its

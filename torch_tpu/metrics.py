@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from . import _C
+from .eager import recompiles
 from .eager import state as _state
 
 
@@ -29,6 +30,14 @@ def counters() -> dict:
     return d
 
 
+def program_causes() -> dict:
+    """Per op overload (eager) or graph (torch.compile, a graph with symbolic shapes): how many
+    programs it made, by cause: "first", "new shape", "new dtype", "new layout", "new arguments"
+    (torch_tpu/eager/recompiles.py). E.g. {"aten::mm": {"first": 1, "new shape": 11}}."""
+    with recompiles._lock:
+        return {name: dict(c) for name, c in recompiles.causes.items()}
+
+
 def host_caches() -> dict:
     """Per in-memory cache of this process: entries, capacity, bytes (what its values hold: a
     program's generated code, a buffer's size), max_bytes (0: bounded by entries alone), hits, misses
@@ -41,8 +50,13 @@ def host_caches() -> dict:
 
 
 def report() -> str:
-    """A readable summary of counters() and fallback_counts()."""
+    """A readable summary of counters(), fallback_counts() and program_causes()."""
     lines = [f"{k}: {v}" for k, v in counters().items()]
+    causes = program_causes()
+    remade = {n: c for n, c in causes.items() if sum(c.values()) > 1}
+    if remade:
+        lines.append("programs made more than once, by cause:")
+        lines += [f"  {n}: {c}" for n, c in sorted(remade.items(), key=lambda kv: -sum(kv[1].values()))]
     fb = fallback_counts()
     if fb:
         lines.append("CPU fallbacks by op:")
@@ -58,4 +72,5 @@ def reset() -> None:
     _C.eager.plan_cache_reset_stats()
     _C.runtime.reset_host_cache_stats()
     _C.eager.fused_reset_stats()
+    recompiles.reset()
     _state.counts.clear()

@@ -31,6 +31,7 @@ from torch._functorch.aot_autograd import make_boxed_func
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 
 from .. import _C, settings
+from ..eager import recompiles
 from ..eager import state as _state
 from ..lowering.overloads import resolve
 from . import collectives
@@ -163,6 +164,9 @@ class _PerShape:
             from torch.fx.experimental.proxy_tensor import make_fx
             log.info("%s graph: compiling for input shapes %s", self.name,
                      [k[0] if isinstance(k, tuple) else k for k in key])
+            ts = [a for a in args if isinstance(a, torch.Tensor)]
+            recompiles.note(self.name, tuple(t.dtype for t in ts), tuple(tuple(t.shape) for t in ts),
+                            tuple(recompiles.layout_of(t) for t in ts), what="compiled graph")
             static = make_fx(self.gm, tracing_mode="fake")(*args)
             prog = compile_graph(static, args, self.name, self.fullgraph)
             self.programs.put(key, prog, _held_bytes(prog))

@@ -31,7 +31,7 @@ from ..lowering.builder import Builder, TensorType, Value
 from ..lowering.helpers.checks import cpp_type_name, scalar_type_name
 from ..lowering.registry import Lowering, LoweringContext, NotLowered, bounds_status, fit, lower_arguments, rng_draws
 from ..lowering.strided import contiguous_strides, dense_order, is_whole, read_view, write_view
-from . import meta_memo
+from . import meta_memo, recompiles
 from .launch import compile_entry_text, debug_synchronize, executable
 
 
@@ -248,6 +248,13 @@ def cpu_out_dtype_error(sig: "Signature", vals, meta_error: Exception) -> None:
         raise RuntimeError(str(e)) from None
     except Exception:  # noqa: BLE001  (another failure of the probe: meta's error stands)
         return
+
+
+def _note_program(name: str, vals) -> None:
+    """Counts a new program of op `name` by its cause (recompiles.py), from the call's tensors."""
+    ts = list(_tensors(vals))
+    recompiles.note(name, tuple(t.dtype for t in ts), tuple(tuple(t.shape) for t in ts),
+                    tuple(recompiles.layout_of(t) for t in ts), stacklevel=3)  # the user's line: before _slow
 
 
 def _map_tensors(v, fn):
@@ -548,6 +555,8 @@ class Kernel:
         if entry is None:
             try:
                 entry = self._build(vals, call)
+                if not entry.resize:
+                    _note_program(self.name, vals)
             except NotLowered:
                 entry = _ON_HOST
             except RuntimeError as e:

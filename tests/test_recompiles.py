@@ -1,0 +1,67 @@
+"""Programs counted by cause, and the warning when an op or graph keeps making programs for new
+shapes (torch_tpu/eager/recompiles.py; issue 49: recompiles must be visible)."""
+import warnings
+
+import pytest
+import torch
+
+import torch_tpu
+from torch_tpu.eager import recompiles
+
+TPU = torch.device("tpu")
+
+
+@pytest.fixture(autouse=True)
+def fresh(monkeypatch):
+    monkeypatch.setenv("TORCH_TPU_RECOMPILE_WARN", "4")
+    recompiles.reset()
+    yield
+    recompiles.reset()
+
+
+def test_programs_are_counted_by_cause():
+    torch.sinh(torch.ones(3, 5, device=TPU))                          # first
+    torch.sinh(torch.ones(4, 5, device=TPU))                          # new shape
+    torch.sinh(torch.ones(4, 5, device=TPU, dtype=torch.float64))     # new dtype
+    torch.sinh(torch.ones(5, 4, device=TPU).t())                      # new layout (transposed)
+    torch.sinh(torch.ones(6, 5, device=TPU)[1:5])                     # new layout (offset)
+    torch.sinh(torch.ones(6, 5, device=TPU)[2:6])                     # the same program
+    assert torch_tpu.metrics.program_causes()["aten::sinh"] == {"first": 1, "new shape": 1, "new dtype": 1,
+                                                                 "new layout": 2}
+
+
+def test_new_shapes_past_the_threshold_warn_once_naming_the_op_and_shapes(monkeypatch):
+    monkeypatch.setenv("TORCH_TPU_RECOMPILE_WARN", "0")
+    xs = [torch.ones(n, 3, device=TPU) for n in range(1, 9)]  # (their programs before the count starts)
+    recompiles.reset()
+    monkeypatch.setenv("TORCH_TPU_RECOMPILE_WARN", "4")
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        for x in xs:
+            torch.cosh(x)
+    mine = [w for w in got if "different input shapes" in str(w.message)]
+    assert len(mine) == 1, [str(w.message) for w in got]
+    text = str(mine[0].message)
+    assert "aten::cosh" in text and "[[5, 3]]" in text and "TORCH_TPU_RECOMPILE_WARN" in text
+    assert mine[0].filename == __file__  # the user's line
+
+
+def test_no_warning_when_turned_off(monkeypatch):
+    monkeypatch.setenv("TORCH_TPU_RECOMPILE_WARN", "0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for n in range(1, 9):
+            torch.tanh(torch.ones(n, 2, device=TPU))
+    assert torch_tpu.metrics.program_causes()["aten::tanh"]["new shape"] == 7
+
+
+def test_a_compiled_graph_with_symbolic_shapes_counts_its_per_shape_programs():
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: (x * 2).sum(), backend="tpu", dynamic=True)
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        for n in range(2, 8):
+            f(torch.ones(n, device=TPU))
+    graphs = {k: v for k, v in torch_tpu.metrics.program_causes().items() if not k.startswith("aten::")}
+    assert len(graphs) == 1 and list(graphs.values())[0] == {"first": 1, "new shape": 5}, graphs
+    assert any("compiled graph" in str(w.message) and "different input shapes" in str(w.message) for w in got)
