@@ -3,7 +3,8 @@
   so a plan made before the change is not reused after (uint8 + 5.5 stayed float32 after
   torch.set_default_dtype(torch.float64));
 - a storage slice, which torch_tpu cannot address, is a clear error, not a crash (SIGSEGV);
-- cummax / cummin of real sizes compile.
+- cummax / cummin of real sizes compile; CPU's errors for in-place results that would grow self and for
+  out= dtypes; masked_select of 0-dim operands; the legacy storage classes.
 """
 import pytest
 import torch
@@ -97,3 +98,11 @@ def test_an_out_tensor_of_a_wider_dtype_is_written_as_on_cpu():
 def test_masked_select_of_zero_dim_operands(keep):
     x, m = torch.tensor(2.5), torch.tensor(keep)
     assert torch.equal(torch.masked_select(x.to(TPU), m.to(TPU)).cpu(), torch.masked_select(x, m))
+
+
+def test_legacy_storage_types_as_cudas(recwarn):
+    """x.storage_type() and torch.tpu.FloatStorage, as torch.cuda has them (it was None)."""
+    assert torch.ones(3, device=TPU).storage_type() is torch.tpu.FloatStorage
+    assert torch.ones(3, dtype=torch.int64, device=TPU).storage_type() is torch.tpu.LongStorage
+    s = torch.tpu.DoubleStorage(4)
+    assert s.device.type == "tpu" and s.dtype == torch.float64 and s.size() == 4

@@ -370,3 +370,37 @@ def stream(s: torch.Stream | None):
     finally:
         set_stream(prev)
         _C.device.set_device(prev_dev)
+
+
+# -- legacy typed storages ---------------------------------------------------------------------------
+# torch.tpu.FloatStorage and the other classes torch.cuda has (PyTorch's deprecated typed-storage API:
+# `x.storage_type()`, `torch.tpu.FloatStorage(n)`). PyTorch finds them by name in the device module and
+# takes their device from their module's name, "...tpu".
+def _make_legacy_storages() -> dict:
+    from torch._utils import classproperty
+    from torch.storage import _LegacyStorage, _dtype_to_storage_type_map, _warn_typed_storage_removal
+
+    class _TpuLegacyStorage(_LegacyStorage):
+        @classmethod
+        def from_buffer(cls, *args, **kwargs):
+            _warn_typed_storage_removal()
+            raise RuntimeError("from_buffer: Not available for tpu storage")
+
+        @classmethod
+        def _new_with_weak_ptr(cls, *args, **kwargs):
+            raise RuntimeError("_new_with_weak_ptr: Not available for tpu storage")
+
+        @classmethod
+        def _new_shared_filename(cls, manager, obj, size, *, device=None, dtype=None):
+            raise RuntimeError("_new_shared_filename: Not available for tpu storage")
+
+    def typed(name, dtype):
+        def public(cls):
+            _warn_typed_storage_removal()
+            return dtype
+        return type(name, (_TpuLegacyStorage,), {"__module__": __name__, "dtype": classproperty(public),
+                                                  "_dtype": classproperty(lambda cls: dtype)})
+    return {name: typed(name, dtype) for dtype, name in _dtype_to_storage_type_map().items()}
+
+
+globals().update(_make_legacy_storages())
