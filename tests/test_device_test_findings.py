@@ -106,3 +106,14 @@ def test_legacy_storage_types_as_cudas(recwarn):
     assert torch.ones(3, dtype=torch.int64, device=TPU).storage_type() is torch.tpu.LongStorage
     s = torch.tpu.DoubleStorage(4)
     assert s.device.type == "tpu" and s.dtype == torch.float64 and s.size() == 4
+
+
+def test_one_hot_of_a_negative_class_raises_cpus_error_at_the_call():
+    """With num_classes=-1 (which reads the maximum from the device anyway): CPU's error at the call,
+    and nothing left to surface at the next, unrelated sync (it used to be blamed on that)."""
+    _same_error(lambda d: torch.nn.functional.one_hot(torch.tensor([3, 4, -1, 0], device=d), -1))
+    assert torch.ones(2, device=TPU).sum().item() == 2.0
+    x = torch.tensor([[3, 1], [0, 2]])
+    for n in (-1, 5):
+        got = torch.nn.functional.one_hot(x.to(TPU), n)
+        assert got.dtype == torch.int64 and torch.equal(got.cpu(), torch.nn.functional.one_hot(x, n))

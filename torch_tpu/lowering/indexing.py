@@ -289,6 +289,38 @@ def masked_select_out(x, mask, *, out):
     return _into_out(masked_select(x, mask), out)
 
 
+def one_hot(self, num_classes=-1):
+    """F.one_hot of tpu tensors (ATen's composite, Onehot.cpp), with CPU's negative-class error at the
+    call where that costs no extra host read: on accelerators the composite leaves a negative class to
+    scatter's device-side bounds check (CUDA's device assert), which surfaced at a later, unrelated
+    sync. With num_classes=-1 the composite reads max() from the device anyway: min comes with it
+    (aminmax, one read) and CPU's "Class values must be non-negative." is raised here. A given
+    num_classes needs no read, as on CUDA: a bad class is found by scatter's check, which names it.
+    Traced (fake or functional tensors), the composite's own traceable form."""
+    if self.dtype != torch.int64:
+        raise RuntimeError("one_hot is only applicable to index tensor of type LongTensor.")
+    if torch._C._dispatch_keys(self).has(torch._C.DispatchKey.Python):
+        if num_classes == -1:
+            num_classes = int(self.max().item()) + 1
+        return torch.eq(self.unsqueeze(-1), torch.arange(num_classes, device=self.device)).to(torch.int64)
+    shape = list(self.shape)
+    if self.numel() == 0:
+        if num_classes <= 0:
+            raise RuntimeError("Can not infer total number of classes from empty tensor.")
+        return torch.empty(shape + [num_classes], dtype=torch.int64, device=self.device)
+    if num_classes == -1:
+        lo, hi = torch.stack(torch.aminmax(self)).tolist()
+        if lo < 0:
+            raise RuntimeError("Class values must be non-negative.")
+        num_classes = hi + 1
+    elif num_classes < 1:
+        raise RuntimeError("num_classes should be positive")
+    ret = torch.zeros(shape + [num_classes], dtype=torch.int64, device=self.device)
+    return ret.scatter_(-1, self.unsqueeze(-1), 1)
+
+
+# Before autograd (one_hot is a composite; its integer result has no gradient).
+host_kernel("one_hot", one_hot, "AutogradPrivateUse1")
 host_kernel("masked_select", masked_select)
 host_kernel("masked_select.out", masked_select_out)
 
