@@ -118,6 +118,8 @@ def test_traced_backward_compiles_forward_and_backward_as_one_program():
     fused, usual = report_of(True), report_of(False)
     assert fused.ok and usual.ok, (fused, usual)
     assert len(fused.programs) == 2 and len(usual.programs) > 2, (fused, usual)
+    # named for what it is (AOTAutograd hands it to its inference compiler): not "inference graph"
+    assert [p.name.split(" [")[0] for p in fused.programs] == ["forward+backward graph", "inference graph"], fused
     assert fused.flops == pytest.approx(usual.flops, rel=0.05)
     assert fused.bytes_accessed < usual.bytes_accessed
 

@@ -95,7 +95,7 @@ def backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     compiler = aot_autograd(
         fw_compiler=functools.partial(_graph, name="forward"),
         bw_compiler=functools.partial(_graph, name="backward"),
-        inference_compiler=functools.partial(_graph, name="inference"),
+        inference_compiler=functools.partial(_graph, name=tpu_backend.inference_name(gm)),
         **tpu_backend.aot_autograd_options(),
     )
     return compiler(gm, example_inputs, **kwargs)

@@ -191,10 +191,19 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     compiler = aot_autograd(
         fw_compiler=functools.partial(_fw, fullgraph=fullgraph),
         bw_compiler=functools.partial(_bw, fullgraph=fullgraph),
-        inference_compiler=functools.partial(_inference, fullgraph=fullgraph),
+        inference_compiler=functools.partial(_inference, fullgraph=fullgraph, name=inference_name(gm)),
         **aot_autograd_options(),
     )
     return compiler(gm, example_inputs, **kwargs)
+
+
+def inference_name(gm) -> str:
+    """What a graph AOTAutograd hands to its inference compiler (no output needs grad) is called in aot
+    reports, profiler spans and logs: with torch._dynamo.config.trace_autograd_ops a training step's
+    forward and backward are such a graph, whose Dynamo graph calls torch.autograd.grad."""
+    backward = any(n.op == "call_function" and n.target in (torch.autograd.grad, torch.autograd.backward)
+                   for n in gm.graph.nodes)
+    return "forward+backward" if backward else "inference"
 
 
 def aot_autograd_options() -> dict:
@@ -216,5 +225,5 @@ def _bw(gm, example_inputs, fullgraph=False):
     return compile_graph(gm, example_inputs, "backward", fullgraph)
 
 
-def _inference(gm, example_inputs, fullgraph=False):
-    return compile_graph(gm, example_inputs, "inference", fullgraph)
+def _inference(gm, example_inputs, fullgraph=False, name="inference"):
+    return compile_graph(gm, example_inputs, name, fullgraph)
