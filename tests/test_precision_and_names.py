@@ -54,6 +54,23 @@ def test_compiled_graphs_follow_a_change_of_setting():
     assert "#stablehlo<precision DEFAULT>" in torch_tpu.dynamo.last_stablehlo()
 
 
+def test_a_relowered_graph_keeps_its_devices(monkeypatch):
+    """A change of setting lowers a graph again for the same devices: a graph with collectives keeps
+    its replicas (it was re-made for one device, issue 54)."""
+    from torch_tpu.dynamo.lower_graph import GraphProgram
+    torch.set_float32_matmul_precision("highest")
+    from torch.fx.experimental.proxy_tensor import make_fx
+    a = torch.randn(4, 4, device=TPU)
+    prog = GraphProgram(make_fx(lambda x: torch.mm(x, x), tracing_mode="fake")(a), "t")
+    replicas = object()  # what a collective graph's program was compiled for
+    prog.replicas = replicas
+    seen = []
+    monkeypatch.setattr(GraphProgram, "__init__", lambda self, gm, name, replicas=None: seen.append(replicas))
+    torch.set_float32_matmul_precision("medium")
+    prog([a])  # (the stand-in __init__ rebuilds nothing: the old program runs)
+    assert seen == [replicas]
+
+
 def test_torch_tpu_precision_context():
     torch.set_float32_matmul_precision("highest")
     a = torch.randn(8, 8, device=TPU)

@@ -160,6 +160,7 @@ class GraphProgram:
     def __init__(self, gm: torch.fx.GraphModule, name: str = "graph", replicas=None):
         """`replicas`: for a graph with collectives, the devices its program runs on
         (torch_tpu.distributed.device_collectives.GraphReplicas, for the ranks `graph_span(gm)`)."""
+        self.replicas = replicas
         self._prepare(gm, name)
         try:
             self.exe = runtime.compile(self.text, self.label,
@@ -596,7 +597,7 @@ class GraphProgram:
     # -- running -----------------------------------------------------------------------------------
     def __call__(self, args):
         if matmul_precision() != self.precision:  # torch.set_float32_matmul_precision since
-            self.__init__(self.gm, self.name)
+            self.__init__(self.gm, self.name, self.replicas)  # the same devices (issue 54)
         real = list(args)
         args.clear()  # boxed calling convention: inputs may be freed as soon as they are used
         if self.status_ph is not None:
