@@ -3,7 +3,7 @@ have (issue 50: XLA:CPU's XNNPACK dot reused weights it had packed from an earli
 address, so `g @ w` after `w.add_(1)` returned the old product).
 
 A program is a consumer (a matrix product or convolution of two or three operands, sizes up to
-1024 per dim) and a few rounds of: run the consumer, then update one operand in place (a scalar
+1024 per dim; an operand may be a view at a nonzero storage offset) and a few rounds of: run the consumer, then update one operand in place (a scalar
 add_, mul_, copy_ from a fresh tensor, a write through a view, an out= write, a foreach op, an
 optimizer step, or the operand freed and a new tensor of its size made in its place). Every
 consumer result and the final operands are compared with CPU's by relative error: a stale
@@ -57,9 +57,12 @@ class ReuseProgram:
     shapes: list
     values: list  # CPU base values of the operands
     rounds: list = field(default_factory=list)  # (update kind, operand index, value seed)
+    # per operand: "plain", or "offset" (a view of a larger storage at a nonzero offset, which eager
+    # programs take as a runtime operand: the update writes through it)
+    layouts: list = field(default_factory=list)
 
     def __str__(self):
-        return f"reuse seed {self.seed}: {self.consumer} {self.shapes} rounds {self.rounds}"
+        return f"reuse seed {self.seed}: {self.consumer} {self.shapes} {self.layouts} rounds {self.rounds}"
 
 
 def generate(seed: int) -> ReuseProgram:
@@ -78,7 +81,17 @@ def generate(seed: int) -> ReuseProgram:
     for _ in range(rng.randint(2, 3)):
         which = weight if rng.random() < 0.75 else rng.randrange(len(shapes))
         prog.rounds.append((rng.choice(UPDATES), which, rng.randrange(2 ** 31)))
+    prog.layouts = [rng.choice(["plain", "plain", "offset"]) for _ in shapes]
     return prog
+
+
+def _place(value: torch.Tensor, layout: str, device) -> torch.Tensor:
+    """The operand on `device` in its layout: "offset" is rows 1.. of a storage one row longer."""
+    if layout == "offset":
+        big = torch.cat([torch.full_like(value[:1] if value.dim() else value.reshape(1), 7.0),
+                         value.reshape(-1, *value.shape[1:]) if value.dim() else value.reshape(1)])
+        return big.to(device)[1:].reshape(value.shape)
+    return value.clone().to(device)
 
 
 def _update(kind: str, ops: list, i: int, value_seed: int, device) -> None:
@@ -120,7 +133,7 @@ def run(prog: ReuseProgram, device, compiled: bool = False) -> list:
     if compiled:
         torch._dynamo.reset()
         fn = torch.compile(fn, backend="tpu", dynamic=False)
-    ops = [v.clone().to(device) for v in prog.values]
+    ops = [_place(v, layout, device) for v, layout in zip(prog.values, prog.layouts)]
     out = []
     for kind, i, value_seed in prog.rounds:
         out.append(fn(*ops).cpu())
