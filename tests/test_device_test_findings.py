@@ -117,3 +117,13 @@ def test_one_hot_of_a_negative_class_raises_cpus_error_at_the_call():
     for n in (-1, 5):
         got = torch.nn.functional.one_hot(x.to(TPU), n)
         assert got.dtype == torch.int64 and torch.equal(got.cpu(), torch.nn.functional.one_hot(x, n))
+
+
+@pytest.mark.parametrize("fn", [
+    lambda d: torch.add(torch.ones(3, dtype=torch.long, device=d), torch.ones(3, dtype=torch.long, device=d), alpha=2.5),
+    lambda d: torch.sub(torch.ones(3, dtype=torch.long, device=d), 1, alpha=0.5),
+    lambda d: torch.add(torch.ones(3, device=d), torch.ones(3, device=d), alpha=1j),
+    lambda d: torch.roll(torch.ones(3, device=d), (1, 2), (0,)),
+], ids=["alpha_float_int", "alpha_sub", "alpha_complex", "roll"])
+def test_argument_errors_are_cpus(fn):
+    _same_error(fn)

@@ -442,6 +442,16 @@ def _broadcast_message(meta: str) -> str:
     return f"output with shape [{got[1]}] doesn't match the broadcast shape [{got[2]}]"
 
 
+def _alpha_message(meta: str) -> str:
+    """CPU's alpha_check words from the refs' "alpha argument of type <class 'float'> cannot be safely
+    cast to type <class 'int'>!" (add / sub with an alpha of a kind the tensors cannot take)."""
+    if "<class 'complex'>" in meta:
+        return "For non-complex input tensors, argument alpha must not be a complex number."
+    if "<class 'float'>" in meta:
+        return "For integral input tensors, argument alpha must not be a floating point number."
+    return meta
+
+
 def _mv_message(meta: str) -> str:
     """CPU's mv shape error (its addmv names the result too) from the decomposition's "size mismatch,
     got input (MxN), vec (K)": "size mismatch, got input (M), mat (MxN), vec (K)"."""
@@ -469,6 +479,8 @@ _META_ERRORS = (
      lambda meta: meta.replace("to have thesame number", "to have the same number")),  # dot's meta
     # an in-place op that would grow self: PyTorch's refs print torch.Size and a tuple
     (RuntimeError, "output with shape torch.Size(", RuntimeError, _broadcast_message),
+    (ValueError, "alpha argument of type", RuntimeError, _alpha_message),
+    (RuntimeError, "shifts and dimensions must align", RuntimeError, lambda meta: meta.replace("dims: ", "dims:")),
 )
 
 
