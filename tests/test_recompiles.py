@@ -39,7 +39,7 @@ def test_new_shapes_past_the_threshold_warn_once_naming_the_op_and_shapes(monkey
         warnings.simplefilter("always")
         for x in xs:
             torch.cosh(x)
-    mine = [w for w in got if "different input shapes" in str(w.message)]
+    mine = [w for w in got if "sizes of a dimension that changes" in str(w.message)]
     assert len(mine) == 1, [str(w.message) for w in got]
     text = str(mine[0].message)
     assert "aten::cosh" in text and "[[5, 3]]" in text and "TORCH_TPU_RECOMPILE_WARN" in text
@@ -61,7 +61,24 @@ def test_a_compiled_graph_with_symbolic_shapes_counts_its_per_shape_programs():
     with warnings.catch_warnings(record=True) as got:
         warnings.simplefilter("always")
         for n in range(2, 8):
-            f(torch.ones(n, device=TPU))
+            f(torch.ones(n, 2, device=TPU))
     graphs = {k: v for k, v in torch_tpu.metrics.program_causes().items() if not k.startswith("aten::")}
     assert len(graphs) == 1 and list(graphs.values())[0] == {"first": 1, "new shape": 5}, graphs
-    assert any("compiled graph" in str(w.message) and "different input shapes" in str(w.message) for w in got)
+    assert any("compiled graph" in str(w.message) and "sizes of a dimension that changes" in str(w.message) for w in got)
+
+
+def test_a_models_layers_of_many_shapes_do_not_warn_its_changing_length_does(monkeypatch):
+    """Different layers (and .to(device) copying their parameters) make programs of many shapes once:
+    no warning (a fresh user's digits run and LSTM training warned). A batch whose length changes
+    every step does warn."""
+    monkeypatch.setenv("TORCH_TPU_RECOMPILE_WARN", "10")
+    widths = [24, 22, 20, 18, 16, 14, 12, 10, 8]  # 8 layers of 8 widths
+    layers = [torch.nn.Linear(a, b) for a, b in zip(widths, widths[1:])]
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        model = torch.nn.Sequential(*layers).to(TPU)
+        model(torch.randn(4, 24, device=TPU)).sum().backward()
+        assert not [w for w in got if "sizes of a dimension" in str(w.message)], [str(w.message) for w in got]
+        for n in range(5, 17):
+            model(torch.randn(n, 24, device=TPU)).sum().backward()
+    assert [w for w in got if "sizes of a dimension" in str(w.message)]

@@ -23,6 +23,8 @@ causes: dict[str, collections.Counter] = collections.defaultdict(collections.Cou
 # op or graph name -> the signatures it has programs for (dtypes, sizes, layouts)
 _seen: dict[str, list] = collections.defaultdict(list)
 _warned: set = set()
+# op or graph name -> its programs for a new size of one varying dimension (_one_dimension_varies)
+_varying: collections.Counter = collections.Counter()
 
 
 def _classify(seen: list, sig: tuple) -> str:
@@ -39,28 +41,51 @@ def _classify(seen: list, sig: tuple) -> str:
     return "new shape"
 
 
+def _one_dimension_varies(seen: list, sig: tuple) -> bool:
+    """True when `sig` is an earlier signature (same dtypes, layouts and ranks, a tensor of rank >= 2
+    among them) with one size value replaced by another wherever it differs: a batch size or a
+    sequence length that changes (17 -> 23 in (8, 17, 64) and in attention's (8, 4, 17, 17)).
+    A model's layers mostly differ otherwise (784 -> 400 and 400 -> 10 at once), and so do its
+    parameters as .to(device) copies them; where they do not (a bias gradient's sum over (4, 32) and
+    (4, 40)), their count is bounded by the model's distinct widths, which the default threshold
+    leaves room for: those programs are made once and are not what the warning is about."""
+    dtypes, sizes, layouts = sig
+    if not any(len(t) >= 2 for t in sizes):
+        return False
+    for s in seen:
+        if s[0] != dtypes or s[2] != layouts or [len(t) for t in s[1]] != [len(t) for t in sizes]:
+            continue
+        swaps = {(a, b) for old, new in zip(s[1], sizes) for a, b in zip(old, new) if a != b}
+        if len(swaps) == 1:
+            return True
+    return False
+
+
 def note(name: str, dtypes: tuple, sizes: tuple, layouts: tuple, what: str = "op", stacklevel: int = 2) -> str:
     """Records a new program of op / graph `name` for arguments of these dtypes, sizes and layouts
     (tuples, one entry per tensor argument; a layout is layout_of's); returns its cause. When its
-    "new shape" programs reach TORCH_TPU_RECOMPILE_WARN (default 8; 0: never), warns, once per
+    programs for new sizes of one varying dimension (a length or batch size that changes, not a
+    model's differently shaped layers) reach TORCH_TPU_RECOMPILE_WARN (default 32; 0: never), warns, once per
     process for eager ops (a step's ops all reach it together) and once per compiled graph;
     stacklevel: the warning's, counted from the caller of note."""
     sig = (dtypes, sizes, layouts)
     with _lock:
         cause = _classify(_seen[name], sig)
+        varying = cause == "new shape" and _one_dimension_varies(_seen[name], sig)
         if len(_seen[name]) < 64:  # a bounded memory of what was seen is enough to classify
             _seen[name].append(sig)
         causes[name][cause] += 1
-        shapes = causes[name]["new shape"]
+        _varying[name] += varying
+        shapes = _varying[name]
         threshold = int(settings.get("TORCH_TPU_RECOMPILE_WARN") or 0)
         once = name if what != "op" else what
-        warn = cause == "new shape" and 0 < threshold <= shapes and once not in _warned
+        warn = varying and 0 < threshold <= shapes and once not in _warned
         if warn:
             _warned.add(once)
     if warn:
         recent = [s[1] for s in _seen[name][-3:]]
         warnings.warn(
-            f"torch_tpu: {what} {name} has made programs for {shapes + 1} different input shapes (the last: "
+            f"torch_tpu: {what} {name} has made programs for {shapes + 1} sizes of a dimension that changes (the last: "
             f"{', '.join(str(list(map(list, r))) for r in recent)}): each new shape compiles a new program. "
             "Pad inputs to a few fixed sizes (e.g. Hugging Face's DataCollatorWithPadding(pad_to_multiple_of=64), "
             "or batches bucketed by length). torch_tpu.metrics.program_causes() counts programs by cause; "
@@ -77,4 +102,5 @@ def reset() -> None:
     with _lock:
         causes.clear()
         _seen.clear()
+        _varying.clear()
         _warned.clear()
