@@ -14,6 +14,7 @@ TPU = torch.device("tpu")
 @pytest.fixture(autouse=True)
 def fresh(monkeypatch):
     monkeypatch.setenv("TORCH_TPU_RECOMPILE_WARN", "4")
+    torch_tpu._C.eager.plan_cache_clear()  # every call below makes its plan (another test's may exist)
     recompiles.reset()
     yield
     recompiles.reset()
