@@ -152,3 +152,22 @@ def test_bad_cell_arguments_raise():
     with pytest.raises(RuntimeError, match="differ in shape"):
         torch.ops.aten._thnn_fused_gru_cell(torch.randn(3, 48, device=TPU), torch.randn(3, 47, device=TPU),
                                             torch.randn(3, 16, device=TPU))
+
+
+@pytest.mark.parametrize("cell", ["LSTMCell", "GRUCell"])
+def test_bfloat16_cells_forward_and_gradients(cell, no_fallback):
+    """bfloat16 cells (computed in float32, rounded once) against CPU's float32 cell on the same
+    rounded weights and inputs: outputs and gradients within bfloat16's precision."""
+    torch.manual_seed(0)
+    m = getattr(nn, cell)(8, 16).to(torch.bfloat16)
+    ref, got = copy.deepcopy(m).float(), copy.deepcopy(m).to(TPU)
+    x = torch.randn(4, 8).to(torch.bfloat16)
+    xr, xt = _leaf(x.float(), "cpu"), _leaf(x, TPU)
+    outs = []
+    for model, inp in ((ref, xr), (got, xt)):
+        r = model(inp)
+        (r[0] if isinstance(r, tuple) else r).float().sin().sum().backward()
+        outs.append([(r[0] if isinstance(r, tuple) else r), inp.grad, *[p.grad for p in model.parameters()]])
+    for r, t in zip(*outs):
+        assert t.dtype == torch.bfloat16
+        torch.testing.assert_close(t.cpu().float(), r.float(), atol=3e-2, rtol=3e-2)

@@ -167,8 +167,9 @@ def cpu_dtype_probe(low: Lowering, sig: "Signature", vals, host_inputs: bool = F
     values and shapes differ).
     Not probed: random ops (they would draw from CPU's generator), host-input ops, float8 (tpu
     computes what CPU has no float8 kernel for: README), lowerings with cpu_dtypes=False (decided
-    otherwise), out= overloads (cpu_out_dtype_probe checks their out= dtypes) and other namespaces' ops. The probe's own warnings are dropped (C++ ones through _C.device.without_cpp_warnings:
-    the caller's warning handler would hold them past any Python filter)."""
+    otherwise), out= overloads (cpu_out_dtype_refusal checks their out= dtypes) and other namespaces'
+    ops. The probe's own warnings are dropped (C++ ones through _C.device.without_cpp_warnings: the
+    caller's warning handler would hold them past any Python filter)."""
     if low.rng or not low.cpu_dtypes or host_inputs or sig.is_out or sig.overload.namespace != "aten":
         return
     tensors = _tensors(vals)
@@ -204,19 +205,34 @@ def _run_probe(sig: "Signature", probe) -> None:
         _C.device.without_cpp_warnings(sig.invoke, probe)
 
 
-def cpu_out_dtype_probe(sig: "Signature", vals, result_dtypes) -> None:
-    """Raises CPU's error for an out= tensor of a dtype CPU's kernel refuses ("Found dtype Double but
-    expected Float" for neg; nonzero's "Expected out tensor to have scalar type Long"; a result type
-    that cannot be cast to out's), which the meta kernels leave unchecked and whose wording is each
-    kernel's own: CPU runs the call on one-element tensors, and its RuntimeError is raised when the
-    same probe with out= tensors of the result's dtypes (result_dtypes, per written tensor argument)
-    passes, so only the out= dtype is to blame."""
-    written = [i for i in sig.written if sig.kinds[i] == ArgKind.tensor]
-    if not written or len(written) != len(result_dtypes) or any(d is None for d in result_dtypes) or \
-            sig.overload.namespace != "aten" or all(vals[i].dtype == d for i, d in zip(written, result_dtypes)):
+# PyTorch's out= wrappers' refusals of an out= dtype, whose wording is not CPU's kernels'.
+_OUT_DTYPE_REFUSALS = ("to out tensor with dtype", "Expected out tensor to have dtype")
+
+
+def cpu_out_dtype_refusal(sig: "Signature", vals, result_dtypes=None, meta_error: Exception | None = None) -> None:
+    """Raises CPU's RuntimeError for an out= tensor of a dtype CPU's kernel refuses, in the kernel's
+    own words ("Found dtype Double but expected Float" for neg, nonzero's "Expected out tensor to have
+    scalar type Long", add's "result type Float can't be cast to the desired output type Long"): CPU
+    runs the call on one-element tensors (_probe_args). Two callers:
+    - meta passed (result_dtypes: per written tensor argument, the result's dtype): meta kernels leave
+      these dtypes unchecked; the probe's RuntimeError is raised when the same probe with out= tensors
+      of the result's dtypes passes, so only the out= dtype is to blame;
+    - meta refused (meta_error): where that is PyTorch's out= wrapper refusing the dtype in its own
+      words, the probe's RuntimeError replaces it.
+    Returns (meta's answer stands) otherwise."""
+    if sig.overload.namespace != "aten":
         return
-    if any(t.dtype.is_floating_point and t.dtype.itemsize == 1 for t in _tensors(vals)):
-        return  # float8: tpu computes what CPU has no kernel for (README)
+    if meta_error is not None:
+        if not any(m in str(meta_error) for m in _OUT_DTYPE_REFUSALS):
+            return
+        written = []
+    else:
+        written = [i for i in sig.written if sig.kinds[i] == ArgKind.tensor]
+        if not written or result_dtypes is None or len(written) != len(result_dtypes) or \
+                any(d is None for d in result_dtypes) or all(vals[i].dtype == d for i, d in zip(written, result_dtypes)):
+            return
+        if any(t.dtype.is_floating_point and t.dtype.itemsize == 1 for t in _tensors(vals)):
+            return  # float8: tpu computes what CPU has no kernel for (README)
     try:
         _run_probe(sig, _probe_args(sig, vals))
         return
@@ -224,30 +240,12 @@ def cpu_out_dtype_probe(sig: "Signature", vals, result_dtypes) -> None:
         refused = e
     except Exception:  # noqa: BLE001  (only an out= dtype refusal is taken from the probe)
         return
-    try:
-        _run_probe(sig, _probe_args(sig, vals, dict(zip(written, result_dtypes))))
-    except Exception:  # noqa: BLE001  (the call fails for another reason: left to the real call)
-        return
+    if written:
+        try:
+            _run_probe(sig, _probe_args(sig, vals, dict(zip(written, result_dtypes))))
+        except Exception:  # noqa: BLE001  (the call fails for another reason: left to the real call)
+            return
     raise RuntimeError(str(refused)) from None
-
-
-# PyTorch's out= wrappers' refusals of an out= dtype, whose wording is not CPU's kernels'.
-_OUT_DTYPE_REFUSALS = ("to out tensor with dtype", "Expected out tensor to have dtype")
-
-
-def cpu_out_dtype_error(sig: "Signature", vals, meta_error: Exception) -> None:
-    """Where PyTorch's meta refused an out= tensor's dtype (its out= wrapper's message), raises the
-    RuntimeError CPU's kernel gives the same dtypes (each kernel words its own: add's "result type
-    Float can't be cast to the desired output type Long", logcumsumexp's "expected scalar_type Float
-    but found Long"); returns when the probe does not fail that way (meta's error stands)."""
-    if not any(m in str(meta_error) for m in _OUT_DTYPE_REFUSALS) or sig.overload.namespace != "aten":
-        return
-    try:
-        _run_probe(sig, _probe_args(sig, vals))
-    except RuntimeError as e:
-        raise RuntimeError(str(e)) from None
-    except Exception:  # noqa: BLE001  (another failure of the probe: meta's error stands)
-        return
 
 
 def _note_program(name: str, vals) -> None:
@@ -577,7 +575,7 @@ class Kernel:
                 # NotImplementedError: CPU's answer wins.
                 cpu_dtype_probe(self.lowering, self.sig, vals, self.host_inputs)
                 if self.sig.is_out and self.lowering.cpu_dtypes and not self.host_inputs:
-                    cpu_out_dtype_error(self.sig, vals, e)
+                    cpu_out_dtype_refusal(self.sig, vals, meta_error=e)
                 raise
             if entry is _ON_HOST or not entry.resize:
                 store = entry
@@ -734,7 +732,7 @@ class Kernel:
         out_types = [TensorType(tuple(m.shape), m.dtype) if isinstance(m, torch.Tensor) else None for m in value_meta]
         cpu_dtype_probe(self.lowering, self.sig, vals, self.host_inputs)
         if sig.is_out and not self.lowering.rng and self.lowering.cpu_dtypes and not self.host_inputs:
-            cpu_out_dtype_probe(sig, vals, [m.dtype if isinstance(m, torch.Tensor) else None for m in value_meta])
+            cpu_out_dtype_refusal(sig, vals, [m.dtype if isinstance(m, torch.Tensor) else None for m in value_meta])
         if self.lowering.check is not None and self.lowering.check_per_key:
             self.lowering.check(*f_vals)
 
