@@ -15,8 +15,10 @@ def counters() -> dict:
     """All counters: compiles, executions, cache_hits, cache_misses, host/device transfers and
     bytes (h2d/d2h), host_syncs, busy_inputs_kept (buffers not donated because a running program
     still read them: TORCH_TPU_KEEP_BUSY_BYTES), fallbacks (total), and for torch.compile(backend="tpu"):
-    compiled_graphs, graph_executions, graph_eager_fallbacks and graph_input_copies (inputs passed as a
-    copy: a view that is not its whole storage, or a storage whose buffer has other dims)."""
+    compiled_graphs, graph_executions, graph_eager_fallbacks, graph_input_copies (inputs passed as a
+    copy: a view that is not its whole storage, or a storage whose buffer has other dims) and
+    bucket_input_copies (inputs of symbolic size copied into a bucket-sized buffer: they did not come
+    from a bucketed graph)."""
     d = dict(_C.runtime.counters())
     plans = _C.eager.plan_cache_stats()
     d["cache_hits"], d["cache_misses"] = plans["hits"], plans["misses"]
@@ -25,7 +27,7 @@ def counters() -> dict:
     for k, v in _C.runtime.cache_stats().items():
         d["program_cache_" + k] = v
     d.update(_C.eager.fused_stats())  # fused eager: ops recorded, runs flushed, fused programs built
-    for k in ("compiled_graphs", "graph_executions", "graph_eager_fallbacks"):  # torch.compile
+    for k in ("compiled_graphs", "graph_executions", "graph_eager_fallbacks", "bucket_input_copies"):  # torch.compile
         d[k] = _state.counts[k]
     return d
 
@@ -47,6 +49,14 @@ def host_caches() -> dict:
     with symbolic shapes, all graphs summed); those holding programs keep at most 1 GiB of them
     (compiled graph shapes: 256 MiB per graph)."""
     return dict(_C.runtime.host_caches())
+
+
+def bucket_refusals() -> dict:
+    """Per compiled graph with symbolic sizes that is compiled per concrete shape instead of per shape
+    bucket (torch_tpu/dynamo/buckets.py): why, e.g. {"forward": "aten.cat along a symbolic
+    dimension (node cat_2)"}."""
+    with recompiles._lock:
+        return dict(recompiles.refusals)
 
 
 def report() -> str:

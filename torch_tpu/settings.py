@@ -50,6 +50,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("TORCH_TPU_TIER3_TRUSTED", "0", "1: use a tier-3 root that others can write"),
     # torch.compile
     Setting("TORCH_TPU_COMPILE_FULLGRAPH", None, "1: a graph that cannot be one program raises (no eager fallback)"),
+    Setting("TORCH_TPU_SHAPE_BUCKETS", "pow2", "a graph's symbolic sizes compile per bucket: pow2, pow2:N (at least N; "
+            "pow2 is pow2:16), multiple:N, or off (per shape)"),
     Setting("TORCH_TPU_INDUCTOR_PALLAS", None, "1: backend inductor compiles tpu graphs to Pallas kernels on a TPU"),
     # checking a job for TPU
     Setting("TORCH_TPU_SHADOW_TOPOLOGY", None, "a TPU topology every program is also compiled for (v5e:1x1)"),

@@ -14,10 +14,11 @@ devices where tpu_dist runs collectives on the devices, and is cut at them elsew
 
 A graph with an op the lowering cannot handle runs eagerly on tpu (a warning names the op and the
 user code it came from), unless the frame was compiled with fullgraph=True (or
-TORCH_TPU_COMPILE_FULLGRAPH=1), which raises instead. Shapes are static: Dynamo recompiles under
-its guards on new shapes; a graph captured with symbolic shapes (dynamic=True, mark_dynamic) is
-specialized per concrete input shape at call time, one executable per shape, and says so in the
-log "torch_tpu.dynamo".
+TORCH_TPU_COMPILE_FULLGRAPH=1), which raises instead. Dynamo recompiles under its guards on new
+shapes; a graph captured with symbolic shapes (PyTorch's default dynamic=None after a size changed,
+dynamic=True, mark_dynamic) compiles one executable per bucket of its sizes (buckets.py), or, where
+it cannot read padding, one per concrete input shape, and says which and why in the log
+"torch_tpu.dynamo" and torch_tpu.metrics.bucket_refusals().
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ from .. import _C, settings
 from ..eager import recompiles
 from ..eager import state as _state
 from ..lowering.overloads import resolve
-from . import collectives
+from . import buckets, collectives
 from .lower_graph import GraphProgram, Unsupported, log
 
 
@@ -150,14 +151,61 @@ def _held_bytes(prog) -> int:
 
 
 class _PerShape:
-    """A graph with symbolic shapes: re-traced with each call's concrete shapes, one program each."""
+    """A graph with symbolic shapes: one program per bucket of its symbols' values (buckets.py), or,
+    where the graph cannot read padding (or TORCH_TPU_SHAPE_BUCKETS=off), re-traced with each call's
+    concrete shapes, one program each."""
     _boxed_call = True
 
     def __init__(self, gm, name, fullgraph):
         self.gm, self.name, self.fullgraph = gm, name, fullgraph
         self.programs = _C.runtime.LruCache("compiled graph shapes", PER_SHAPE_PROGRAMS, PER_SHAPE_BYTES)
+        self.sources = None
+        self.refused = buckets.policy()[0] == "off" and "TORCH_TPU_SHAPE_BUCKETS=off"
+        if not self.refused:
+            try:
+                if collectives.has_collectives(gm):
+                    raise buckets.NotBucketable("collectives")
+                self.sources = buckets.symbol_sources(gm)
+                env = buckets.shape_env_of(gm)
+                self.upper = {s: buckets.upper_bound(s, env) for s in self.sources}
+            except buckets.NotBucketable as e:
+                self._refuse(str(e))
+
+    def _refuse(self, why: str) -> None:
+        self.refused = why
+        recompiles.refused_bucketing(self.name, why)
+        log.info("%s graph: compiled per shape, not per bucket: %s", self.name, why)
+
+    def _bucketed(self, args):
+        """This call's program for its bucket, None where the graph cannot be bucketed."""
+        values = buckets.values_of(self.sources, args)
+        bounds = {s: buckets.bucket(v, self.upper[s]) for s, v in values.items()}
+        key = ("bucket", tuple(bounds.values()),
+               tuple((a.dtype, a.device) if isinstance(a, torch.Tensor) else None for a in args))
+        prog = self.programs.get(key)
+        if prog is None:
+            bucketing = buckets.Bucketing(self.sources, bounds)
+            log.info("%s graph: compiling for the bucket %s", self.name, {str(k): v for k, v in bounds.items()})
+            try:
+                prog = _boxed(GraphProgram(self.gm, self.name, bucketing=bucketing))
+            except buckets.NotBucketable as e:
+                self._refuse(str(e))
+                return None
+            except Exception as e:  # noqa: BLE001  (a lowering or XLA error on padded operands)
+                log.debug("%s graph: bucketed lowering failed", self.name, exc_info=True)
+                self._refuse(f"{type(e).__name__}: {str(e).splitlines()[0][:300]}")
+                return None
+            ts = [a for a in args if isinstance(a, torch.Tensor)]
+            recompiles.note(self.name, tuple(t.dtype for t in ts), (tuple(bounds.values()),),
+                            tuple(recompiles.layout_of(t) for t in ts), what="compiled graph bucket")
+            self.programs.put(key, prog, _held_bytes(prog))
+        return prog
 
     def __call__(self, args):
+        if not self.refused:
+            prog = self._bucketed(args)
+            if prog is not None:
+                return prog(args)
         key = tuple((tuple(a.shape), a.dtype, a.device) if isinstance(a, torch.Tensor) else a for a in args)
         prog = self.programs.get(key)
         if prog is None:

@@ -26,6 +26,7 @@ tensors are graph inputs; on intermediate values they cannot run and are skipped
 from __future__ import annotations
 
 import collections
+import math
 import logging
 import operator
 
@@ -41,7 +42,7 @@ from ..lowering.overloads import overload_name, resolve
 from ..lowering.precision import matmul_precision
 from ..lowering.registry import LoweringContext, bounds_status, fit, lower_arguments, rng_draws
 from ..lowering.strided import dense_order
-from . import collectives
+from . import buckets, collectives
 from .host_part import HostPart
 
 log = logging.getLogger("torch_tpu.dynamo")
@@ -68,15 +69,22 @@ def _sig(target):
     return s
 
 
-def _tensor_types(val):
+def _shape(val, bk=None) -> tuple:
+    """A traced tensor's sizes as ints: its bounds in a bucketed graph (buckets.Bucketing)."""
+    return tuple(val.shape) if bk is None else tuple(bk.bound(s) for s in val.shape)
+
+
+def _tensor_types(val, bk=None):
     if isinstance(val, torch.Tensor):
-        return [TensorType(tuple(val.shape), val.dtype)]
+        return [TensorType(_shape(val, bk), val.dtype)]
     if isinstance(val, (list, tuple)):
-        return [TensorType(tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else None for v in val]
+        return [TensorType(_shape(v, bk), v.dtype) if isinstance(v, torch.Tensor) else None for v in val]
     return []
 
 
-def _meta(val):
+def _meta(val, bk=None):
+    if bk is not None and _symbolic(val):  # a bucketed graph: the tensor at its bounds
+        return torch.empty(_shape(val, bk), dtype=val.dtype, device="meta")
     return torch.empty_strided(val.shape, val.stride(), dtype=val.dtype, device="meta")
 
 
@@ -145,22 +153,33 @@ def _view_output(node, index):
     return ("view", node)
 
 
-def _replay_view(node, real_inputs, index):
-    """Runs node's view chain on the real input tensor (metadata only: a real view)."""
+def _replay_view(node, real_inputs, index, values=None):
+    """Runs node's view chain on the real input tensor (metadata only: a real view); `values`: a
+    bucketed graph's symbol values, for symbolic size arguments."""
     if node.op == "placeholder":
         return real_inputs[index[node]]
-    base = _replay_view(node.args[0], real_inputs, index)
-    return node.target(base, *node.args[1:], **node.kwargs)
+    base = _replay_view(node.args[0], real_inputs, index, values)
+
+    def concrete(a):
+        if isinstance(a, torch.fx.Node):
+            return buckets.evaluate(buckets.expr_of(a.meta["val"]), values)
+        if isinstance(a, (list, tuple)):
+            return type(a)(concrete(x) for x in a)
+        return a
+    return node.target(base, *concrete(list(node.args[1:])), **node.kwargs)
 
 
 class GraphProgram:
     """The compiled form of one FX graph; called with the graph's inputs (boxed: one list)."""
     _boxed_call = True
 
-    def __init__(self, gm: torch.fx.GraphModule, name: str = "graph", replicas=None):
+    def __init__(self, gm: torch.fx.GraphModule, name: str = "graph", replicas=None, bucketing=None):
         """`replicas`: for a graph with collectives, the devices its program runs on
-        (torch_tpu.distributed.device_collectives.GraphReplicas, for the ranks `graph_span(gm)`)."""
+        (torch_tpu.distributed.device_collectives.GraphReplicas, for the ranks `graph_span(gm)`).
+        `bucketing`: a graph with symbolic sizes lowered for one bucket (buckets.Bucketing; raises
+        buckets.NotBucketable when a node cannot read padding); called with `bucket_call`."""
         self.replicas = replicas
+        self.bucketing = bucketing
         self._prepare(gm, name)
         try:
             self.exe = runtime.compile(self.text, self.label,
@@ -177,10 +196,12 @@ class GraphProgram:
                  len(self.arg_plan), len(self.prog_specs))
 
     @classmethod
-    def lowered(cls, gm: torch.fx.GraphModule, name: str = "graph") -> "GraphProgram":
+    def lowered(cls, gm: torch.fx.GraphModule, name: str = "graph", bucketing=None) -> "GraphProgram":
         """The graph lowered to StableHLO (`.text`, `.label`, the plans), not compiled and not
         callable: torch_tpu.aot compiles the text for a TPU topology instead."""
         self = cls.__new__(cls)
+        self.bucketing = bucketing
+        self.replicas = None
         self._prepare(gm, name)
         return self
 
@@ -218,6 +239,19 @@ class GraphProgram:
         self.status_device = None
         self.status = None      # its Value after the nodes lowered so far
         self.failed = None
+        # A bucketed graph (buckets.py): the true values of its symbols are one more (CPU, int32)
+        # input, after the graph's own; its tpu inputs of symbolic size are 1-D compact buffers of
+        # their bucket's element count (ph_flat: placeholder index -> that count).
+        bk = self.bucketing
+        self.sizes_ph = None
+        self.ph_flat = {}
+        if bk is not None:
+            bk.reset()
+            self.sizes_ph = len(self.ph_devices)
+            self.ph_devices.append("cpu")
+            self.ph_arg[self.sizes_ph] = len(self.arg_plan)
+            self.arg_plan.append(("in", self.sizes_ph))
+            bk.operand = b.arg(TensorType((len(bk.symbols),), torch.int32))
         # Content keys of argument sets that passed their checks: a training loop feeding the same
         # index tensor again skips the host sync. Storage addresses are never reused and every write
         # bumps a tensor's version counter, so an unchanged key means unchanged data.
@@ -239,6 +273,8 @@ class GraphProgram:
             val = node.meta["val"]
             if not isinstance(val, torch.Tensor):
                 raise Unsupported("a symbolic (SymInt) input", node, "is not supported")
+            if bk is not None and _symbolic(val):
+                return self._compact_input(i, val)
             if val.numel() == 0:
                 c = b.constant(0, val.dtype, tuple(val.shape))
                 return Value(c.name, c.type, _meta(val))
@@ -266,6 +302,9 @@ class GraphProgram:
             return v
 
         def scalar(v, node):
+            if isinstance(v, torch.fx.Node) and bk is not None and isinstance(v.meta.get("val"), (torch.SymInt, int)):
+                c = b.convert(bk.size_value(b, v.meta["val"]), _C.eager.scalar_operand_dtype(1, self.wide))
+                return Value(c.name, c.type, bk.bound(v.meta["val"]))  # a python int, for type promotion
             if isinstance(v, torch.fx.Node):
                 raise Unsupported(f"a symbolic scalar argument ({v.name})", node, "is not supported")
             if v is None:
@@ -288,6 +327,8 @@ class GraphProgram:
 
         self.host = HostPart(placeholders, nodes)
         self.host_nodes = self.host.nodes
+        if bk is not None and any(_symbolic(n.meta.get("val")) for n in self.host_nodes):
+            raise buckets.NotBucketable("CPU tensors of symbolic size (the graph's host part)")
         self._pack_host_reads(nodes, b, env)
         self.host_mutations = []  # (placeholder index, host node): CPU inputs updated on the host
         mutations = []          # (placeholder index, Value)
@@ -311,6 +352,16 @@ class GraphProgram:
                 continue
             if node.op != "call_function":
                 raise Unsupported(f"FX {node.op} node {node.target}", node, "is not supported")
+            if bk is not None:
+                why = buckets.refusal(node)
+                if why:
+                    raise buckets.NotBucketable(f"{why} (node {node.name})")
+                if isinstance(node.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool, int)):
+                    continue  # size arithmetic: read from its expression where used (Bucketing.size_value)
+                if node.target in _RESHAPES and not buckets.keeps_symbolic_dims(
+                        node.args[0].meta["val"].shape, node.meta["val"].shape):
+                    env[node] = self._reshaped(value_of(node.args[0]), node.args[0].meta["val"], node.meta["val"])
+                    continue
             if node.target is operator.getitem:
                 env[node] = value_of(node.args[0])[node.args[1]]
                 continue
@@ -346,14 +397,18 @@ class GraphProgram:
             elif o in self.host_nodes:
                 self.out_plan.append(("host", self.host.slot(o)))
             elif _is_view_of_input(o, placeholders_set):
-                self.out_plan.append(_view_output(o, self.ph_index))
+                self.out_plan.append(("view", o) if bk is not None else _view_output(o, self.ph_index))
             elif o in seen:
-                self.out_plan.append(("prog", seen[o]))
+                self.out_plan.append(next(e for e in self.out_plan if e[0] in ("prog", "compact") and e[1] == seen[o]))
             else:
                 val = o.meta["val"]
                 v = value_of(o)
                 if not isinstance(v, Value):
                     raise Unsupported(f"output {o.name}", o, "is not a tensor")
+                if bk is not None and _symbolic(val):
+                    self.out_plan.append(self._compact_output(o, val, v, results))
+                    seen[o] = self.out_plan[-1][1]
+                    continue
                 # A permuted dense output (channels-last, transposed) is written in memory order into
                 # a new tensor with its strides: a tensor of its own, as CPU's, not a view.
                 perm = _layout_perm(val)
@@ -458,7 +513,8 @@ class GraphProgram:
         self.wide = any(isinstance(v, torch.fx.Node) and isinstance(v.meta.get("val"), torch.Tensor)
                         and v.meta["val"].dtype in (torch.float64, torch.complex128) for v in vals)
         val = node.meta.get("val")
-        ctx = LoweringContext(self.b, _tensor_types(val), self.span)
+        bk = self.bucketing
+        ctx = LoweringContext(self.b, _tensor_types(val, bk), self.span)
 
         def tensor(v):
             if v is None:
@@ -468,6 +524,8 @@ class GraphProgram:
             return scalar(v, node)  # a python number for a Tensor argument
 
         def value(v, i):
+            if _has_node(v) and bk is not None:  # sizes (buckets.refusal let only size arguments through)
+                return self._bounds_of(v, node)
             if _has_node(v):
                 raise Unsupported(f"aten::{overload_name(node.target)}", node,
                                   "with a symbolic (data-dependent or dynamic) argument is not supported")
@@ -504,6 +562,8 @@ class GraphProgram:
         if result is None:
             result = []
         results = [result] if isinstance(result, Value) else list(result)
+        if bk is not None and results:
+            results[0] = self._mask_padding(node, results[0], args)
         if len(results) != len(types):
             raise RuntimeError(f"lowering of aten::{overload_name(node.target)} returned {len(results)} values, "
                                f"expected {len(types)}")
@@ -517,10 +577,133 @@ class GraphProgram:
             # no elements: a constant (as eager's kernels do; XLA's CPU compiler dies of SIGFPE folding
             # integer division over empty arrays)
             r = b.constant(0, t.dtype, t.shape) if t.numel == 0 else fit(b, r, t)
-            fixed.append(Value(r.name, r.type, _meta(m)))
+            sizes = None
+            if bk is not None and _symbolic(m):  # XLA's dynamic padder: these dimensions hold fewer
+                sizes = self._sizes(m)
+                for d, n in enumerate(sizes):
+                    if n is not None:
+                        r = b.set_dimension_size(r, n, d)
+            fixed.append(Value(r.name, r.type, _meta(m, bk), sizes))
         if isinstance(val, torch.Tensor):
             return fixed[0]
         return fixed
+
+    # -- bucketed graphs (buckets.py) ----------------------------------------------------------------
+    def _sizes(self, val) -> tuple:
+        """Per dimension of a traced tensor: the int32 Value of its true size where symbolic, else None."""
+        bk = self.bucketing
+        return tuple(bk.size_value(self.b, s) if buckets.is_symbolic(s) else None for s in val.shape)
+
+    def _bounds_of(self, v, node):
+        """A node's non-tensor argument with its symbolic sizes replaced by their bounds."""
+        if isinstance(v, (list, tuple)):
+            return type(v)(self._bounds_of(x, node) for x in v)
+        if isinstance(v, torch.fx.Node):
+            val = v.meta.get("val")
+            if not isinstance(val, (torch.SymInt, int)):
+                raise Unsupported(f"aten::{overload_name(node.target)}", node, "with a data-dependent argument")
+            return self.bucketing.bound(val)
+        return v
+
+    def _compact_input(self, i, val):
+        """Placeholder i (a tpu tensor of symbolic size) read from its 1-D compact buffer: the first
+        numel elements are the tensor, unflattened to its true sizes (typed at the bounds)."""
+        b, bk = self.b, self.bucketing
+        if val.device.type == "cpu":
+            raise buckets.NotBucketable("a CPU input of symbolic size")
+        shape = _shape(val, bk)
+        cap = math.prod(shape)
+        a = b.arg(TensorType((cap,), val.dtype))
+        self.ph_arg[i] = len(self.arg_plan)
+        self.arg_plan.append(("in", i))
+        self.ph_dims[i] = (cap,)
+        self.ph_flat[i] = cap
+        sizes = self._sizes(val)
+        v = self._relayout(a, [bk.size_value(b, val.numel())], sizes, shape)
+        for d, n in enumerate(sizes):
+            if n is not None:
+                v = b.set_dimension_size(v, n, d)
+        return Value(v.name, v.type, _meta(val, bk), sizes)
+
+    def _compact_output(self, o, val, v, results):
+        """An output of symbolic size as a 1-D buffer of its bucket's element count holding it compact
+        (XLA's reshape of a dynamic tensor compacts it); the out_plan entry ("compact", k, sizes)."""
+        b = self.b
+        if val.device.type == "cpu":
+            raise buckets.NotBucketable("a CPU output of symbolic size")
+        cap = v.type.numel
+        flat = self._relayout(v, self._sizes(val), [self.bucketing.size_value(b, val.numel())], (cap,), mark=False)
+        k = len(results)
+        results.append(flat)
+        self.prog_specs.append(_C.eager.FreshSpec((cap,), val.dtype))
+        self.prog_to_cpu.append(False)
+        return ("compact", k, tuple(buckets.expr_of(s) for s in val.shape))
+
+    def _relayout(self, x, src_sizes, dst_sizes, dst_shape, mark=True):
+        """x (padded to its type's shape, true sizes `src_sizes`: int32 Values or None where static)
+        laid out again as `dst_shape` holding the same elements in row-major order at the true sizes
+        `dst_sizes`: element p of the result is element L(p) = sum_d p_d * (product of dst's true sizes
+        after d) of x's row-major order, read by a gather at indices computed from the sizes operand.
+        Used wherever a symbolic dimension is split, merged or crosses the program's boundary: XLA's
+        own reshape of a dynamic dimension keeps the padded layout (a compact buffer is misread) and
+        scrambles rows when it splits one; and a gather of slice size 1 gives a static result (XLA:CPU
+        writes a dynamic program output with its sizes appended, a buffer no other program accepts).
+        `mark`: re-mark the result's symbolic dimensions (set_dimension_size); False for an output."""
+        b = self.b
+        src_shape, dst_shape = x.shape, tuple(dst_shape)
+        idx_shape = dst_shape + (1,)
+
+        def size(sizes, shape, d):
+            return sizes[d] if sizes[d] is not None else b.constant(shape[d], torch.int32)
+
+        lin, stride = b.constant(0, torch.int32, idx_shape), b.constant(1, torch.int32)
+        for d in reversed(range(len(dst_shape))):
+            lin = b.add(lin, b.multiply(b.iota(idx_shape, d, torch.int32), b.broadcast_to(stride, idx_shape)))
+            stride = b.multiply(stride, size(dst_sizes, dst_shape, d))
+        parts = []
+        for d in reversed(range(len(src_shape))):  # unravel by the source's true sizes
+            n = b.broadcast_to(size(src_sizes, src_shape, d), idx_shape)
+            parts.append(b.remainder(lin, n))
+            lin = b.divide(lin, n)
+        idx = b.concatenate(parts[::-1], len(dst_shape)) if parts else b.constant(0, torch.int32, dst_shape + (0,))
+        r = len(src_shape)
+        v = b.gather(x, idx, [], list(range(r)), list(range(r)), len(dst_shape), [1] * r, dst_shape)
+        for d, n in enumerate(dst_sizes if mark else ()):
+            if n is not None:
+                v = b.set_dimension_size(v, n, d)
+        return v
+
+    def _reshaped(self, x, src, dst):
+        """A view or reshape node that splits or merges a symbolic dimension (buckets.keeps_symbolic_dims)."""
+        v = self._relayout(x, list(x.sizes or self._sizes(src)), self._sizes(dst), _shape(dst, self.bucketing))
+        return Value(v.name, v.type, _meta(dst, self.bucketing), self._sizes(dst))
+
+    def _mask_padding(self, node, r, args):
+        """Ops whose lowering would write the padding of a symbolic dimension where PyTorch's result has
+        values: constant_pad_nd's high padding starts at the true size, slice_scatter writes only
+        as many rows as its source truly has."""
+        b, bk = self.b, self.bucketing
+        aten = torch.ops.aten
+        if node.target is aten.constant_pad_nd.default:
+            x, pads = node.args[0].meta["val"], node.args[1]
+            fill = node.args[2] if len(node.args) > 2 else 0
+            for k in range(len(pads) // 2):
+                d = x.dim() - 1 - k
+                if buckets.is_symbolic(x.shape[d]):
+                    edge = b.add(bk.size_value(b, x.shape[d]), b.constant(pads[2 * k], torch.int32))
+                    keep = b.compare(b.iota(r.shape, d, torch.int32), b.broadcast_to(edge, r.shape), "LT")
+                    r = b.select(keep, r, b.constant(fill, r.dtype, r.shape))
+        elif node.target is aten.slice_scatter.default:
+            src = node.args[1].meta["val"]
+            dim = (node.args[2] if len(node.args) > 2 else 0) % src.dim()
+            start = (node.args[3] if len(node.args) > 3 else None) or 0
+            step = node.args[5] if len(node.args) > 5 else 1
+            if buckets.is_symbolic(src.shape[dim]):
+                edge = b.add(b.multiply(bk.size_value(b, src.shape[dim]), b.constant(step, torch.int32)),
+                             b.constant(start, torch.int32))
+                keep = b.compare(b.iota(r.shape, dim, torch.int32), b.broadcast_to(edge, r.shape), "LT")
+                r = b.select(keep, r, args[0])
+        return r
 
     def _device_bounds(self, low, node, vals, args):
         """Adds the node's index checks to the program (registry.bounds_status), on the FakeTensors'
@@ -544,7 +727,7 @@ class GraphProgram:
             return
         if self.status is None:
             b = self.b
-            self.status_ph = self.num_inputs
+            self.status_ph = len(self.ph_devices)  # after the graph's inputs (and a bucketed graph's sizes)
             self.status_device = idx.device.index or 0
             self.ph_devices.append("tpu")
             a = b.arg(TensorType((2,), torch.int64))
@@ -597,11 +780,18 @@ class GraphProgram:
     # -- running -----------------------------------------------------------------------------------
     def __call__(self, args):
         if matmul_precision() != self.precision:  # torch.set_float32_matmul_precision since
-            self.__init__(self.gm, self.name, self.replicas)  # the same devices (issue 54)
+            self.__init__(self.gm, self.name, self.replicas, self.bucketing)  # the same devices (issue 54)
         real = list(args)
         args.clear()  # boxed calling convention: inputs may be freed as soon as they are used
+        launch = real
+        if self.bucketing is not None:  # the true sizes, and inputs of symbolic size as compact buffers
+            values = self._values = self.bucketing.values_of(real)
+            launch = list(real)
+            for i, cap in self.ph_flat.items():
+                launch[i] = _compact(real[i], cap)
+            launch.append(torch.tensor([values[s] for s in self.bucketing.symbols], dtype=torch.int32))
         if self.status_ph is not None:
-            real.append(_C.eager.index_status(self.status_device))
+            launch.append(_C.eager.index_status(self.status_device))
         for n, (check, template, keyed) in enumerate(self.checks):
             key = _C.device.content_key([real[x] if isinstance(x, int) else x for x in keyed])
             key = None if key is None else (n, key)
@@ -615,7 +805,7 @@ class GraphProgram:
         if _state.eager_mode() == "fused":  # ops it recorded run first: they may produce this graph's inputs
             from ..eager import fused
             fused.flush()
-        produced, copied = self.runner(real, packs)
+        produced, copied = self.runner(launch, packs)
         if _state.eager_mode() == "debug":
             try:
                 _C.runtime.synchronize(-1, index_errors=False)
@@ -624,8 +814,8 @@ class GraphProgram:
             _C.eager.raise_index_errors(-1)  # CPU's own error type and message, naming the op
         _state.count("graph_executions")
         for i, k in self.mutations if copied else self.host_side_mutations:
-            if produced[k] is not real[i]:  # a copied input, or one on the host: write back
-                real[i].copy_(produced[k].view(real[i].shape))
+            if produced[k] is not launch[i]:  # a copied input, or one on the host: write back
+                launch[i].copy_(produced[k].view(launch[i].shape))
         self.host.write_back(real, host)
         return self.outputs(real, host, lambda k: produced[k].cpu() if self.prog_to_cpu[k] else produced[k])
 
@@ -637,18 +827,36 @@ class GraphProgram:
             kind = entry[0]
             if kind == "prog":
                 outs.append(program_output(entry[1]))
+            elif kind == "compact":  # the front of a bucket-sized buffer, at the true sizes
+                sizes = [buckets.evaluate(e, self._values) for e in entry[2]]
+                outs.append(program_output(entry[1])[:math.prod(sizes)].view(sizes))
             elif kind == "in":
                 outs.append(real[entry[1]])
             elif kind == "strided":
                 _, i, size, stride, delta = entry
                 outs.append(real[i].as_strided(size, stride, real[i].storage_offset() + delta))
             elif kind == "view":
-                outs.append(_replay_view(entry[1], real, self.ph_index))
+                outs.append(_replay_view(entry[1], real, self.ph_index, getattr(self, "_values", None)))
             elif kind == "host":
                 outs.append(host[entry[1]])
             else:
                 outs.append(entry[1])
         return outs
+
+
+_RESHAPES = {torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default, torch.ops.aten.reshape.default}
+
+
+def _compact(t: torch.Tensor, cap: int) -> torch.Tensor:
+    """A tpu tensor as the 1-D buffer of `cap` elements a bucketed program reads: its own storage
+    when it is the contiguous front of one that size (a bucketed graph's output), else a copy into
+    a new buffer of that size (counted as bucket_input_copies)."""
+    if t.is_contiguous() and t.storage_offset() == 0 and t.untyped_storage().nbytes() == cap * t.element_size():
+        return t.as_strided((cap,), (1,), 0)
+    buf = torch.empty(cap, dtype=t.dtype, device=t.device)
+    buf[:t.numel()].copy_(t.reshape(-1))
+    _state.count("bucket_input_copies")
+    return buf
 
 
 def _is_ref(t) -> bool:

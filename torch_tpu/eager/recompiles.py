@@ -25,6 +25,13 @@ _seen: dict[str, list] = collections.defaultdict(list)
 _warned: set = set()
 # op or graph name -> its programs for a new size of one varying dimension (_one_dimension_varies)
 _varying: collections.Counter = collections.Counter()
+# compiled graph name -> why it is compiled per shape rather than per bucket (dynamo/buckets.py)
+refusals: dict[str, str] = {}
+
+
+def refused_bucketing(name: str, why: str) -> None:
+    with _lock:
+        refusals[name] = why
 
 
 def _classify(seen: list, sig: tuple) -> str:
@@ -71,6 +78,8 @@ def note(name: str, dtypes: tuple, sizes: tuple, layouts: tuple, what: str = "op
     sig = (dtypes, sizes, layouts)
     with _lock:
         cause = _classify(_seen[name], sig)
+        if what == "compiled graph bucket" and cause == "new shape":
+            cause = "new bucket"
         varying = cause == "new shape" and _one_dimension_varies(_seen[name], sig)
         if len(_seen[name]) < 64:  # a bounded memory of what was seen is enough to classify
             _seen[name].append(sig)
@@ -104,3 +113,4 @@ def reset() -> None:
         _seen.clear()
         _varying.clear()
         _warned.clear()
+        refusals.clear()

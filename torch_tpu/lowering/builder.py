@@ -56,14 +56,17 @@ class TensorType:
 
 class Value:
     """An SSA value of a program: its printed name and its TensorType."""
-    __slots__ = ("name", "type", "example")
+    __slots__ = ("name", "type", "example", "sizes")
 
-    def __init__(self, name: str, type: TensorType, example=None):
+    def __init__(self, name: str, type: TensorType, example=None, sizes=None):
         self.name = name
         self.type = type
         # What this value stood for in the op call, for PyTorch's type promotion: a meta tensor
         # (tensor arguments) or a python number (Scalar arguments); None inside programs.
         self.example = example
+        # In a bucketed graph (dynamo/buckets.py): per dimension, the int32 scalar Value of its true
+        # size where it is symbolic (the type's shape holds its bound), else None. None: all static.
+        self.sizes = sizes
 
     @property
     def shape(self):
@@ -252,6 +255,18 @@ class Builder:
         if x.shape == shape:
             return x
         return self.op("stablehlo.reshape", [x], [TensorType(shape, x.dtype)])[0]
+
+    def set_dimension_size(self, x: Value, size: Value, dim: int) -> Value:
+        """x whose dimension `dim` holds `size` (an int32 scalar Value) valid elements, for XLA's
+        dynamic padder; the type keeps the bound (XLA infers the dynamic size from here)."""
+        return self.op("stablehlo.set_dimension_size", [x, size], [x.type], {"dimension": f"{dim} : i64"})[0]
+
+    def dynamic_reshape(self, x: Value, sizes: Sequence[Value], shape) -> Value:
+        """x (1-D, its dynamic size the product of `sizes`) unflattened to `sizes` (int32 scalar
+        Values), typed at the bounds `shape`."""
+        parts = [self.reshape(s, (1,)) for s in sizes]
+        dims = self.concatenate(parts, 0) if len(parts) > 1 else parts[0]
+        return self.op("stablehlo.dynamic_reshape", [x, dims], [TensorType(tuple(shape), x.dtype)])[0]
 
     def broadcast_in_dim(self, x: Value, shape, dims) -> Value:
         shape = tuple(shape)

@@ -77,6 +77,18 @@ def count(x, dims):
     return math.prod(x.shape[d] for d in dims)
 
 
+def count_value(b, x, dims, dtype):
+    """The number of elements over `dims` of x as a `dtype` scalar Value: a constant, or, in a
+    bucketed graph (x.sizes), the product of the true sizes passed at launch."""
+    sizes = getattr(x, "sizes", None)
+    if not sizes or all(sizes[d] is None for d in dims):
+        return b.constant(count(x, dims), dtype)
+    n = b.constant(1, dtype)
+    for d in dims:
+        n = b.multiply(n, b.constant(x.shape[d], dtype) if sizes[d] is None else b.convert(sizes[d], dtype))
+    return n
+
+
 @register("mean.dim")
 def mean_dim(ctx, x, dim=None, keepdim=False, dtype=None):
     b = ctx.b
@@ -84,7 +96,7 @@ def mean_dim(ctx, x, dim=None, keepdim=False, dtype=None):
     acc = compute_dtype(out)
     dims = reduce_dims(dim, x.rank)
     s = reduce_sum(b, b.convert(x, acc), dims)
-    return _keep(ctx, b.convert(b.divide(s, b.full_like(s, count(x, dims))), out))
+    return _keep(ctx, b.convert(b.divide(s, b.broadcast_to(count_value(b, x, dims, s.dtype), s.shape)), out))
 
 
 @register("mean")
