@@ -245,6 +245,18 @@ def shape_env_of(gm):
     return None
 
 
+def memory_order(val, bk: "Bucketing") -> list[int]:
+    """The dims of a traced tensor from outermost to innermost in memory (row-major: 0, 1, ...; a
+    transposed or channels-last tensor: its permutation), read from its strides at the bounds (a
+    comparison of symbolic strides would add guards). Not a permuted dense tensor: row-major."""
+    from ..lowering.strided import dense_order
+    rank = val.dim()
+    order = None
+    if rank >= 2:
+        order = dense_order([bk.bound(s) for s in val.shape], [bk.bound(s) for s in val.stride()])
+    return list(order) if order is not None else list(range(rank))
+
+
 def keeps_symbolic_dims(src, dst) -> bool:
     """Whether a reshape from sizes `src` to `dst` keeps each symbolic dimension whole and in place
     (the same expression, after dimensions of the same total size): then XLA's own reshape of the
@@ -294,7 +306,8 @@ _ROW_OPS = {  # work along one dimension with reductions (softmax) or per row (l
     aten._scaled_dot_product_fused_attention_overrideable.default,
     aten._scaled_dot_product_fused_attention_overrideable_backward.default,
 }
-_NORMS = {aten.native_layer_norm.default: 2, aten.native_layer_norm_backward.default: 2}  # normalized_shape arg
+# (input, normalized_shape) argument positions
+_NORMS = {aten.native_layer_norm.default: (0, 1), aten.native_layer_norm_backward.default: (1, 2)}
 _SYM_VALUES = {aten.sym_size.int, aten.sym_numel.default, aten.sym_stride.int, aten.sym_storage_offset.default,
                operator.mul, operator.add, operator.sub, operator.floordiv, operator.neg, operator.mod,
                torch.sym_max, torch.sym_min}
@@ -325,7 +338,7 @@ def refusal(node) -> str | None:
     target = node.target
     if target in _SYM_VALUES or target is operator.getitem:
         return None
-    ins = [t for a in (*node.args, *node.kwargs.values()) for t in _tensors(_val(a))]
+    ins = [t for a in _flat(list(node.args) + list(node.kwargs.values())) for t in _tensors(a)]
     outs = _tensors(node.meta.get("val"))
     dynamic = any(_dynamic_dims(t) for t in ins + outs)
     symbolic_args = any(is_symbolic(_val(a)) for a in _flat(node.args) + _flat(list(node.kwargs.values())))
@@ -344,8 +357,8 @@ def refusal(node) -> str | None:
     if target in _REDUCTIONS or target in _ROW_OPS:
         return None
     if target in _NORMS:
-        normalized = node.args[_NORMS[target]]
-        x = _val(node.args[0])
+        xi, ni = _NORMS[target]
+        x, normalized = _val(node.args[xi]), node.args[ni]
         first = x.dim() - len(normalized)
         if any(d >= first for d in _dynamic_dims(x)):
             return f"{name} normalizes over a symbolic dimension"

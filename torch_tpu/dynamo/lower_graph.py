@@ -394,6 +394,8 @@ class GraphProgram:
                 self.out_plan.append(("const", o))
             elif o.op == "placeholder":
                 self.out_plan.append(("in", self.ph_index[o]))
+            elif bk is not None and isinstance(o.meta.get("val"), torch.SymInt):  # a size saved for backward
+                self.out_plan.append(("size", buckets.expr_of(o.meta["val"])))
             elif o in self.host_nodes:
                 self.out_plan.append(("host", self.host.slot(o)))
             elif _is_view_of_input(o, placeholders_set):
@@ -607,7 +609,8 @@ class GraphProgram:
 
     def _compact_input(self, i, val):
         """Placeholder i (a tpu tensor of symbolic size) read from its 1-D compact buffer: the first
-        numel elements are the tensor, unflattened to its true sizes (typed at the bounds)."""
+        numel elements are the tensor in memory order (row-major, or the permutation its strides give:
+        a transposed activation saved for backward), unflattened to its true sizes at the bounds."""
         b, bk = self.b, self.bucketing
         if val.device.type == "cpu":
             raise buckets.NotBucketable("a CPU input of symbolic size")
@@ -617,27 +620,34 @@ class GraphProgram:
         self.ph_arg[i] = len(self.arg_plan)
         self.arg_plan.append(("in", i))
         self.ph_dims[i] = (cap,)
-        self.ph_flat[i] = cap
+        perm = buckets.memory_order(val, bk)
+        self.ph_flat[i] = (cap, perm)
         sizes = self._sizes(val)
-        v = self._relayout(a, [bk.size_value(b, val.numel())], sizes, shape)
+        v = self._relayout(a, [bk.size_value(b, val.numel())], [sizes[p] for p in perm],
+                           tuple(shape[p] for p in perm))
+        v = b.transpose(v, _inverse(perm))
         for d, n in enumerate(sizes):
             if n is not None:
                 v = b.set_dimension_size(v, n, d)
         return Value(v.name, v.type, _meta(val, bk), sizes)
 
     def _compact_output(self, o, val, v, results):
-        """An output of symbolic size as a 1-D buffer of its bucket's element count holding it compact
-        (XLA's reshape of a dynamic tensor compacts it); the out_plan entry ("compact", k, sizes)."""
-        b = self.b
+        """An output of symbolic size as a 1-D buffer of its bucket's element count holding it compact,
+        in the memory order its strides give (buckets.memory_order); the out_plan entry
+        ("compact", k, size expressions, that order)."""
+        b, bk = self.b, self.bucketing
         if val.device.type == "cpu":
             raise buckets.NotBucketable("a CPU output of symbolic size")
         cap = v.type.numel
-        flat = self._relayout(v, self._sizes(val), [self.bucketing.size_value(b, val.numel())], (cap,), mark=False)
+        perm = buckets.memory_order(val, bk)
+        sizes = self._sizes(val)
+        flat = self._relayout(b.transpose(v, perm), [sizes[p] for p in perm],
+                              [bk.size_value(b, val.numel())], (cap,), mark=False)
         k = len(results)
         results.append(flat)
         self.prog_specs.append(_C.eager.FreshSpec((cap,), val.dtype))
         self.prog_to_cpu.append(False)
-        return ("compact", k, tuple(buckets.expr_of(s) for s in val.shape))
+        return ("compact", k, tuple(buckets.expr_of(s) for s in val.shape), perm)
 
     def _relayout(self, x, src_sizes, dst_sizes, dst_shape, mark=True):
         """x (padded to its type's shape, true sizes `src_sizes`: int32 Values or None where static)
@@ -787,8 +797,8 @@ class GraphProgram:
         if self.bucketing is not None:  # the true sizes, and inputs of symbolic size as compact buffers
             values = self._values = self.bucketing.values_of(real)
             launch = list(real)
-            for i, cap in self.ph_flat.items():
-                launch[i] = _compact(real[i], cap)
+            for i, (cap, perm) in self.ph_flat.items():
+                launch[i] = _compact(real[i], cap, perm)
             launch.append(torch.tensor([values[s] for s in self.bucketing.symbols], dtype=torch.int32))
         if self.status_ph is not None:
             launch.append(_C.eager.index_status(self.status_device))
@@ -828,8 +838,11 @@ class GraphProgram:
             if kind == "prog":
                 outs.append(program_output(entry[1]))
             elif kind == "compact":  # the front of a bucket-sized buffer, at the true sizes
-                sizes = [buckets.evaluate(e, self._values) for e in entry[2]]
-                outs.append(program_output(entry[1])[:math.prod(sizes)].view(sizes))
+                sizes, perm = [buckets.evaluate(e, self._values) for e in entry[2]], entry[3]
+                t = program_output(entry[1])[:math.prod(sizes)].view([sizes[p] for p in perm])
+                outs.append(t.permute(_inverse(perm)))
+            elif kind == "size":
+                outs.append(buckets.evaluate(entry[1], self._values))
             elif kind == "in":
                 outs.append(real[entry[1]])
             elif kind == "strided":
@@ -847,14 +860,23 @@ class GraphProgram:
 _RESHAPES = {torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default, torch.ops.aten.reshape.default}
 
 
-def _compact(t: torch.Tensor, cap: int) -> torch.Tensor:
-    """A tpu tensor as the 1-D buffer of `cap` elements a bucketed program reads: its own storage
-    when it is the contiguous front of one that size (a bucketed graph's output), else a copy into
-    a new buffer of that size (counted as bucket_input_copies)."""
-    if t.is_contiguous() and t.storage_offset() == 0 and t.untyped_storage().nbytes() == cap * t.element_size():
+def _inverse(perm) -> list:
+    inv = [0] * len(perm)
+    for k, p in enumerate(perm):
+        inv[p] = k
+    return inv
+
+
+def _compact(t: torch.Tensor, cap: int, perm) -> torch.Tensor:
+    """A tpu tensor as the 1-D buffer of `cap` elements a bucketed program reads, holding t's elements
+    in the memory order `perm`: its own storage when it already lies so at the front of a storage of
+    that size (a bucketed graph's output), else a copy into a new buffer (counted as
+    bucket_input_copies)."""
+    m = t.permute(perm)
+    if m.is_contiguous() and t.storage_offset() == 0 and t.untyped_storage().nbytes() == cap * t.element_size():
         return t.as_strided((cap,), (1,), 0)
     buf = torch.empty(cap, dtype=t.dtype, device=t.device)
-    buf[:t.numel()].copy_(t.reshape(-1))
+    buf[:t.numel()].copy_(m.reshape(-1))
     _state.count("bucket_input_copies")
     return buf
 
