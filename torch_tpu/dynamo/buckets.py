@@ -390,6 +390,11 @@ def refusal(node) -> str | None:
         if dim % max(first.dim(), 1) in {d for t in ins for d in _dynamic_dims(t)}:
             return f"{name} along a symbolic dimension"
         return None
+    if target in (aten.argmax.default, aten.argmin.default):
+        x, dim = _val(node.args[0]), node.args[1] if len(node.args) > 1 else None
+        if dim is None or dim % max(x.dim(), 1) in _dynamic_dims(x):  # untested: the padder's arg-reduce
+            return f"{name} over a symbolic dimension"
+        return None
     if target is aten.constant_pad_nd.default:
         if any(not _static_int(p) or p < 0 for p in node.args[1]):
             return f"{name} with a negative or symbolic pad"

@@ -1,0 +1,147 @@
+"""Bucketed compiled graphs (issue 49 item 3, torch_tpu/dynamo/buckets.py): a graph with symbolic
+sizes compiles once per bucket of its sizes, and its results on the valid region equal CPU's. Inputs
+are given with NaN in their bucket's padding (the front of a NaN-filled bucket-sized buffer, which a
+bucketed program reads without a copy), so a reduction, contraction or softmax that read the padding
+would return NaN."""
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_tpu
+from torch_tpu.dynamo import buckets
+from torch_tpu.eager import recompiles
+
+TPU = torch.device("tpu")
+
+
+@pytest.fixture(autouse=True)
+def fresh(monkeypatch):
+    monkeypatch.delenv("TORCH_TPU_SHAPE_BUCKETS", raising=False)
+    torch._dynamo.reset()
+    recompiles.reset()  # bucket_refusals() starts empty
+    yield
+    torch._dynamo.reset()
+
+
+def nan_padded(x: torch.Tensor, cap: int) -> torch.Tensor:
+    """x on tpu at the front of a NaN-filled buffer of `cap` elements."""
+    buf = torch.full((cap,), float("nan"), dtype=x.dtype, device=TPU)
+    buf[:x.numel()].copy_(x.reshape(-1).to(TPU))
+    return buf[:x.numel()].view(x.shape)
+
+
+def graphs() -> int:
+    return torch_tpu.metrics.counters()["compiled_graphs"]
+
+
+def test_bucket_policy(monkeypatch):
+    assert [buckets.bucket(n, None) for n in (1, 16, 17, 100)] == [16, 16, 32, 128]
+    assert buckets.bucket(100, 64) == 100  # never below the value, never above Dynamo's bound
+    assert buckets.bucket(40, 64) == 64
+    monkeypatch.setenv("TORCH_TPU_SHAPE_BUCKETS", "multiple:128")
+    assert buckets.bucket(130, None) == 256
+    monkeypatch.setenv("TORCH_TPU_SHAPE_BUCKETS", "pow2:4")
+    assert buckets.bucket(3, None) == 4
+    monkeypatch.setenv("TORCH_TPU_SHAPE_BUCKETS", "squares")
+    with pytest.raises(ValueError, match="TORCH_TPU_SHAPE_BUCKETS='squares'"):
+        buckets.bucket(3, None)
+
+
+def attention_like(x, w):
+    h = x @ w                                            # splits and merges the symbolic dimension
+    a = torch.softmax(h @ h.transpose(-1, -2) / 4, -1)   # contraction and softmax over it
+    return (a @ h).mean(1), h.sum(1), a, h.amax(1)
+
+
+def test_one_program_per_bucket_and_padding_never_read():
+    torch.manual_seed(0)
+    w = torch.randn(16, 16)
+    f = torch.compile(attention_like, backend="tpu")
+    wt = w.to(TPU)
+    f(torch.randn(2, 4, 16).to(TPU), wt)                 # Dynamo's first, static compile
+    before = graphs()
+    for n in (5, 7, 9, 12, 3, 16):                       # one bucket (16)
+        x = torch.randn(2, n, 16)
+        got = f(nan_padded(x, 2 * 16 * 16), wt)
+        for g, e in zip(got, attention_like(x, w)):
+            assert g.shape == e.shape and g.is_contiguous()
+            torch.testing.assert_close(g.cpu(), e, atol=1e-5, rtol=1e-5)
+    assert graphs() - before == 1
+    for n in (17, 30):                                   # the next bucket (32)
+        x = torch.randn(2, n, 16)
+        for g, e in zip(f(x.to(TPU), wt), attention_like(x, w)):
+            torch.testing.assert_close(g.cpu(), e, atol=1e-5, rtol=1e-5)
+    assert graphs() - before == 2
+    assert torch_tpu.metrics.bucket_refusals() == {}
+
+
+@pytest.mark.parametrize("name,fn", [
+    ("mean", lambda x: x.mean(1)),
+    ("sum_all", lambda x: x.sum()),
+    ("log_softmax", lambda x: F.log_softmax(x, 1)),
+    ("constant_pad_nd", lambda x: F.pad(x, (0, 0, 1, 2), value=3.0).sum(1)),
+    ("slice", lambda x: x[:, 1:].sum(1)),
+    ("arange", lambda x: x * torch.arange(x.shape[1], device=x.device).view(1, -1, 1)),
+    ("nll_ignore_index", lambda x: F.cross_entropy(x.flatten(0, 1), (x.flatten(0, 1)[:, 0] * 2).long().clamp(-1, 4),
+                                                   ignore_index=-1)),
+    ("tril", lambda x: torch.tril(x @ x.transpose(1, 2)).sum(2)),
+])
+def test_ops_over_a_padded_dimension(name, fn):
+    f = torch.compile(fn, backend="tpu", dynamic=True)
+    for n in (3, 6, 11):
+        x = torch.randn(2, n, 5)
+        got = f(nan_padded(x, 2 * 16 * 5))
+        torch.testing.assert_close(got.cpu(), fn(x), atol=1e-5, rtol=1e-5, equal_nan=False)
+    assert torch_tpu.metrics.bucket_refusals() == {}
+
+
+def test_gpt2_training_step_one_program_per_bucket():
+    transformers = pytest.importorskip("transformers")
+    from models import zoo  # noqa: F401  (imports torchvision the way transformers can load it)
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(vocab_size=128, n_positions=64, n_embd=32, n_layer=2, n_head=4,
+                                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    cpu = transformers.GPT2LMHeadModel(cfg)
+    tpu = copy.deepcopy(cpu).to(TPU)
+
+    def step(m, ids):
+        loss = m(input_ids=ids, labels=ids).loss
+        loss.backward()
+        return loss
+    f = torch.compile(step, backend="tpu")
+    g = torch.Generator().manual_seed(1)
+    lengths = (8, 11, 16, 5, 13, 9)
+    for k, n in enumerate(lengths):
+        if k == 2:
+            before = graphs()                    # symbolic from the second length on; 11 made its bucket
+        ids = torch.randint(0, 128, (2, n), generator=g)
+        torch.testing.assert_close(f(tpu, ids.to(TPU)).cpu(), step(cpu, ids), atol=1e-5, rtol=1e-5)
+        for pc, pt in zip(cpu.parameters(), tpu.parameters()):
+            torch.testing.assert_close(pt.grad.cpu(), pc.grad, atol=1e-5, rtol=1e-4)
+        cpu.zero_grad()
+        tpu.zero_grad()
+    assert graphs() == before, "a length in a seen bucket compiled a program"
+    assert torch_tpu.metrics.bucket_refusals() == {}
+
+
+def test_a_graph_that_cannot_be_bucketed_runs_per_shape_and_says_why():
+    fn = lambda x: torch.cat([x, x * 2], 1).sum(1)  # noqa: E731  (concatenation along the length)
+    f = torch.compile(fn, backend="tpu", dynamic=True)
+    for n in (3, 6):
+        x = torch.randn(2, n, 4)
+        torch.testing.assert_close(f(x.to(TPU)).cpu(), fn(x))
+    (why,) = torch_tpu.metrics.bucket_refusals().values()
+    assert "cat.default along a symbolic dimension" in why
+
+
+def test_buckets_off(monkeypatch):
+    monkeypatch.setenv("TORCH_TPU_SHAPE_BUCKETS", "off")
+    fn = lambda x: x.sum(1)  # noqa: E731
+    f = torch.compile(fn, backend="tpu", dynamic=True)
+    before = graphs()
+    for n in (3, 5):
+        x = torch.randn(2, n)
+        torch.testing.assert_close(f(x.to(TPU)).cpu(), fn(x))
+    assert graphs() - before == 2  # one per shape
