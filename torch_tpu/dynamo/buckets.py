@@ -9,10 +9,10 @@ true sizes, passed at launch as one int32 operand. XLA's dynamic padder masks re
 contractions and softmax over the padding, so the valid region equals the per-shape program's.
 
 A tensor with symbolic sizes crosses the program's boundary *compact*: a 1-D buffer of the bucket's
-element count whose first numel elements are the tensor, contiguous (`reshape` of a dynamic tensor to
-1-D compacts it; `dynamic_reshape` unflattens it). So a graph's outputs are ordinary contiguous tpu
-tensors of their true shapes (views of the front of a larger storage), and one graph's output feeds
-the next graph (forward -> backward) without a copy.
+element count whose first numel elements are the tensor in its memory order (GraphProgram._relayout:
+a gather at indices computed from the true sizes). So a graph's outputs are ordinary tpu tensors of
+their true shapes (views of the front of a larger storage), and one graph's output feeds the next
+graph (forward -> backward) without a copy.
 
 Not every op can read padding safely. `refusal(node, ...)` names what keeps a node from a bucketed
 program (a negative index along a symbolic dimension, a concatenation along one, random numbers over

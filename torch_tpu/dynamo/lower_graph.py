@@ -241,7 +241,7 @@ class GraphProgram:
         self.failed = None
         # A bucketed graph (buckets.py): the true values of its symbols are one more (CPU, int32)
         # input, after the graph's own; its tpu inputs of symbolic size are 1-D compact buffers of
-        # their bucket's element count (ph_flat: placeholder index -> that count).
+        # their bucket's element count (ph_flat: placeholder index -> (that count, memory order)).
         bk = self.bucketing
         self.sizes_ph = None
         self.ph_flat = {}

@@ -261,13 +261,6 @@ class Builder:
         dynamic padder; the type keeps the bound (XLA infers the dynamic size from here)."""
         return self.op("stablehlo.set_dimension_size", [x, size], [x.type], {"dimension": f"{dim} : i64"})[0]
 
-    def dynamic_reshape(self, x: Value, sizes: Sequence[Value], shape) -> Value:
-        """x (1-D, its dynamic size the product of `sizes`) unflattened to `sizes` (int32 scalar
-        Values), typed at the bounds `shape`."""
-        parts = [self.reshape(s, (1,)) for s in sizes]
-        dims = self.concatenate(parts, 0) if len(parts) > 1 else parts[0]
-        return self.op("stablehlo.dynamic_reshape", [x, dims], [TensorType(tuple(shape), x.dtype)])[0]
-
     def broadcast_in_dim(self, x: Value, shape, dims) -> Value:
         shape = tuple(shape)
         if x.shape == shape and list(dims) == list(range(len(shape))):
