@@ -65,7 +65,7 @@ def test_a_relowered_graph_keeps_its_devices(monkeypatch):
     replicas = object()  # what a collective graph's program was compiled for
     prog.replicas = replicas
     seen = []
-    monkeypatch.setattr(GraphProgram, "__init__", lambda self, gm, name, replicas=None: seen.append(replicas))
+    monkeypatch.setattr(GraphProgram, "__init__", lambda self, gm, name, replicas=None, bucketing=None: seen.append(replicas))
     torch.set_float32_matmul_precision("medium")
     prog([a])  # (the stand-in __init__ rebuilds nothing: the old program runs)
     assert seen == [replicas]

@@ -56,7 +56,8 @@ def test_no_warning_when_turned_off(monkeypatch):
     assert torch_tpu.metrics.program_causes()["aten::tanh"]["new shape"] == 7
 
 
-def test_a_compiled_graph_with_symbolic_shapes_counts_its_per_shape_programs():
+def test_a_compiled_graph_with_symbolic_shapes_counts_its_per_shape_programs(monkeypatch):
+    monkeypatch.setenv("TORCH_TPU_SHAPE_BUCKETS", "off")  # per shape (bucketed: the test below)
     torch._dynamo.reset()
     f = torch.compile(lambda x: (x * 2).sum(), backend="tpu", dynamic=True)
     with warnings.catch_warnings(record=True) as got:
@@ -66,6 +67,15 @@ def test_a_compiled_graph_with_symbolic_shapes_counts_its_per_shape_programs():
     graphs = {k: v for k, v in torch_tpu.metrics.program_causes().items() if not k.startswith("aten::")}
     assert len(graphs) == 1 and list(graphs.values())[0] == {"first": 1, "new shape": 5}, graphs
     assert any("compiled graph" in str(w.message) and "sizes of a dimension that changes" in str(w.message) for w in got)
+
+
+def test_a_bucketed_graph_counts_new_buckets_not_new_shapes():
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: (x * 2).sum(), backend="tpu", dynamic=True)
+    for n in (3, 5, 7, 20):  # buckets 16, 16, 16, 32 of one symbolic graph
+        f(torch.ones(n, 2, device=TPU))  # (n never 2: equal sizes would share a symbol)
+    graphs = {k: v for k, v in torch_tpu.metrics.program_causes().items() if not k.startswith("aten::")}
+    assert list(graphs.values()) == [{"first": 1, "new bucket": 1}], graphs
 
 
 def test_a_models_layers_of_many_shapes_do_not_warn_its_changing_length_does(monkeypatch):

@@ -4,6 +4,7 @@ are given with NaN in their bucket's padding (the front of a NaN-filled bucket-s
 bucketed program reads without a copy), so a reduction, contraction or softmax that read the padding
 would return NaN."""
 import copy
+import gc
 
 import pytest
 import torch
@@ -23,6 +24,7 @@ def fresh(monkeypatch):
     recompiles.reset()  # bucket_refusals() starts empty
     yield
     torch._dynamo.reset()
+    gc.collect()  # this file's graph caches go with it (test_soak counts the live ones)
 
 
 def nan_padded(x: torch.Tensor, cap: int) -> torch.Tensor:

@@ -1,6 +1,8 @@
 """Long jobs whose shapes vary keep host and device memory flat: every in-memory cache is a bounded
 LRU (csrc/runtime/lru_cache.h), reported by torch_tpu.metrics.host_caches(). The CI budget is a few
 hundred steps; benchmarks/bench_soak.py runs the 5,000-step version."""
+import gc
+
 import pytest
 import torch
 
@@ -78,7 +80,9 @@ def test_an_executable_says_what_it_holds():
 def test_a_graph_with_symbolic_shapes_keeps_its_most_recent_programs(monkeypatch):
     # Past PER_SHAPE_PROGRAMS a graph's least recently used shape goes; coming back re-traces it.
     monkeypatch.setattr(backend, "PER_SHAPE_PROGRAMS", 3)
+    monkeypatch.setenv("TORCH_TPU_SHAPE_BUCKETS", "off")  # one program per shape (buckets: test_shape_buckets)
     torch._dynamo.reset()
+    gc.collect()  # earlier tests' graph caches go now, not while this one counts entries
     torch_tpu.metrics.reset()  # (other graphs' caches still alive keep their entries, not their counts)
     before = torch_tpu.metrics.host_caches().get("compiled graph shapes", {"entries": 0, "capacity": 0})
 

@@ -86,8 +86,8 @@ def _eager(gm, error: Exception, fullgraph: bool, name: str):
 def compile_graph(gm: torch.fx.GraphModule, example_inputs, name: str, fullgraph: bool):
     """The boxed callable that runs `gm` on tpu: one executable, or the eager fallback."""
     if _is_dynamic(gm):
-        log.info("%s graph has symbolic shapes: torch_tpu compiles static shapes, so it is specialized "
-                 "and recompiled per concrete input shape at call time", name)
+        log.info("%s graph has symbolic shapes: compiled per bucket of its sizes (TORCH_TPU_SHAPE_BUCKETS), "
+                 "or per concrete shape where it cannot be bucketed", name)
         return _boxed(_PerShape(gm, name, fullgraph))
     if collectives.has_collectives(gm):
         whole = _with_device_collectives(gm, name)
