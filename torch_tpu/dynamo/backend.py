@@ -87,7 +87,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs, name: str, fullgraph
     """The boxed callable that runs `gm` on tpu: one executable, or the eager fallback."""
     if _is_dynamic(gm):
         log.info("%s graph has symbolic shapes: compiled per bucket of its sizes (TORCH_TPU_SHAPE_BUCKETS), "
-                 "or per concrete shape where it cannot be bucketed", name)
+                 "or per concrete input shape where it cannot be bucketed", name)
         return _boxed(_PerShape(gm, name, fullgraph))
     if collectives.has_collectives(gm):
         whole = _with_device_collectives(gm, name)
