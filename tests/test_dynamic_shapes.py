@@ -62,3 +62,43 @@ def test_gpt2_loss_under_default_dynamic_with_changing_lengths():
         ids = torch.randint(0, 128, (2, n), generator=g)
         lc, lt = cpu(input_ids=ids, labels=ids).loss, fwd(tpu, ids.to(TPU))
         torch.testing.assert_close(lt.cpu(), lc, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["bert", "llama", "mixtral"])
+def test_hf_training_step_under_default_dynamic(name):
+    """Forward and backward of the zoo's BERT, Llama and Mixtral (MoE: a topk router over the experts
+    of a symbolic number of tokens, data-dependent expert batches) with a length that changes every
+    step: loss and every gradient equal CPU's."""
+    pytest.importorskip("transformers")
+    from models import zoo
+    torch.manual_seed(0)
+    cpu = zoo.BY_NAME[name].build()
+    tpu = copy.deepcopy(cpu).to(TPU)
+    step = torch.compile(lambda m, ids: m(input_ids=ids, labels=ids).loss, backend="tpu")
+    g = torch.Generator().manual_seed(1)
+    for n in (8, 11, 5):
+        ids = torch.randint(0, zoo.VOCAB, (2, n), generator=g)
+        lt, lc = step(tpu, ids.to(TPU)), cpu(input_ids=ids, labels=ids).loss
+        lt.backward()
+        lc.backward()
+        torch.testing.assert_close(lt.cpu(), lc, atol=1e-5, rtol=1e-5)
+        for (pname, pc), pt in zip(cpu.named_parameters(), tpu.parameters()):
+            assert (pc.grad is None) == (pt.grad is None), pname
+            if pc.grad is not None:
+                torch.testing.assert_close(pt.grad.cpu(), pc.grad, atol=1e-5, rtol=1e-4, msg=pname)
+            pc.grad = pt.grad = None
+
+
+def test_llama_generate_under_default_dynamic():
+    """Hugging Face generate() with a compiled forward, prompts of several lengths: CPU's tokens."""
+    pytest.importorskip("transformers")
+    from models import zoo
+    torch.manual_seed(0)
+    cpu = zoo.BY_NAME["llama"].build().eval()
+    tpu = copy.deepcopy(cpu).to(TPU)
+    tpu.forward = torch.compile(tpu.forward, backend="tpu")
+    g = torch.Generator().manual_seed(1)
+    for n in (5, 9, 7):
+        ids = torch.randint(0, zoo.VOCAB, (1, n), generator=g)
+        got = tpu.generate(ids.to(TPU), max_new_tokens=4, do_sample=False, pad_token_id=0)
+        assert torch.equal(got.cpu(), cpu.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=0))

@@ -395,6 +395,16 @@ def refusal(node) -> str | None:
         if dim is None or dim % max(x.dim(), 1) in _dynamic_dims(x):  # untested: the padder's arg-reduce
             return f"{name} over a symbolic dimension"
         return None
+    if target in (aten.topk.default, aten.sort.default, aten.sort.stable):
+        # Each row is ordered on its own: padded rows give padded results, valid rows are untouched.
+        x = _val(node.args[0])
+        dim_i = 2 if target is aten.topk.default else (1 if target is aten.sort.default else 2)
+        dim = node.args[dim_i] if len(node.args) > dim_i else node.kwargs.get("dim", -1)
+        if target is aten.topk.default and not _static_int(node.args[1]):
+            return f"{name} with a symbolic k"
+        if dim % max(x.dim(), 1) in _dynamic_dims(x):
+            return f"{name} along a symbolic dimension"
+        return None
     if target is aten.constant_pad_nd.default:
         if any(not _static_int(p) or p < 0 for p in node.args[1]):
             return f"{name} with a negative or symbolic pad"

@@ -249,7 +249,8 @@ def _ones(ctx, *args, **kw):
     return ctx.b.constant(1, ctx.out[0].dtype, ctx.out[0].shape)
 
 
-@graph_register("_to_copy", "to.dtype", "to.device", "to.dtype_layout", "_to_copy.default")
+@graph_register("_to_copy", "to.dtype", "to.device", "to.dtype_layout", "_to_copy.default",
+                "prims::convert_element_type")
 def _to_copy(ctx, x, *rest):
     return ctx.b.convert(x, ctx.out[0].dtype)
 
