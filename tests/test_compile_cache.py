@@ -289,3 +289,33 @@ def test_object_store_tier3_root_is_refused_with_a_warning():
             torch_tpu.runtime.configure_cache(tier3_root="gs://bucket/cache")
     finally:
         torch_tpu.runtime.configure_cache()
+
+
+def test_one_op_programs_compile_at_their_own_level(tmp_path):
+    """TORCH_TPU_OP_OPT_LEVEL reaches XLA's compiler for eager op programs (CompileOptionsProto's
+    env_option_overrides): the same programs compiled at level 0 and at level 3 are different
+    executables under different keys (their code differs in size), while the same level gives
+    executables of the same sizes (the bytes themselves differ from compile to compile)."""
+    def sizes(d, level):
+        run(d, {"TORCH_TPU_OP_OPT_LEVEL": level})
+        out = {}
+        for p in entries(d):  # magic (8) | u32 key length | key | f64 seconds | u64 payload length | ...
+            data = (d / p).read_bytes()
+            at = 12 + int.from_bytes(data[8:12], "little") + 8
+            out[p] = int.from_bytes(data[at:at + 8], "little")
+        return out
+    a, b, c = sizes(tmp_path / "a", "0"), sizes(tmp_path / "b", "0"), sizes(tmp_path / "c", "3")
+    assert a and a == b
+    assert not set(a) & set(c) and sorted(a.values()) != sorted(c.values())
+
+
+def test_op_opt_level_setting():
+    from torch_tpu import runtime
+    assert runtime._one_op_level("tpu") is None  # TPU's compiler keeps its defaults
+    os.environ["TORCH_TPU_OP_OPT_LEVEL"] = "fast"
+    try:
+        with pytest.raises(ValueError, match="TORCH_TPU_OP_OPT_LEVEL='fast'"):
+            runtime._one_op_level("cpu")
+    finally:
+        del os.environ["TORCH_TPU_OP_OPT_LEVEL"]
+    assert runtime._one_op_level("cpu") == 1

@@ -37,6 +37,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("TORCH_TPU_DEFER_AND_FUSE", None, "1: fused eager (Google TorchTPU's name)"),
     Setting("TORCH_TPU_CPU_FALLBACK", "1", "0: an op with no lowering raises instead of running on CPU", read_by="C++"),
     Setting("TORCH_TPU_ASYNC_LAUNCH", "1", "0: launches issued on the calling thread", read_by="C++"),
+    Setting("TORCH_TPU_OP_OPT_LEVEL", "1", "XLA's backend optimization level of eager one-op programs on the CPU "
+            "plugin (XLA's default: 3; XLA_FLAGS' own setting wins)"),
     Setting("TORCH_TPU_KEEP_BUSY_BYTES", "262144", "bytes a launch may keep alive instead of donating a busy buffer",
             read_by="C++"),
     # the executable cache

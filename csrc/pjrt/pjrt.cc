@@ -152,6 +152,20 @@ std::string replica_compile_options(const std::vector<int64_t>& device_ids) {
   return options;
 }
 
+std::string compile_options_at_level(int level) {
+  // xla.OptionOverrideProto: int_field (3). CompileOptionsProto.env_option_overrides (7): a
+  // map<string, OptionOverrideProto>, each entry {key (1), value (2)}; the plugin applies it to the
+  // program's DebugOptions after XLA_FLAGS (CompileOptions::ApplyAllOptionOverrides).
+  std::string value;
+  put_varint_field(value, 3, static_cast<uint64_t>(level));
+  std::string entry;
+  put_bytes_field(entry, 1, "xla_backend_optimization_level");
+  put_bytes_field(entry, 2, value);
+  std::string options = default_compile_options();
+  put_bytes_field(options, 7, entry);
+  return options;
+}
+
 namespace {
 std::atomic<bool> plugin_loaded{false};
 

@@ -87,6 +87,11 @@ const std::string& default_compile_options();
 // default_compile_options().
 std::string replica_compile_options(const std::vector<int64_t>& device_ids);
 
+// default_compile_options() with XLA's backend optimization level (DebugOptions
+// xla_backend_optimization_level: LLVM's -O level on the CPU and GPU backends; XLA's default is 3)
+// set for this program only, through CompileOptionsProto.env_option_overrides.
+std::string compile_options_at_level(int level);
+
 // One PJRT_Buffer (a dense array on one device). Destroyed (PJRT_Buffer_Destroy) when the last
 // shared_ptr goes; donated buffers are destroyed too, as PJRT requires.
 class Buffer {

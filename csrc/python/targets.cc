@@ -40,6 +40,11 @@ void bind_compile_targets(py::module_& m) {
     return py::bytes(torch_tpu::pjrt::replica_compile_options(device_ids));
   }, py::arg("device_ids"),
      "The serialized xla.CompileOptionsProto for one replica on each of device_ids (csrc/pjrt/pjrt.h).");
+  m.def("compile_options_at_level", [](int level) {
+    return py::bytes(torch_tpu::pjrt::compile_options_at_level(level));
+  }, py::arg("level"),
+     "The serialized xla.CompileOptionsProto of one replica with xla_backend_optimization_level = level "
+     "for that program only (csrc/pjrt/pjrt.h).");
   m.def("cache_store", [](const std::string& key, const py::bytes& payload, double seconds,
                            const std::vector<std::string>& dirs) {
     torch::PyWarningHandler warnings;  // "cannot write executables into ...": a Python warning

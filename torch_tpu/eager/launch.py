@@ -24,7 +24,7 @@ from . import fused
 def compile_entry_text(name: str, text: str):
     """The executable of op `name`'s program `text`; a compile error names the op and shows it."""
     try:
-        return runtime.compile(text, name)
+        return runtime.compile(text, name, one_op=True)
     except RuntimeError as e:
         raise RuntimeError(f"tpu: compiling {name} failed: {e}\n--- program ---\n{text}") from None
 
