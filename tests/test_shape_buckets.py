@@ -85,6 +85,8 @@ def test_one_program_per_bucket_and_padding_never_read():
     ("log_softmax", lambda x: F.log_softmax(x, 1)),
     ("constant_pad_nd", lambda x: F.pad(x, (0, 0, 1, 2), value=3.0).sum(1)),
     ("slice", lambda x: x[:, 1:].sum(1)),
+    ("slice_from_the_end", lambda x: x[:, -2:] * 3),
+    ("select_scatter", lambda x: torch.select_scatter(x, x[:, 0] * 2, 1, 1).sum(1)),
     ("arange", lambda x: x * torch.arange(x.shape[1], device=x.device).view(1, -1, 1)),
     ("nll_ignore_index", lambda x: F.cross_entropy(x.flatten(0, 1), (x.flatten(0, 1)[:, 0] * 2).long().clamp(-1, 4),
                                                    ignore_index=-1)),

@@ -376,10 +376,17 @@ def refusal(node) -> str | None:
         step_i = start_i + 2
         step = node.args[step_i] if len(node.args) > step_i else 1
         if dim in _dynamic_dims(x) and not (_static_int(start) and (start or 0) >= 0 and _static_int(step)):
+            end_i = start_i + 1
+            end = node.args[end_i] if len(node.args) > end_i else None
+            out = _tensors(node.meta.get("val"))
+            if target is aten.slice.Tensor and _static_int(start) and start < 0 and step == 1 and \
+                    (end is None or (_static_int(end) and end >= 2 ** 62)) and dim not in _dynamic_dims(out[0]):
+                return None  # the last -start rows (logits[:, -1:]): a window at the true size minus -start
             return f"{name} along a symbolic dimension from a start that is negative or symbolic"
         return None
-    if target is aten.select.int:
-        x, dim, index = _val(node.args[0]), node.args[1], node.args[2]
+    if target in (aten.select.int, aten.select_scatter.default):  # select_scatter: select's backward
+        at = 1 if target is aten.select.int else 2
+        x, dim, index = _val(node.args[0]), node.args[at], node.args[at + 1]
         if dim % x.dim() in _dynamic_dims(x) and not (_static_int(index) and index >= 0):
             return f"{name} along a symbolic dimension at a negative or symbolic index"
         return None
