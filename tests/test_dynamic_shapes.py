@@ -29,6 +29,19 @@ def test_sdpa_under_default_dynamic():
                                    atol=1e-5, rtol=1e-5)
 
 
+def test_a_bool_padding_mask_indexed_by_aranges_is_lowered():
+    """Hugging Face's mask functions read padding_mask[batch_idx, kv_idx] (a bool operand, integer
+    indices): the graph is one program, not an eager fallback (a bool *operand* is not a mask index)."""
+    def f(mask, x):
+        keep = mask.bool()[torch.arange(mask.shape[0], device=x.device)[:, None],
+                           torch.arange(mask.shape[1], device=x.device)[None, :]]
+        return x.masked_fill(~keep, 0.0).sum(1)
+    g = torch.compile(f, backend="tpu")
+    for n in (5, 7, 9):
+        mask, x = (torch.rand(3, n) > 0.3).long(), torch.randn(3, n)
+        torch.testing.assert_close(g(mask.to(TPU), x.to(TPU)).cpu(), f(mask, x))
+
+
 def test_multihead_attention_trains_under_default_dynamic():
     torch.manual_seed(0)
     cpu = torch.nn.MultiheadAttention(16, 4, batch_first=True)

@@ -148,6 +148,60 @@ def test_gpt2_training_step_one_program_per_bucket():
     assert torch_tpu.metrics.bucket_refusals() == {}
 
 
+def test_bert_with_a_padding_mask_one_program_per_bucket():
+    """A classifier on batches padded to their longest row (DataCollatorWithPadding): Hugging Face's
+    mask functions index the padding mask with aranges over the batch and the length
+    (padding_mask[batch_idx, kv_idx]), which buckets (the indices are in range by construction)."""
+    transformers = pytest.importorskip("transformers")
+    from models import zoo  # noqa: F401  (imports torchvision the way transformers can load it)
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=128, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                  intermediate_size=64, max_position_embeddings=64, num_labels=3,
+                                  hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    cpu = transformers.BertForSequenceClassification(cfg)
+    tpu = copy.deepcopy(cpu).to(TPU)
+
+    def step(m, ids, mask, labels):
+        loss = m(input_ids=ids, attention_mask=mask, labels=labels).loss
+        loss.backward()
+        return loss
+    f = torch.compile(step, backend="tpu")
+    g = torch.Generator().manual_seed(1)
+    for k, n in enumerate((8, 11, 16, 5, 13)):
+        if k == 2:
+            before = graphs()
+        rows = torch.randint(1, n + 1, (4,), generator=g)
+        rows[0] = n
+        mask = (torch.arange(n)[None, :] < rows[:, None]).long()
+        ids, labels = torch.randint(1, 128, (4, n), generator=g) * mask, torch.randint(0, 3, (4,), generator=g)
+        args = (ids, mask, labels)
+        torch.testing.assert_close(f(tpu, *(a.to(TPU) for a in args)).cpu(), step(cpu, *args), atol=1e-5, rtol=1e-5)
+        for pc, pt in zip(cpu.parameters(), tpu.parameters()):
+            torch.testing.assert_close(pt.grad.cpu(), pc.grad, atol=1e-5, rtol=1e-4)
+        cpu.zero_grad()
+        tpu.zero_grad()
+    assert graphs() == before, "a length in a seen bucket compiled a program"
+    assert torch_tpu.metrics.bucket_refusals() == {}
+
+
+def test_indexing_a_padded_operand_only_at_indices_in_range():
+    def by_aranges(x):
+        return x[torch.arange(x.shape[0], device=x.device)[:, None], torch.arange(x.shape[1], device=x.device)[None, :] + 0]
+    f = torch.compile(by_aranges, backend="tpu", dynamic=True)
+    for n in (3, 6, 11):
+        x = torch.randn(2, n, 5)
+        torch.testing.assert_close(f(nan_padded(x, 2 * 16 * 16)).cpu(), by_aranges(x), equal_nan=False)
+    assert torch_tpu.metrics.bucket_refusals() == {}
+    # Any other index could be negative or past the true size (CPU raises): per shape, and says why.
+    torch._dynamo.reset()
+    f = torch.compile(lambda x, i: x[:, i], backend="tpu", dynamic=True)
+    for n in (3, 6):
+        x, i = torch.randn(2, n), torch.tensor([-1, 0, n - 1])
+        torch.testing.assert_close(f(x.to(TPU), i.to(TPU)).cpu(), x[:, i])
+    (why,) = torch_tpu.metrics.bucket_refusals().values()
+    assert "index.Tensor of an operand of symbolic size at indices not known to be in range" in why
+
+
 def test_a_graph_that_cannot_be_bucketed_runs_per_shape_and_says_why():
     fn = lambda x: torch.cat([x, x * 2], 1).sum(1)  # noqa: E731  (concatenation along the length)
     f = torch.compile(fn, backend="tpu", dynamic=True)

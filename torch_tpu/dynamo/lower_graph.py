@@ -545,9 +545,9 @@ class GraphProgram:
                                scalar=lambda v, i, j: scalar(v, node),
                                generator=lambda g, i: state() if state is not None else None,
                                value=value, rng_state=state)
-        if low.prepare is not None and any(
+        if low.prepare is not None and any(  # a mask among the indices (a list argument), not a bool operand
                 isinstance(v, torch.fx.Node) and isinstance(v.meta.get("val"), torch.Tensor)
-                and v.meta["val"].dtype == torch.bool for vs in vals for v in (vs if isinstance(vs, list) else [vs])):
+                and v.meta["val"].dtype in (torch.bool, torch.uint8) for vs in vals if isinstance(vs, list) for v in vs):
             raise Unsupported(f"aten::{overload_name(node.target)}", node, "with a boolean mask (data-dependent "
                               "shape) is not supported inside a graph")
         examples = [_meta_val(v) for v in vals]
