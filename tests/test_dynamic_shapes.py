@@ -103,7 +103,8 @@ def test_hf_training_step_under_default_dynamic(name):
 
 
 def test_llama_generate_under_default_dynamic():
-    """Hugging Face generate() with a compiled forward, prompts of several lengths: CPU's tokens."""
+    """Hugging Face generate() with a compiled forward, prompts of several lengths: CPU's tokens, and
+    programs per bucket, not per prompt and cache length."""
     pytest.importorskip("transformers")
     from models import zoo
     torch.manual_seed(0)
@@ -111,7 +112,13 @@ def test_llama_generate_under_default_dynamic():
     tpu = copy.deepcopy(cpu).to(TPU)
     tpu.forward = torch.compile(tpu.forward, backend="tpu")
     g = torch.Generator().manual_seed(1)
-    for n in (5, 9, 7):
+    torch_tpu.eager.recompiles.reset()
+    for k, n in enumerate((5, 9, 12, 7)):
+        if k == 2:  # from the second prompt on, prefill and decode are symbolic in the length: bucket 16
+            graphs = torch_tpu.metrics.counters()["compiled_graphs"]
         ids = torch.randint(0, zoo.VOCAB, (1, n), generator=g)
         got = tpu.generate(ids.to(TPU), max_new_tokens=4, do_sample=False, pad_token_id=0)
         assert torch.equal(got.cpu(), cpu.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=0))
+    # The KV cache's cat along the length buckets too: no program for a new prompt or cache length.
+    assert torch_tpu.metrics.counters()["compiled_graphs"] == graphs
+    assert torch_tpu.metrics.bucket_refusals() == {}

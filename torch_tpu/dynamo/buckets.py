@@ -390,11 +390,11 @@ def refusal(node) -> str | None:
         if dim % x.dim() in _dynamic_dims(x) and not (_static_int(index) and index >= 0):
             return f"{name} along a symbolic dimension at a negative or symbolic index"
         return None
-    if target in (aten.cat.default, aten.split.Tensor, aten.split_with_sizes.default):
-        dim = (node.args[1] if len(node.args) > 1 else 0) if target is aten.cat.default else \
-            (node.args[2] if len(node.args) > 2 else 0)
-        first = ins[0]
-        if dim % max(first.dim(), 1) in {d for t in ins for d in _dynamic_dims(t)}:
+    if target is aten.cat.default:  # along a symbolic dimension: each part at a runtime offset
+        return None
+    if target in (aten.split.Tensor, aten.split_with_sizes.default):
+        dim = node.args[2] if len(node.args) > 2 else 0
+        if dim % max(ins[0].dim(), 1) in {d for t in ins for d in _dynamic_dims(t)}:
             return f"{name} along a symbolic dimension"
         return None
     if target in (aten.argmax.default, aten.argmin.default):

@@ -28,10 +28,39 @@ def cat(ctx, tensors, dim=0):
     """Inputs are promoted to the result dtype; empty ones (legacy 1-D `(0,)` too) add nothing."""
     b = ctx.b
     out = ctx.out[0]
-    parts = [b.convert(t, out.dtype) for t in tensors if t.type.numel != 0]
+    kept = [t for t in tensors if t.type.numel != 0]
+    parts = [b.convert(t, out.dtype) for t in kept]
     if out.numel == 0 or not parts:
         return b.constant(0, out.dtype, out.shape)
-    return b.concatenate(parts, _norm(dim, len(out.shape)))
+    d = _norm(dim, len(out.shape))
+    if any((getattr(t, "sizes", None) or [None] * t.rank)[d] is not None for t in kept):
+        return _cat_bucketed(b, out, kept, parts, d)
+    return b.concatenate(parts, d)
+
+
+def _cat_bucketed(b, out, tensors, parts, d):
+    """cat along a dimension that a bucketed graph pads (a KV cache growing by one token): each part
+    holds its true size (Value.sizes) at the front of its bound, so part i lands at the sum of the
+    true sizes before it, a runtime offset. Position j of the result reads part i at j - offset_i
+    (a gather of slice size 1 along d, which XLA's dynamic padder takes where a dynamic_slice or a
+    concatenate of dynamic parts would keep the padding in between) where offset_i <= j < offset_i +
+    size_i."""
+    i32 = torch.int32
+    n = out.shape[d]
+    j = b.iota((n,), 0, i32)
+    at, result = b.constant(0, i32), None
+    for t, p in zip(tensors, parts):
+        size = (getattr(t, "sizes", None) or [None] * t.rank)[d]
+        size = b.constant(t.shape[d], i32) if size is None else b.convert(size, i32)
+        start = b.broadcast_to(at, (n,))
+        idx = b.clamp(b.constant(0, i32), b.subtract(j, start), b.constant(t.shape[d] - 1, i32))
+        got = b.gather(p, b.reshape(idx, (n, 1)), [k for k in range(p.rank) if k != d], [d], [d], 1,
+                       [1 if k == d else s for k, s in enumerate(p.type.shape)], out.shape)
+        inside = b.and_(b.compare(j, start, "GE"), b.compare(j, b.add(start, b.broadcast_to(size, (n,))), "LT"))
+        inside = b.broadcast_in_dim(inside, out.shape, [d])
+        result = got if result is None else b.select(inside, got, result)
+        at = b.add(at, size)
+    return result
 
 
 @register("constant_pad_nd")
