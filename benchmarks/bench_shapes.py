@@ -18,7 +18,8 @@ fresh temporary directory), so the first pass pays every compile:
   compiled  torch.compile(backend="tpu") on tpu, default dynamic=None: one program per shape bucket
             (TORCH_TPU_SHAPE_BUCKETS, default powers of two >= 16)
 Printed per mode: first pass and second pass in seconds and as a ratio to CPU eager; programs
-compiled in the first pass per new length and in the second pass (tpu); peak tpu memory (padding to a
+compiled in the first pass per new length and in the second pass (tpu; for compiled mode, how many of
+them are compiled graphs: the others are eager ops outside the graphs, e.g. generate()'s); peak tpu memory (padding to a
 bucket costs memory: compare compiled with strict); the largest difference of the losses (classify)
 or whether the tokens equal CPU's (generate). On a machine without a TPU, "tpu" is OpenXLA's CPU plugin.
 """
@@ -101,15 +102,17 @@ def child(workload: str, mode: str) -> dict:
     dev = torch.device("tpu" if tpu else "cpu")
     steps, results = (_classify if workload == "classify" else _generate)(mode, dev, torch, transformers)
 
-    def misses():
-        return torch_tpu.metrics.counters()["program_cache_misses"] if tpu else 0
+    def counts():
+        c = torch_tpu.metrics.counters() if tpu else {}
+        return c.get("program_cache_misses", 0), c.get("compiled_graphs", 0)
     out = {}
     for p in ("first", "second"):
-        m0, t0 = misses(), time.perf_counter()
+        (m0, g0), t0 = counts(), time.perf_counter()
         for s in steps:
             s()
         out[p] = time.perf_counter() - t0
-        out[p + "_programs"] = misses() - m0
+        m1, g1 = counts()
+        out[p + "_programs"], out[p + "_graphs"] = m1 - m0, g1 - g0
     out["results"] = results[:len(steps)]  # the first pass's (the second continues training)
     if tpu:
         out["peak_bytes"] = torch.tpu.max_memory_allocated()
@@ -157,8 +160,11 @@ def report(workload: str, modes: list[str]) -> None:
         else:
             vs = "tokens equal" if r["results"] == ref["results"] else "TOKENS DIFFER"
         print(f"  {m:9} {r['first']:8.2f} {r1:>7} {r['second']:9.3f} {r2:>6} {per:>20} {second:>18} {peak:>13}  {vs}")
-        if m == "compiled" and r.get("refusals"):
-            print(f"            per-shape graphs: {r['refusals']}")
+        if m == "compiled":
+            print(f"            of which compiled graphs: {r['first_graphs']} in the first pass, {r['second_graphs']} in "
+                  "the second (the rest: eager ops outside the graphs)")
+            if r.get("refusals"):
+                print(f"            per-shape graphs: {r['refusals']}")
 
 
 def main() -> None:

@@ -285,6 +285,53 @@ def test_runtime_key_for_a_tpu_is_the_key_aot_writes(tmp_path):
         assert {topo.key(t) + ".xla" for t in built} <= written
 
 
+def _attention_step(model):
+    def step(x):
+        h = model(x)
+        loss = (torch.softmax(h @ h.transpose(1, 2), -1) @ h).pow(2).mean()
+        loss.backward()
+        return loss
+    return step
+
+
+def test_a_marked_length_compiles_every_bucket_of_its_range(tmp_path):
+    """mark_dynamic(x, 1, min=2, max=64): the forward and the backward are compiled for the buckets 16,
+    32 and 64 of the length, and the runtime's bucketed programs for lengths across that range (the
+    job marking the same size) are exactly entries written to the cache."""
+    topo = aot.topology("v5e:1x1")
+    with torch_tpu.eager_mode("strict"):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16)).to("tpu")
+        step = _attention_step(model)
+        x = torch.randn(2, 20, 16, device="tpu")
+        torch._dynamo.mark_dynamic(x, 1, min=2, max=64)
+        report = aot.compile(step, x, topology=topo, cache=tmp_path)
+        assert report.ok, str(report)
+        names = [p.name for p in report.programs]
+        assert [n.split(" bucket ")[1].split("<=")[1] for n in names] == ["16", "32", "64"] * 2, names
+        assert all(n.startswith("forward") for n in names[:3]) and all(n.startswith("backward") for n in names[3:])
+        built = []
+        keep = lambda program, name: built.append(program) if " graph" in name else None  # noqa: E731  (not eager ops)
+        runtime._SHADOW, previous = keep, runtime._SHADOW
+        try:
+            torch._dynamo.reset()
+            f = torch.compile(step, backend="tpu")
+            for n in (5, 20, 40, 64):
+                x = torch.randn(2, n, 16, device="tpu")
+                torch._dynamo.mark_dynamic(x, 1, min=2, max=64)
+                f(x)
+        finally:
+            runtime._SHADOW = previous
+        assert len(built) == 6 and set(built) == {p.text for p in report.programs}
+        assert {topo.key(t) + ".xla" for t in built} <= {p.name for p in tmp_path.iterdir()}
+        # Marked without a largest value: there is no range to compile; the report says what to do.
+        torch._dynamo.reset()
+        x = torch.randn(2, 20, 16, device="tpu")
+        torch._dynamo.mark_dynamic(x, 1)
+        report = aot.compile(step, x, topology=topo)
+        assert not report.ok and "mark_dynamic(tensor, dim, min=..., max=...)" in report.programs[0].error
+
+
 def test_cache_argument_is_checked():
     with pytest.raises(TypeError, match="cache"):
         aot.compile(lambda x: x + 1, torch.randn(2, device="meta"), cache=3)

@@ -34,6 +34,14 @@ def compile(fn, *args, topology: str | Topology = "v5e:1x1", cache=None, **kwarg
         the key the runtime on a TPU with the same libtpu computes (runtime.program_key), so the job's
         first step compiles nothing.
 
+    Changing sizes: a size marked with torch._dynamo.mark_dynamic(tensor, dim, min=..., max=...) (a
+    sequence length, say 1..2048) is symbolic in the graphs, and each graph is compiled once per bucket
+    of that range (TORCH_TPU_SHAPE_BUCKETS, as the runtime buckets it: 16, 32, ..., 2048 by default);
+    the report names each program's bucket ("forward graph bucket s0<=64"), and `cache` holds them
+    all. The TPU job marks the same size with the same max (its runtime then computes the same buckets
+    and keys) and compiles none of them. A size marked without a max, or a graph that cannot be
+    bucketed (dynamo/buckets.py says why), is a failed program in the report.
+
     Collectives: a graph with functional collectives (DTensor, tensor parallelism, funcol calls) is
     lowered with them inside, as one program over the devices of the ranks that run it (the world
     for a mesh's collectives): the process group (e.g. dist.init_process_group("fake", ...) with the
@@ -47,8 +55,10 @@ def compile(fn, *args, topology: str | Topology = "v5e:1x1", cache=None, **kwarg
     topo = topology if isinstance(topology, Topology) else get_topology(topology)
     dirs = _cache_dirs(cache)
     session = tracing.Session()
-    compiled = torch.compile(fn, backend=tracing.backend, dynamic=False)
-    with session.active():
+    compiled = torch.compile(fn, backend=tracing.backend)
+    # Symbolic only where the user marked a size dynamic (its buckets are compiled): a later call with
+    # other shapes is traced for them, not made symbolic by Dynamo's automatic dynamic shapes.
+    with session.active(), torch._dynamo.config.patch(automatic_dynamic_shapes=False):
         compiled(*args, **kwargs)
     report = Report(topology=topo.name, device_kind=topo.kind, device_memory_bytes=topo.device_memory_bytes,
                     programs=[r for r, _ in session.reached])

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import itertools
 import re
 import threading
 
@@ -28,6 +29,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from .. import runtime
 from ..dynamo import backend as tpu_backend
+from ..dynamo import buckets, collectives
 from ..dynamo.lower_graph import GraphProgram
 from ..lowering.strided import contiguous_strides
 from .report import ProgramReport
@@ -104,11 +106,37 @@ def backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
 def _graph(gm, example_inputs, name):
     # A graph with functional collectives is one program over its ranks' devices (GraphProgram.span;
     # lowering/collectives.py), as on a plugin with device collectives.
+    if buckets.shape_env_of(gm) is not None and not collectives.has_collectives(gm):
+        return _bucketed(gm, name)
     try:
         prog = GraphProgram.lowered(gm, name)
     except Exception as e:  # noqa: BLE001  (an op without a lowering: a failed program in the report)
         return _boxed(_Unlowered(ProgramReport(f"{name} graph", error=f"{type(e).__name__}: {e}"), gm))
     return _boxed(_StandIn(prog, tuple(prog.span or ())))
+
+
+def _bucketed(gm, name):
+    """A graph with symbolic sizes (torch._dynamo.mark_dynamic(t, dim, min=, max=) on an input): one
+    program per bucket of each symbol's range, as the runtime builds them (dynamo/backend.py's
+    _PerShape, TORCH_TPU_SHAPE_BUCKETS), so a job whose lengths change starts with all of them."""
+    try:
+        sources = buckets.symbol_sources(gm)
+        env = buckets.shape_env_of(gm)
+        ranges = {}
+        for sym in sources:
+            high = buckets.upper_bound(sym, env)
+            if high is None:
+                raise buckets.NotBucketable(
+                    f"the size {sym} has no largest value: give it one with torch._dynamo.mark_dynamic(tensor, dim, "
+                    "min=..., max=...) to compile its buckets ahead of time")
+            ranges[sym] = buckets.buckets_between(buckets.lower_bound(sym, env), high)
+        programs = {}
+        for bounds in itertools.product(*ranges.values()):
+            bounds = dict(zip(sources, bounds))
+            programs[tuple(bounds.values())] = GraphProgram.lowered(gm, name, bucketing=buckets.Bucketing(sources, bounds))
+    except Exception as e:  # noqa: BLE001  (NotBucketable, an op without a lowering: a failed program)
+        return _boxed(_Unlowered(ProgramReport(f"{name} graph (buckets)", error=f"{type(e).__name__}: {e}"), gm))
+    return _boxed(_BucketedStandIn(sources, {k: _StandIn(p, ()) for k, p in programs.items()}))
 
 
 def _boxed(runner):
@@ -128,16 +156,24 @@ class _StandIn:
         # Mosaic kernels: custom calls to tpu_custom_call (JAX's printed form, or generic syntax).
         self.mosaic = len(re.findall(r'@tpu_custom_call\b|call_target_name = "tpu_custom_call"', prog.text))
 
-    def __call__(self, args):
+    def report_only(self, real) -> torch.device:
+        """Adds this program to the session's report (the step reached it with inputs `real`)."""
         prog = self.prog
-        real = list(args)
-        args.clear()
-        session = _current()
         device = _default_device(real)  # meta or tpu: the graph's fakes say tpu either way
         report = ProgramReport(prog.label, text=prog.text, mosaic_kernels=self.mosaic,
                                live_bytes=_live_bytes(device, real), replicas=max(len(self.ranks), 1),
                                ranks=self.ranks)
-        session.reached.append((report, prog))
+        _current().reached.append((report, prog))
+        return device
+
+    def __call__(self, args):
+        real = list(args)
+        args.clear()
+        return self.outputs(real, self.report_only(real))
+
+    def outputs(self, real, device):
+        """Tensors of the outputs' shapes, strides and dtypes (nothing computed) on `device`."""
+        prog = self.prog
         host = prog.host.run(real)  # the CPU part (step counts): PyTorch's CPU kernels, tiny
 
         def standin(k):
@@ -145,6 +181,28 @@ class _StandIn:
             stride = spec.strides if spec.strides is not None else contiguous_strides(spec.sizes)
             return torch.empty_strided(spec.sizes, stride, dtype=spec.dtype, device="cpu" if prog.prog_to_cpu[k] else device)
         return prog.outputs(real, host, standin)
+
+
+class _BucketedStandIn:
+    """A bucketed graph's place in the step: reports every bucket's program (named by its bounds) and
+    returns the outputs of the call's own bucket."""
+
+    def __init__(self, sources: dict, standins: dict):
+        self.sources, self.standins = sources, standins
+        for bounds, s in standins.items():
+            s.prog.label += " bucket " + ",".join(f"{sym}<={b}" for sym, b in zip(sources, bounds))
+
+    def __call__(self, args):
+        values = buckets.values_of(self.sources, list(args))
+        high = {sym: max(k[i] for k in self.standins) for i, sym in enumerate(self.sources)}
+        own = tuple(buckets.bucket(values[sym], high[sym]) for sym in self.sources)
+        real = list(args)
+        args.clear()
+        device = None
+        for bounds in sorted(self.standins):
+            device = self.standins[bounds].report_only(real)
+        self.standins[own].prog._values = values  # the true sizes its outputs are cut to
+        return self.standins[own].outputs(real, device)
 
 
 class _Unlowered:

@@ -71,6 +71,28 @@ def bucket(value: int, upper: int | None) -> int:
     return max(b, value)
 
 
+def buckets_between(low: int, high: int) -> list[int]:
+    """Every bucket a value in [low, high] can fall in, smallest first (torch_tpu.aot compiles one
+    program for each): bucket(v, high) for each such v."""
+    if low > high:
+        raise ValueError(f"an empty range of sizes: [{low}, {high}]")
+    out, v = [], max(low, 0)
+    while v <= high:
+        b = bucket(v, high)
+        out.append(b)
+        v = b + 1
+    return out
+
+
+def lower_bound(sym, shape_env) -> int:
+    """The symbol's smallest value allowed by Dynamo's guards (0 when unknown)."""
+    r = shape_env.var_to_range.get(sym) if shape_env is not None else None
+    try:
+        return max(int(r.lower), 0) if r is not None else 0
+    except (TypeError, ValueError, OverflowError, AttributeError):
+        return 0
+
+
 # -- symbols and their expressions ------------------------------------------------------------------
 
 
