@@ -122,3 +122,26 @@ def test_llama_generate_under_default_dynamic():
     # The KV cache's cat along the length buckets too: no program for a new prompt or cache length.
     assert torch_tpu.metrics.counters()["compiled_graphs"] == graphs
     assert torch_tpu.metrics.bucket_refusals() == {}
+
+
+def test_gpt2_training_step_per_shape(monkeypatch):
+    """The per-shape path (a graph that cannot be bucketed, here all of them): the backward's saved
+    activations come from per-shape forwards in another layout than the symbolic trace had (a dense
+    tensor for a transposed view) and are restrided to it, not refused by the graph's views."""
+    monkeypatch.setenv("TORCH_TPU_SHAPE_BUCKETS", "off")
+    pytest.importorskip("transformers")
+    from models import zoo
+    torch.manual_seed(0)
+    cpu = zoo.BY_NAME["gpt2"].build()
+    tpu = copy.deepcopy(cpu).to(TPU)
+    step = torch.compile(lambda m, ids: m(input_ids=ids, labels=ids).loss, backend="tpu")
+    g = torch.Generator().manual_seed(1)
+    for n in (8, 11, 5):
+        ids = torch.randint(0, zoo.VOCAB, (2, n), generator=g)
+        lt, lc = step(tpu, ids.to(TPU)), cpu(input_ids=ids, labels=ids).loss
+        lt.backward()
+        lc.backward()
+        torch.testing.assert_close(lt.cpu(), lc, atol=1e-5, rtol=1e-5)
+        for pc, pt in zip(cpu.parameters(), tpu.parameters()):
+            torch.testing.assert_close(pt.grad.cpu(), pc.grad, atol=1e-5, rtol=1e-4)
+            pc.grad = pt.grad = None

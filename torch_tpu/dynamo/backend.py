@@ -25,6 +25,8 @@ from __future__ import annotations
 import functools
 import warnings
 
+import sympy
+
 import torch
 from torch._decomp import core_aten_decompositions
 from torch._dynamo.backends.common import aot_autograd
@@ -215,10 +217,40 @@ class _PerShape:
             ts = [a for a in args if isinstance(a, torch.Tensor)]
             recompiles.note(self.name, tuple(t.dtype for t in ts), tuple(tuple(t.shape) for t in ts),
                             tuple(recompiles.layout_of(t) for t in ts), what="compiled graph")
-            static = make_fx(self.gm, tracing_mode="fake")(*args)
+            static = make_fx(self.gm, tracing_mode="fake")(*self._traced_strides(args))
             prog = compile_graph(static, args, self.name, self.fullgraph)
             self.programs.put(key, prog, _held_bytes(prog))
-        return prog(args)
+        return prog(self._traced_strides(args))
+
+    def _traced_strides(self, args: list) -> list:
+        """The call's inputs with the strides the symbolic graph was traced with, at this call's
+        sizes: a backward's saved activation can arrive in another layout than its trace (a forward
+        run per shape returns it dense where the trace had a transposed view), and the graph's views
+        of it would then fail ("Cannot view a tensor with shape ... and strides ..."). A restrided
+        input is a copy, so inputs the graph writes are left as they are."""
+        phs = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
+        values = {}
+        for ph, a in zip(phs, args):
+            v = ph.meta.get("val")
+            if isinstance(v, torch.SymInt) and isinstance(buckets.expr_of(v), sympy.Symbol):
+                values[buckets.expr_of(v)] = int(a)
+            elif isinstance(v, torch.Tensor) and isinstance(a, torch.Tensor):
+                for s, n in zip(v.shape, a.shape):
+                    if isinstance(buckets.expr_of(s), sympy.Symbol):
+                        values[buckets.expr_of(s)] = n
+        out = list(args)
+        for i, (ph, a) in enumerate(zip(phs, args)):
+            v = ph.meta.get("val")
+            if not isinstance(v, torch.Tensor) or not isinstance(a, torch.Tensor) or a.dim() < 2 or \
+                    any(isinstance(u.target, torch._ops.OpOverload) and u.target._schema.is_mutable for u in ph.users):
+                continue
+            try:
+                want = tuple(buckets.evaluate(buckets.expr_of(st), values) for st in v.stride())
+            except (KeyError, TypeError, ValueError):
+                continue
+            if want != a.stride() and a.numel() > 1:
+                out[i] = torch.empty_strided(a.shape, want, dtype=a.dtype, device=a.device).copy_(a)
+        return out
 
 
 # torch.compile's modes (Inductor's names). Each graph is one XLA executable launched once per call,
