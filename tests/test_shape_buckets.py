@@ -204,6 +204,28 @@ def test_indexing_a_padded_operand_only_at_indices_in_range():
     assert "index.Tensor of an operand of symbolic size at indices not known to be in range" in why
 
 
+def test_dropout_in_a_bucket():
+    """Dropout in training draws at the bucket's layout: every kept value is scaled by 1/(1-p), about
+    1-p of them are kept, its backward applies the same mask, and one seed gives the same mask."""
+    torch.manual_seed(0)
+    f = torch.compile(lambda x: F.dropout(x * 1, 0.25, training=True), backend="tpu", dynamic=True)
+    before = graphs()
+    for n in (5, 9, 12):
+        x = torch.ones(4, n, 32, device=TPU, requires_grad=True)
+        y = f(x)
+        y.sum().backward()
+        y = y.detach().cpu()
+        assert y.shape == (4, n, 32) and bool(((y == 0) | ((y - 4 / 3).abs() < 1e-6)).all())
+        assert 0.6 < (y != 0).float().mean().item() < 0.9
+        torch.testing.assert_close(x.grad.cpu(), y)
+    assert graphs() - before == 2  # forward and backward, one bucket
+    assert torch_tpu.metrics.bucket_refusals() == {}
+    torch.manual_seed(5)
+    a = f(torch.ones(4, 12, 32, device=TPU)).cpu()
+    torch.manual_seed(5)
+    assert torch.equal(a, f(torch.ones(4, 12, 32, device=TPU)).cpu())
+
+
 def test_a_graph_that_cannot_be_bucketed_runs_per_shape_and_says_why():
     fn = lambda x: torch.split(x, [1, x.shape[1] - 1], 1)[1].sum(1)  # noqa: E731  (split along the length)
     f = torch.compile(fn, backend="tpu", dynamic=True)

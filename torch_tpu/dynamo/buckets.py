@@ -15,9 +15,11 @@ their true shapes (views of the front of a larger storage), and one graph's outp
 graph (forward -> backward) without a copy.
 
 Not every op can read padding safely. `refusal(node, ...)` names what keeps a node from a bucketed
-program (a negative index along a symbolic dimension, a concatenation along one, random numbers over
-one, an in-place write into an input of symbolic size, an op with no rule below); such a graph is
-compiled per concrete shape instead, and torch_tpu.metrics.bucket_refusals() says why.
+program (a negative index along a symbolic dimension, a split along one, an index that could be
+negative or past a true size, an in-place write into an input of symbolic size, an op with no rule
+below); such a graph is compiled per concrete shape instead, and torch_tpu.metrics.bucket_refusals()
+says why. Random ops draw at the bucket's layout (the same distribution, not the per-shape program's
+numbers). A concatenation along a symbolic dimension places each part at a runtime offset.
 """
 from __future__ import annotations
 
@@ -385,9 +387,12 @@ def refusal(node) -> str | None:
         if any(d >= first for d in _dynamic_dims(x)):
             return f"{name} normalizes over a symbolic dimension"
         return None
-    if torch.Tag.pointwise in target.tags:
-        if torch.Tag.nondeterministic_seeded in target.tags:
-            return f"{name} draws random numbers over padded operands"
+    if torch.Tag.pointwise in target.tags or target in (aten.native_dropout.default,
+                                                        aten.native_dropout_backward.default):
+        # Random ops (dropout in training) draw at the bucket's layout: the valid region's numbers are
+        # not the per-shape program's, but come from the same distribution, one seed giving the same
+        # ones for the same length and bucket (as Inductor's differ from eager's, PyTorch's
+        # fallback_random=False).
         return None
     if target in (aten.slice.Tensor, aten.slice_scatter.default):
         x = _val(node.args[0])
