@@ -174,6 +174,18 @@ def test_cpu_platform_warning_once():
     assert r.stdout.strip() == "1", r.stderr
 
 
+@pytest.mark.parametrize("first", ["torch.tpu.get_device_name()", "torch.tpu.get_device_properties(0)",
+                                   "torch.tpu.memory_stats()", "torch.ones(1, device='tpu')"])
+def test_cpu_platform_warning_is_a_python_warning_whatever_starts_the_client(first):
+    """However the client starts (a device query or a tensor), the platform warning is one Python
+    UserWarning, which Python's filters silence (c10's own stderr line ignored them)."""
+    code = f"import torch, torch_tpu\n{first}\nprint('done')"
+    r = _run(code, {})
+    assert r.returncode == 0 and r.stderr.count("No TPU here") == 1 and "UserWarning: No TPU here" in r.stderr, r.stderr
+    r = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "No TPU here" not in r.stderr, r.stderr
+
+
 def test_plugin_start_prints_no_info_logs_and_other_ranks_no_platform_warning():
     # The CPU plugin logs at INFO while its client starts ("I0000 ... cpu_device_count set via
     # create_options") after absl's notice that logging is not initialised: both left out. The

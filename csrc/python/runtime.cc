@@ -41,6 +41,13 @@ std::vector<at::Tensor> launch_part(py::handle inputs, py::handle sinks, py::han
   return fresh;
 }
 
+// The client, started here if it was not: the start's one-time "No TPU here" warning then reaches
+// Python's warning machinery (its filters, -W ignore) instead of c10's own stderr line.
+torch_tpu::pjrt::Client& started_client() {
+  torch::PyWarningHandler warnings;
+  return Runtime::get().client();
+}
+
 }  // namespace
 
 void bind_runtime(py::module_& m) {
@@ -59,15 +66,12 @@ void bind_runtime(py::module_& m) {
      "Chooses the plugin, its int64 create options and, with job_store, torchrun's store as the client's "
      "key-value store (csrc/distributed/job_store.h); starts nothing.");
   m.def("started", [] { return Runtime::get().started(); });
-  m.def("start", [] {
-    torch::PyWarningHandler warnings;  // the one-time "runs on the CPU plugin" warning
-    Runtime::get().client();
-  });
-  m.def("platform_name", [] { return Runtime::get().client().platform_name(); });
-  m.def("platform_version", [] { return Runtime::get().client().platform_version(); });
-  m.def("plugin_path", [] { return Runtime::get().client().plugin().path(); });
+  m.def("start", [] { started_client(); });
+  m.def("platform_name", [] { return started_client().platform_name(); });
+  m.def("platform_version", [] { return started_client().platform_version(); });
+  m.def("plugin_path", [] { return started_client().plugin().path(); });
   m.def("api_version", [] {
-    auto& p = Runtime::get().client().plugin();
+    auto& p = started_client().plugin();
     return std::make_pair(p.api_major(), p.api_minor());
   });
   m.def("in_bad_fork", [] { return Runtime::in_bad_fork(); });
@@ -79,7 +83,7 @@ void bind_runtime(py::module_& m) {
     return Runtime::get().device_count_noexcept();
   });
   m.def("memory_stats", [](int64_t index) {
-    auto s = Runtime::get().client().memory_stats(index);
+    auto s = started_client().memory_stats(index);
     py::dict d;
     d["bytes_in_use"] = s.bytes_in_use;
     d["peak_bytes_in_use"] = s.peak_bytes_in_use;
@@ -89,7 +93,7 @@ void bind_runtime(py::module_& m) {
   });
   m.def("describe_device", [](int index) {
     torch_tpu::aten::check_device_index(index);
-    auto d = Runtime::get().client().describe(index);
+    auto d = started_client().describe(index);
     py::dict attrs;
     for (auto& [k, v] : d.ints) attrs[py::str(k)] = v.size() == 1 ? py::cast(v[0]) : py::cast(v);
     for (auto& [k, v] : d.strings) attrs[py::str(k)] = v;
