@@ -204,6 +204,24 @@ def test_indexing_a_padded_operand_only_at_indices_in_range():
     assert "index.Tensor of an operand of symbolic size at indices not known to be in range" in why
 
 
+def test_index_checks_see_the_valid_region_only():
+    """An index tensor of symbolic size into a static table (an embedding of the input ids): garbage
+    in the index's padding raises nothing, and a bad index in the valid region raises CPU's error."""
+    w = torch.randn(10, 4)
+    fn = lambda ids, w: F.embedding(ids, w).sum(1) + w.index_select(0, ids.flatten()).sum(0)  # noqa: E731
+    f = torch.compile(fn, backend="tpu")
+    for n in (3, 5, 9, 12):
+        ids = torch.randint(0, 10, (2, n))
+        buf = torch.full((2 * 16,), 999, dtype=torch.int64, device=TPU)  # out of range for the table
+        buf[:ids.numel()].copy_(ids.reshape(-1).to(TPU))
+        torch.testing.assert_close(f(buf[:ids.numel()].view(2, n), w.to(TPU)).cpu(), fn(ids, w))
+    assert torch_tpu.metrics.bucket_refusals() == {}
+    ids = torch.randint(0, 10, (2, 7))
+    ids[1, 6] = 12
+    with pytest.raises(IndexError, match="index out of range in self"):
+        f(ids.to(TPU), w.to(TPU)).cpu()
+
+
 def test_dropout_in_a_bucket():
     """Dropout in training draws at the bucket's layout: every kept value is scaled by 1/(1-p), about
     1-p of them are kept, its backward applies the same mask, and one seed gives the same mask."""
