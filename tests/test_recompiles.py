@@ -62,7 +62,7 @@ def test_a_compiled_graph_with_symbolic_shapes_counts_its_per_shape_programs(mon
     f = torch.compile(lambda x: (x * 2).sum(), backend="tpu", dynamic=True)
     with warnings.catch_warnings(record=True) as got:
         warnings.simplefilter("always")
-        for n in range(2, 8):
+        for n in range(3, 9):  # (n never 2: (2, 2) would be another graph, its sizes one symbol)
             f(torch.ones(n, 2, device=TPU))
     graphs = {k: v for k, v in torch_tpu.metrics.program_causes().items() if not k.startswith("aten::")}
     assert len(graphs) == 1 and list(graphs.values())[0] == {"first": 1, "new shape": 5}, graphs
@@ -76,6 +76,19 @@ def test_a_bucketed_graph_counts_new_buckets_not_new_shapes():
         f(torch.ones(n, 2, device=TPU))  # (n never 2: equal sizes would share a symbol)
     graphs = {k: v for k, v in torch_tpu.metrics.program_causes().items() if not k.startswith("aten::")}
     assert list(graphs.values()) == [{"first": 1, "new bucket": 1}], graphs
+
+
+def test_two_graphs_of_one_kind_are_counted_apart():
+    """generate()'s prefill and decode step are both "inference" graphs: each is its own entry (by
+    Dynamo's compile id), so neither's first program reads as a new dtype or arguments of the other."""
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: (x * 2).sum(), backend="tpu", dynamic=True)
+    g = torch.compile(lambda x: (x + 1).mean(), backend="tpu", dynamic=True)
+    f(torch.ones(3, 2, device=TPU))
+    g(torch.ones(3, 2, device=TPU))
+    graphs = {k: v for k, v in torch_tpu.metrics.program_causes().items() if not k.startswith("aten::")}
+    assert len(graphs) == 2 and all(k.startswith("inference graph [") for k in graphs), graphs
+    assert list(graphs.values()) == [{"first": 1}, {"first": 1}], graphs
 
 
 def test_a_models_layers_of_many_shapes_do_not_warn_its_changing_length_does(monkeypatch):

@@ -200,7 +200,7 @@ def test_indexing_a_padded_operand_only_at_indices_in_range():
     for n in (3, 6):
         x, i = torch.randn(2, n), torch.tensor([-1, 0, n - 1])
         torch.testing.assert_close(f(x.to(TPU), i.to(TPU)).cpu(), x[:, i])
-    (why,) = torch_tpu.metrics.bucket_refusals().values()
+    (why,) = set(torch_tpu.metrics.bucket_refusals().values())  # (n = 3 is its own graph: i's size too)
     assert "index.Tensor of an operand of symbolic size at indices not known to be in range" in why
 
 

@@ -33,9 +33,10 @@ def counters() -> dict:
 
 
 def program_causes() -> dict:
-    """Per op overload (eager) or graph (torch.compile, a graph with symbolic shapes): how many
-    programs it made, by cause: "first", "new shape", "new dtype", "new layout", "new arguments"
-    (torch_tpu/eager/recompiles.py). E.g. {"aten::mm": {"first": 1, "new shape": 11}}."""
+    """Per op overload (eager) or graph (torch.compile, a graph with symbolic shapes, named by its
+    kind and Dynamo's compile id: "forward graph [0/1]"): how many programs it made, by cause:
+    "first", "new shape", "new bucket" (a bucketed graph's next bucket), "new dtype", "new layout",
+    "new arguments" (torch_tpu/eager/recompiles.py). E.g. {"aten::mm": {"first": 1, "new shape": 11}}."""
     with recompiles._lock:
         return {name: dict(c) for name, c in recompiles.causes.items()}
 
@@ -53,8 +54,8 @@ def host_caches() -> dict:
 
 def bucket_refusals() -> dict:
     """Per compiled graph with symbolic sizes that is compiled per concrete shape instead of per shape
-    bucket (torch_tpu/dynamo/buckets.py): why, e.g. {"forward": "aten.cat along a symbolic
-    dimension (node cat_2)"}."""
+    bucket (torch_tpu/dynamo/buckets.py), named as in program_causes: why, e.g. {"forward graph
+    [0/1]": "split_with_sizes.default along a symbolic dimension (node split)"}."""
     with recompiles._lock:
         return dict(recompiles.refusals)
 

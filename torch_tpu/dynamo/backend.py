@@ -32,6 +32,7 @@ from torch._decomp import core_aten_decompositions
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 from torch._functorch.partitioners import min_cut_rematerialization_partition
+from torch._guards import CompileContext
 
 from .. import _C, settings
 from ..eager import recompiles
@@ -160,6 +161,10 @@ class _PerShape:
 
     def __init__(self, gm, name, fullgraph):
         self.gm, self.name, self.fullgraph = gm, name, fullgraph
+        # What metrics key its programs by: Dynamo's compile id tells one graph from another of the
+        # same kind (generate()'s prefill from its decode step, both "inference").
+        compile_id = CompileContext.current_compile_id()
+        self.key = f"{name} graph" + (f" [{compile_id}]" if compile_id is not None else "")
         self.programs = _C.runtime.LruCache("compiled graph shapes", PER_SHAPE_PROGRAMS, PER_SHAPE_BYTES)
         self.sources = None
         self.refused = buckets.policy()[0] == "off" and "TORCH_TPU_SHAPE_BUCKETS=off"
@@ -175,7 +180,7 @@ class _PerShape:
 
     def _refuse(self, why: str) -> None:
         self.refused = why
-        recompiles.refused_bucketing(self.name, why)
+        recompiles.refused_bucketing(self.key, why)
         log.info("%s graph: compiled per shape, not per bucket: %s", self.name, why)
 
     def _bucketed(self, args):
@@ -198,7 +203,7 @@ class _PerShape:
                 self._refuse(f"{type(e).__name__}: {str(e).splitlines()[0][:300]}")
                 return None
             ts = [a for a in args if isinstance(a, torch.Tensor)]
-            recompiles.note(self.name, tuple(t.dtype for t in ts), (tuple(bounds.values()),),
+            recompiles.note(self.key, tuple(t.dtype for t in ts), (tuple(bounds.values()),),
                             tuple(recompiles.layout_of(t) for t in ts), what="compiled graph bucket")
             self.programs.put(key, prog, _held_bytes(prog))
         return prog
@@ -215,7 +220,7 @@ class _PerShape:
             log.info("%s graph: compiling for input shapes %s", self.name,
                      [k[0] if isinstance(k, tuple) else k for k in key])
             ts = [a for a in args if isinstance(a, torch.Tensor)]
-            recompiles.note(self.name, tuple(t.dtype for t in ts), tuple(tuple(t.shape) for t in ts),
+            recompiles.note(self.key, tuple(t.dtype for t in ts), tuple(tuple(t.shape) for t in ts),
                             tuple(recompiles.layout_of(t) for t in ts), what="compiled graph")
             static = make_fx(self.gm, tracing_mode="fake")(*self._traced_strides(args))
             prog = compile_graph(static, args, self.name, self.fullgraph)
