@@ -34,6 +34,14 @@ def nan_padded(x: torch.Tensor, cap: int) -> torch.Tensor:
     return buf[:x.numel()].view(x.shape)
 
 
+def grads_equal_then_cleared(cpu, tpu) -> None:
+    """Every gradient of the tpu copy equals the CPU model's; both are zeroed for the next step."""
+    for pc, pt in zip(cpu.parameters(), tpu.parameters()):
+        torch.testing.assert_close(pt.grad.cpu(), pc.grad, atol=1e-5, rtol=1e-4)
+    cpu.zero_grad()
+    tpu.zero_grad()
+
+
 def graphs() -> int:
     return torch_tpu.metrics.counters()["compiled_graphs"]
 
@@ -142,10 +150,7 @@ def test_gpt2_training_step_one_program_per_bucket():
             before = graphs()                    # symbolic from the second length on; 11 made its bucket
         ids = torch.randint(0, 128, (2, n), generator=g)
         torch.testing.assert_close(f(tpu, ids.to(TPU)).cpu(), step(cpu, ids), atol=1e-5, rtol=1e-5)
-        for pc, pt in zip(cpu.parameters(), tpu.parameters()):
-            torch.testing.assert_close(pt.grad.cpu(), pc.grad, atol=1e-5, rtol=1e-4)
-        cpu.zero_grad()
-        tpu.zero_grad()
+        grads_equal_then_cleared(cpu, tpu)
     assert graphs() == before, "a length in a seen bucket compiled a program"
     assert torch_tpu.metrics.bucket_refusals() == {}
 
@@ -178,10 +183,7 @@ def test_bert_with_a_padding_mask_one_program_per_bucket():
         ids, labels = torch.randint(1, 128, (4, n), generator=g) * mask, torch.randint(0, 3, (4,), generator=g)
         args = (ids, mask, labels)
         torch.testing.assert_close(f(tpu, *(a.to(TPU) for a in args)).cpu(), step(cpu, *args), atol=1e-5, rtol=1e-5)
-        for pc, pt in zip(cpu.parameters(), tpu.parameters()):
-            torch.testing.assert_close(pt.grad.cpu(), pc.grad, atol=1e-5, rtol=1e-4)
-        cpu.zero_grad()
-        tpu.zero_grad()
+        grads_equal_then_cleared(cpu, tpu)
     assert graphs() == before, "a length in a seen bucket compiled a program"
     assert torch_tpu.metrics.bucket_refusals() == {}
 

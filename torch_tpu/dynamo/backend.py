@@ -214,25 +214,27 @@ class _PerShape:
             if prog is not None:
                 return prog(args)
         key = tuple((tuple(a.shape), a.dtype, a.device) if isinstance(a, torch.Tensor) else a for a in args)
-        prog = self.programs.get(key)
-        if prog is None:
+        entry = self.programs.get(key)
+        if entry is None:
             from torch.fx.experimental.proxy_tensor import make_fx
             log.info("%s graph: compiling for input shapes %s", self.name,
                      [k[0] if isinstance(k, tuple) else k for k in key])
             ts = [a for a in args if isinstance(a, torch.Tensor)]
             recompiles.note(self.key, tuple(t.dtype for t in ts), tuple(tuple(t.shape) for t in ts),
                             tuple(recompiles.layout_of(t) for t in ts), what="compiled graph")
-            static = make_fx(self.gm, tracing_mode="fake")(*self._traced_strides(args))
-            prog = compile_graph(static, args, self.name, self.fullgraph)
-            self.programs.put(key, prog, _held_bytes(prog))
-        return prog(self._traced_strides(args))
+            strides = self._traced_strides(args)
+            static = make_fx(self.gm, tracing_mode="fake")(*_restrided(args, strides))
+            entry = (compile_graph(static, args, self.name, self.fullgraph), strides)
+            self.programs.put(key, entry, _held_bytes(entry[0]))
+        prog, strides = entry
+        return prog(_restrided(args, strides))
 
-    def _traced_strides(self, args: list) -> list:
-        """The call's inputs with the strides the symbolic graph was traced with, at this call's
-        sizes: a backward's saved activation can arrive in another layout than its trace (a forward
-        run per shape returns it dense where the trace had a transposed view), and the graph's views
-        of it would then fail ("Cannot view a tensor with shape ... and strides ..."). A restrided
-        input is a copy, so inputs the graph writes are left as they are."""
+    def _traced_strides(self, args: list) -> dict:
+        """{input index: strides} of the tensor inputs the graph reads (does not write) as the symbolic
+        graph was traced, at this call's sizes (the per-shape key's). A backward's saved activation can
+        arrive in another layout than its trace (a forward run per shape returns it dense where the
+        trace had a transposed view), and the graph's views of it would then fail ("Cannot view a
+        tensor with shape ... and strides ..."); _restrided copies such inputs into these strides."""
         phs = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
         values = {}
         for ph, a in zip(phs, args):
@@ -243,19 +245,28 @@ class _PerShape:
                 for s, n in zip(v.shape, a.shape):
                     if isinstance(buckets.expr_of(s), sympy.Symbol):
                         values[buckets.expr_of(s)] = n
-        out = list(args)
+        out = {}
         for i, (ph, a) in enumerate(zip(phs, args)):
             v = ph.meta.get("val")
-            if not isinstance(v, torch.Tensor) or not isinstance(a, torch.Tensor) or a.dim() < 2 or \
+            if not isinstance(v, torch.Tensor) or not isinstance(a, torch.Tensor) or a.dim() < 2 or a.numel() <= 1 or \
                     any(isinstance(u.target, torch._ops.OpOverload) and u.target._schema.is_mutable for u in ph.users):
                 continue
             try:
-                want = tuple(buckets.evaluate(buckets.expr_of(st), values) for st in v.stride())
+                out[i] = tuple(buckets.evaluate(buckets.expr_of(st), values) for st in v.stride())
             except (KeyError, TypeError, ValueError):
                 continue
-            if want != a.stride() and a.numel() > 1:
-                out[i] = torch.empty_strided(a.shape, want, dtype=a.dtype, device=a.device).copy_(a)
         return out
+
+
+def _restrided(args: list, strides: dict) -> list:
+    """args with each input named in `strides` ({index: strides}) in those strides (a copy where its
+    own differ)."""
+    out = list(args)
+    for i, want in strides.items():
+        a = out[i]
+        if a.stride() != want:
+            out[i] = torch.empty_strided(a.shape, want, dtype=a.dtype, device=a.device).copy_(a)
+    return out
 
 
 # torch.compile's modes (Inductor's names). Each graph is one XLA executable launched once per call,
