@@ -13,7 +13,9 @@ each mode, every mode in its own process with an empty executable cache (TORCH_T
 fresh temporary directory), so the first pass pays every compile:
   cpu       eager on CPU (the reference: ratios are against its time)
   inductor  torch.compile(backend="inductor") on CPU, PyTorch's default dynamic=None
-  strict    strict eager on tpu (the default mode)
+  strict    strict eager on tpu (the default mode): new programs compile on the compile pool's threads
+            (TORCH_TPU_COMPILE_THREADS, one per core) while ops go on queuing
+  serial    strict eager with TORCH_TPU_COMPILE_THREADS=0: every compile on the dispatching thread
   fused     fused eager on tpu (TORCH_TPU_DEFER_AND_FUSE=1)
   compiled  torch.compile(backend="tpu") on tpu, default dynamic=None: one program per shape bucket
             (TORCH_TPU_SHAPE_BUCKETS, default powers of two >= 16)
@@ -36,7 +38,8 @@ import warnings
 
 CLASSIFY_LENGTHS = [17, 24, 31, 38, 45, 52, 59, 66, 21, 35, 49, 63]
 PROMPT_LENGTHS = [5, 9, 13, 17, 21, 25, 29, 33]
-MODES = ["cpu", "inductor", "strict", "fused", "compiled"]
+MODES = ["cpu", "inductor", "strict", "serial", "fused", "compiled"]
+TPU_MODES = ("strict", "serial", "fused", "compiled")
 VOCAB = 1000
 
 
@@ -96,7 +99,7 @@ def child(workload: str, mode: str) -> dict:
     from _torchvision import import_torchvision
     import_torchvision()  # before transformers (a CUDA-built torchvision cannot load its ops on a CPU torch)
     import transformers
-    tpu = mode in ("strict", "fused", "compiled")
+    tpu = mode in TPU_MODES
     if tpu:
         import torch_tpu
     dev = torch.device("tpu" if tpu else "cpu")
@@ -126,6 +129,8 @@ def run_mode(workload: str, mode: str) -> dict | None:
     env = dict(os.environ, TORCH_TPU_RECOMPILE_WARN="0", PYTHONWARNINGS="ignore")
     if mode == "fused":
         env["TORCH_TPU_DEFER_AND_FUSE"] = "1"
+    elif mode == "serial":
+        env["TORCH_TPU_COMPILE_THREADS"] = "0"
     with tempfile.TemporaryDirectory() as cache:
         env["TORCH_TPU_CACHE_DIR"] = cache
         r = subprocess.run([sys.executable, __file__, "--child", workload, mode], env=env, capture_output=True,
@@ -149,7 +154,7 @@ def report(workload: str, modes: list[str]) -> None:
             continue
         r1 = f"{r['first'] / ref['first']:.2f}x" if ref else "-"
         r2 = f"{r['second'] / ref['second']:.2f}x" if ref else "-"
-        tpu = m in ("strict", "fused", "compiled")
+        tpu = m in TPU_MODES
         per = f"{r['first_programs'] / n:.1f}" if tpu else "-"
         second = str(r["second_programs"]) if tpu else "-"
         peak = f"{r['peak_bytes'] / 2**20:.2f}" if tpu else "-"

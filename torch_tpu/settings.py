@@ -39,6 +39,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("TORCH_TPU_ASYNC_LAUNCH", "1", "0: launches issued on the calling thread", read_by="C++"),
     Setting("TORCH_TPU_OP_OPT_LEVEL", "1", "XLA's backend optimization level of eager one-op programs on the CPU "
             "plugin (XLA's default: 3; XLA_FLAGS' own setting wins)"),
+    Setting("TORCH_TPU_COMPILE_THREADS", None, "threads compiling eager programs while ops go on queuing; unset: one "
+            "per core; 0: compile on the calling thread"),
     Setting("TORCH_TPU_KEEP_BUSY_BYTES", "262144", "bytes a launch may keep alive instead of donating a busy buffer",
             read_by="C++"),
     # the executable cache

@@ -414,6 +414,7 @@ void Buffer::await_ready() const {
 }
 
 Executable::~Executable() {
+  if (!exe_) return;  // pending: the loaded executable it waited for owns the program
   auto a = PJRT_ARGS(PJRT_LoadedExecutable_Destroy_Args);
   a.executable = exe_;
   client_->plugin().drop(client_->plugin().api()->PJRT_LoadedExecutable_Destroy(&a));  // never throw from a destructor

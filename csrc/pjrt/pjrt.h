@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <future>
 #include <map>
 #include <memory>
 #include <optional>
@@ -120,18 +121,26 @@ class Buffer {
   PJRT_Buffer* buf_;
 };
 
-// A compiled, loaded program.
+// A compiled, loaded program, or one still compiling (runtime/compile_pool.h): a *pending*
+// executable knows its outputs from its program text, so a launch can be queued at once; get()
+// waits for the compile and rethrows its error.
 class Executable {
  public:
   Executable(std::shared_ptr<Client> client, PJRT_LoadedExecutable* exe, size_t num_outputs)
       : client_(std::move(client)), exe_(exe), num_outputs_(num_outputs) {}
+  // Pending: `compiled` gives the loaded executable (whose outputs must be these) or the compile's error.
+  Executable(std::vector<PJRT_Buffer_Type> types, std::vector<std::vector<int64_t>> dims,
+             std::shared_future<std::shared_ptr<Executable>> compiled)
+      : output_types(std::move(types)), output_dims(std::move(dims)), exe_(nullptr),
+        num_outputs_(output_types.size()), compiled_(std::move(compiled)) {}
   ~Executable();
   Executable(const Executable&) = delete;
   Executable& operator=(const Executable&) = delete;
-  PJRT_LoadedExecutable* get() const { return exe_; }
+  // The loaded executable; for a pending one, waits for its compile (throws what the compile threw).
+  PJRT_LoadedExecutable* get() const { return compiled_.valid() ? compiled_.get()->get() : exe_; }
   size_t num_outputs() const { return num_outputs_; }
   void set_num_outputs(size_t n) { num_outputs_ = n; }
-  // Element type and dimensions of each output, read once at compile time.
+  // Element type and dimensions of each output, read once at compile time (pending: as its program declares).
   std::vector<PJRT_Buffer_Type> output_types;
   std::vector<std::vector<int64_t>> output_dims;
   // PJRT_Executable_SizeOfGeneratedCodeInBytes, read when loaded: the host memory the program's
@@ -143,6 +152,7 @@ class Executable {
   std::shared_ptr<Client> client_;
   PJRT_LoadedExecutable* exe_;
   size_t num_outputs_;
+  std::shared_future<std::shared_ptr<Executable>> compiled_;  // valid only for a pending executable
 };
 
 // Memory statistics of one device, where the plugin reports them (-1 when not).

@@ -17,4 +17,8 @@ void bind_custom_autograd(py::module_& m);  //   custom kernels' autograd kernel
 void bind_graph(py::module_& m);            // _C.graph: compiled graphs' per-call runner (graph.cc)
 void bind_distributed(py::module_& m);      // _C.distributed: the tpu_dist backend (distributed.cc)
 
+// Waits (without the GIL) until the compile pool has nothing in flight, then raises its compiles'
+// warnings as Python warnings: counters and cache statistics are read after it (runtime.cc).
+void settle_compiles();
+
 }  // namespace torch_tpu::python

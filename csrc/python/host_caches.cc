@@ -22,6 +22,7 @@ using PyLru = runtime::LruCache<py::object, py::object, PyHash, PyEq>;
 
 void bind_host_caches(py::module_& m) {
   m.def("host_caches", [] {
+    settle_compiles();
     py::dict out;
     for (const auto& s : runtime::host_caches()) {
       py::dict d;
@@ -37,7 +38,10 @@ void bind_host_caches(py::module_& m) {
     return out;
   }, "Per in-memory cache name: entries, capacity, bytes, max_bytes (0: no byte bound), hits, misses, "
      "evictions (caches of one name summed).");
-  m.def("reset_host_cache_stats", &runtime::reset_host_cache_stats);
+  m.def("reset_host_cache_stats", [] {
+    settle_compiles();
+    runtime::reset_host_cache_stats();
+  });
   // Every method is called with the GIL held (keys and values are Python objects); values leave
   // the cache after its lock is released, so a value's __del__ cannot deadlock it.
   py::class_<PyLru>(m, "LruCache",

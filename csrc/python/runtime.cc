@@ -11,6 +11,7 @@
 #include "distributed/job_store.h"
 #include "python/launch_args.h"
 #include "runtime/compile_cache.h"
+#include "runtime/compile_pool.h"
 #include "runtime/runtime.h"
 #include "runtime/trace.h"
 
@@ -49,6 +50,17 @@ torch_tpu::pjrt::Client& started_client() {
 }
 
 }  // namespace
+
+// Every counter and cache statistic is read after it: an op's programs are counted once the op has
+// been called, as with synchronous compiles.
+void settle_compiles() {
+  {
+    py::gil_scoped_release nogil;
+    runtime::wait_compiles();
+  }
+  torch::PyWarningHandler warnings;
+  for (const auto& w : runtime::take_compile_warnings()) TORCH_WARN(w);
+}
 
 void bind_runtime(py::module_& m) {
   py::register_exception<pjrt::PjrtError>(m, "PjrtError", PyExc_RuntimeError);
@@ -120,6 +132,27 @@ void bind_runtime(py::module_& m) {
      "on a miss, with `options` (a serialized xla.CompileOptionsProto; empty: one replica, one partition). "
      "`key` must be a hex digest covering everything the executable depends on, options included; `name` names "
      "the program in profiler traces (\"compile <name>\", \"load <name> from the <tier> cache\").");
+  m.def("compile_async", [](const std::string& key, const std::string& mlir, const std::string& name,
+                             const py::bytes& options, const std::vector<std::pair<py::object, std::vector<int64_t>>>& outputs) {
+    std::vector<PJRT_Buffer_Type> types;
+    std::vector<std::vector<int64_t>> dims;
+    for (const auto& [dtype, shape] : outputs) {
+      types.push_back(runtime::to_pjrt_type(dtype_of(dtype)));
+      dims.push_back(shape);
+    }
+    auto& client = started_client();
+    auto exe = runtime::compile_async(client, key, mlir, name, std::string(options), std::move(types), std::move(dims));
+    torch::PyWarningHandler warnings;
+    for (const auto& w : runtime::take_compile_warnings()) TORCH_WARN(w);
+    return exe;
+  }, py::arg("key"), py::arg("mlir"), py::arg("name"), py::arg("options"), py::arg("outputs"),
+     "compile_cached's executable without waiting for a compile: on a miss, a pending executable whose "
+     "outputs are `outputs` ((torch dtype, dims) per @main result), compiled by the compile pool; its "
+     "launches wait for it on the launcher thread, and a compile error fails them (runtime/compile_pool.h).");
+  m.def("set_compile_threads", &runtime::set_compile_threads,
+        "The compile pool's thread count (TORCH_TPU_COMPILE_THREADS); 0: compile_async compiles synchronously.");
+  m.def("wait_compiles", &settle_compiles,
+        "Waits until the compile pool has nothing in flight; raises the warnings its compiles gave.");
   m.def("trace_recording", &torch_tpu::runtime::trace::recording,
         "True while a profiler session records tpu executions (csrc/runtime/trace.h); launches check it.");
   m.def("cache_configure", [](const std::vector<std::tuple<std::string, std::string, int64_t, bool, bool>>& tiers) {
@@ -132,6 +165,7 @@ void bind_runtime(py::module_& m) {
      "an empty dir is a tier that is off, max_bytes <= 0 one that is never evicted "
      "(csrc/runtime/compile_cache.h).");
   m.def("cache_stats", [] {
+    settle_compiles();
     auto s = torch_tpu::runtime::compile_cache().stats();
     py::dict d;
     d["memory_hits"] = s.memory_hits;
@@ -149,7 +183,10 @@ void bind_runtime(py::module_& m) {
     d["compile_seconds_saved"] = s.saved_seconds;
     return d;
   });
-  m.def("cache_reset_stats", [] { torch_tpu::runtime::compile_cache().reset_stats(); });
+  m.def("cache_reset_stats", [] {
+    settle_compiles();
+    torch_tpu::runtime::compile_cache().reset_stats();
+  });
   m.def("launch", [](std::shared_ptr<torch_tpu::pjrt::Executable> exe, py::list inputs, py::list sinks,
                       py::list new_specs, int device, std::string producer) {
     torch_tpu::runtime::Runtime::ReplicaPart part;
@@ -181,6 +218,7 @@ void bind_runtime(py::module_& m) {
 
   // Metrics.
   m.def("counters", [] {
+    settle_compiles();
     auto& c = torch_tpu::runtime::counters();
     py::dict d;
     d["compiles"] = c.compiles.load();
@@ -195,6 +233,7 @@ void bind_runtime(py::module_& m) {
     return d;
   });
   m.def("reset_counters", [] {
+    settle_compiles();
     auto& c = torch_tpu::runtime::counters();
     for (auto* a : {&c.compiles, &c.executions, &c.h2d_transfers, &c.d2h_transfers, &c.h2d_bytes,
                     &c.d2h_bytes, &c.host_syncs, &c.busy_inputs_kept, &c.graph_input_copies})

@@ -206,14 +206,19 @@ std::vector<std::shared_ptr<CompileCache::Tier>> CompileCache::usable_tiers() {
   return out;
 }
 
+std::shared_ptr<pjrt::Executable> CompileCache::in_memory(const std::string& key) {
+  auto hit = memory_.find(key);
+  if (hit) {
+    std::lock_guard<std::mutex> g(mu_);
+    memory_hits_++;
+  }
+  return hit;
+}
+
 std::shared_ptr<pjrt::Executable> CompileCache::get_or_compile(pjrt::Client& client, const std::string& key,
                                                                const std::string& mlir, const std::string& name,
                                                                const std::string& options) {
-  if (auto hit = memory_.find(key)) {
-    std::lock_guard<std::mutex> g(mu_);
-    memory_hits_++;
-    return hit;
-  }
+  if (auto hit = in_memory(key)) return hit;
   auto tiers = usable_tiers();
   std::string entry;
   double seconds = 0;

@@ -86,6 +86,9 @@ class CompileCache {
   std::shared_ptr<pjrt::Executable> get_or_compile(pjrt::Client& client, const std::string& key,
                                                    const std::string& mlir, const std::string& name = "program",
                                                    const std::string& options = {});
+  // The executable for `key` if the in-memory tier holds it (counted as a memory hit), else null
+  // (nothing counted): compile_pool.h's fast path.
+  std::shared_ptr<pjrt::Executable> in_memory(const std::string& key);
   // Writes an executable compiled elsewhere (a compile-only target's serialized executable, from
   // torch_tpu.aot) under `key` into every usable directory tier, as a compile would, or, when `dirs`
   // is not empty, into those directories instead (created if needed; e.g. the tier-3 directory a TPU

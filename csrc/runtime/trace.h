@@ -6,7 +6,7 @@
 // stops recording and turns the records into device events. The launch path checks recording(), one
 // relaxed atomic load, before anything else, so launches cost nothing extra without a profiler.
 // Compiles and loads are host work, so they are RecordFunction spans (HostSpan) on the calling
-// thread: nested in the op that caused them, and shown by a CPU-only profile too.
+// thread (or a compile pool thread, which carries its profiler state): shown by a CPU-only profile too.
 #pragma once
 
 #include <ATen/record_function.h>

@@ -894,7 +894,7 @@ class Kernel:
         text = b.module(outputs)
         _state.last_program_text = text
         # Fused eager inlines the op into a bigger program: its own executable is built only if needed.
-        exe = None if _state.eager_mode() == "fused" else compile_entry_text(self.name, text)
+        exe = None if _state.eager_mode() == "fused" else compile_entry_text(self.name, text, [v.type for v in outputs])
         draws = rng_draws(self.lowering, out_types, f_vals)
         fixed = tuple((i, value_meta[i]) for i, t in enumerate(out_types) if t is None)
         return _Entry(exe, plan, new_outputs, sinks, structure, rng_draws=draws, fixed=fixed, text=text,

@@ -21,10 +21,16 @@ from . import state as _state
 from . import fused
 
 
-def compile_entry_text(name: str, text: str):
-    """The executable of op `name`'s program `text`; a compile error names the op and shows it."""
+def compile_entry_text(name: str, text: str, result_types=None):
+    """The executable of op `name`'s program `text`; a compile error names the op and shows it.
+    With `result_types` (the program's result TensorTypes) in strict eager, a pending executable
+    compiled by the compile pool (runtime.compile's `outputs`): the op is queued without waiting, and
+    a compile error surfaces at the next sync, as any failure of a strict-mode op does."""
+    outputs = None
+    if result_types is not None and _state.eager_mode() == "strict":
+        outputs = [(t.dtype, list(t.shape)) for t in result_types]
     try:
-        return runtime.compile(text, name, one_op=True)
+        return runtime.compile(text, name, one_op=True, outputs=outputs)
     except RuntimeError as e:
         raise RuntimeError(f"tpu: compiling {name} failed: {e}\n--- program ---\n{text}") from None
 
