@@ -95,3 +95,29 @@ def test_pool_threads_are_named():
     # (threads XLA starts while compiling inherit the name)
     names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
     assert "tpu-compile" in names, names
+
+
+def test_a_failed_launch_leaves_the_index_status_usable():
+    """The device's index-error status (read and written by every op that checks indices) has a value
+    from its start: a failed launch that was to write it (here, a program that did not compile) must
+    not leave it without one, which made every later indexing op fail with that launch's error."""
+    import subprocess
+    import sys
+    code = (
+        "import torch, torch_tpu, uuid\n"
+        "from torch_tpu import _C\n"
+        "status = _C.eager.index_status(0)\n"
+        "text = 'module @m { func.func public @main() -> tensor<2xi64> { %0 = stablehlo.bogus : tensor<2xi64>\\n"
+        "return %0 : tensor<2xi64> } }'\n"
+        "exe = _C.runtime.compile_async(uuid.uuid4().hex * 2, text, 'aten::broken', b'', [(torch.int64, [2])])\n"
+        "_C.runtime.launch(exe, [], [status], [], 0, 'aten::broken')\n"
+        "try:\n"
+        "    torch.tpu.synchronize()\n"
+        "    raise SystemExit('the failed compile was not raised')\n"
+        "except RuntimeError as e:\n"
+        "    assert 'compiling aten::broken failed' in str(e), e\n"
+        "t = torch.arange(5.0, device='tpu')\n"
+        "print(t[torch.tensor([1, 3], device='tpu')].tolist())\n")
+    r = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1] == "[1.0, 3.0]"

@@ -4,7 +4,9 @@
   torch.set_default_dtype(torch.float64));
 - a storage slice, which torch_tpu cannot address, is a clear error, not a crash (SIGSEGV);
 - cummax / cummin of real sizes compile; CPU's errors for in-place results that would grow self and for
-  out= dtypes; masked_select of 0-dim operands; the legacy storage classes.
+  out= dtypes; masked_select of 0-dim operands; the legacy storage classes; index_put's values that do
+  not expand to the indexing result (CPU's 'shape mismatch' at the call: the program XLA refused was
+  the error before, raised from the compile).
 """
 import pytest
 import torch
@@ -127,3 +129,22 @@ def test_one_hot_of_a_negative_class_raises_cpus_error_at_the_call():
 ], ids=["alpha_float_int", "alpha_sub", "alpha_complex", "roll"])
 def test_argument_errors_are_cpus(fn):
     _same_error(fn)
+
+
+def _masked_assign(v):
+    def f(d):
+        a = torch.arange(0, 4, device=d)
+        a[a > -1] = torch.tensor(v).to(d)
+    return f
+
+
+@pytest.mark.parametrize("fn", [
+    _masked_assign([]), _masked_assign([1, 2, 3]),
+    lambda d: torch.zeros(4, 3, device=d).index_put_((torch.tensor([0, 2], device=d),), torch.ones(2, 2, device=d)),
+    lambda d: torch.zeros(1, device=d)[:1].index_put_((torch.tensor([True], device=d),), torch.ones(3, device=d)),
+], ids=["empty_values", "three_values_for_four", "rows_of_two_for_three", "three_values_into_one"])
+def test_index_put_values_that_do_not_expand_raise_cpus_error(fn):
+    _same_error(fn)
+    b = torch.zeros(4, 3, device=TPU)
+    b[torch.tensor([0, 2], device=TPU)] = torch.ones(1, 1, 3, device=TPU)  # leading 1s beyond the result: fine
+    assert b.sum().item() == 6.0

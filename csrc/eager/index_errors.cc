@@ -52,7 +52,17 @@ int64_t register_index_error(const std::string& op, bool index_error, const std:
 at::Tensor index_status(int device) {
   std::lock_guard<std::mutex> g(g_mu);
   auto& s = g_status[device];
-  if (!s.tensor.defined()) s.tensor = aten::new_tpu_tensor({2}, c10::ScalarType::Long, device);  // reads as zeros
+  if (!s.tensor.defined()) {
+    s.tensor = aten::new_tpu_tensor({2}, c10::ScalarType::Long, device);
+    // Zeros now, not "never written": a launch that fails marks the never-written cells it was to
+    // write as having no value, and every later op that checks indices would then fail with it.
+    // (No launch can hold this new cell yet, so no wait.)
+    auto& rt = runtime::Runtime::get();
+    runtime::Cell* c = aten::cell_of(s.tensor);
+    rt.ensure_typed(*c, c10::ScalarType::Long);
+    rt.materialize(*c);
+    s.checked = c->buffer.get();  // nothing to read until a program writes it
+  }
   return s.tensor;
 }
 

@@ -415,6 +415,19 @@ def index(ctx, x, indices):
                     index_vector_dim=idx.rank - 1, slice_sizes=sizes, out_shape=shape)
 
 
+def _check_expandable(value_shape: tuple, result_shape: tuple) -> None:
+    """CPU's check of index_put's values (TensorAdvancedIndexing.cpp): they must expand to the
+    indexing result's shape (leading size-1 dimensions beyond it dropped); else its RuntimeError,
+    raised at the call, before any program is built."""
+    v = list(value_shape)
+    while len(v) > len(result_shape) and v[0] == 1:
+        v.pop(0)
+    ok = len(v) <= len(result_shape) and all(a in (1, b) for a, b in zip(reversed(v), reversed(result_shape)))
+    if not ok:
+        raise RuntimeError(f"shape mismatch: value tensor of shape {list(value_shape)} cannot be broadcast to "
+                           f"indexing result of shape {list(result_shape)}")
+
+
 @register("index_put", "_index_put_impl", bounds=_index_bounds, prepare=_prepare_index_put,
           prepare_only_for_masks=True)
 def index_put(ctx, x, indices, values, accumulate=False, unsafe=False):
@@ -422,10 +435,9 @@ def index_put(ctx, x, indices, values, accumulate=False, unsafe=False):
     which, as on CPU/CUDA)."""
     b = ctx.b
     out = ctx.out[0]
-    if out.numel == 0:
-        return x
     idx, adv, window, shape = _advanced(ctx, x, indices)
-    if 0 in shape:
+    _check_expandable(tuple(values.shape), shape)
+    if out.numel == 0 or 0 in shape:
         return x
     dt = out.dtype
     upd = b.broadcast_to(b.convert(values, dt), shape)
