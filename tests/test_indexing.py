@@ -351,3 +351,36 @@ def test_expanded_fill_errors_are_cpus_and_write_nothing(fill, error):
         msgs.append(str(e.value).split(" (Triggered")[0])
         assert torch.equal(x.cpu(), torch.arange(3.))
     assert msgs[0] == msgs[1]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int64, torch.bool])
+def test_assigning_one_value_through_a_mask_is_one_program_and_no_sync(dtype):
+    """`x[mask] = v` (the commonest masked write: PyTorch's tests fill NaN and inf so) is a select by the
+    mask: CPU's values, one program whatever the mask holds (it was a nonzero, a host sync and two
+    programs per count of True), masks from the host or the device, after full slices, accumulate."""
+    g = torch.Generator().manual_seed(0)
+    ref = (torch.randn(6, 5, generator=g) * 4).to(dtype)
+    x = ref.to("tpu")
+    masks = [torch.randn(6, 5, generator=g) > k / 4 for k in range(5)]
+    values = [True, False, True, False, True] if dtype == torch.bool else [1, -0.0, 3, 4, 5]
+    if dtype.is_floating_point:
+        values[3] = float("nan")
+    torch_tpu.metrics.reset()
+    syncs = torch_tpu.metrics.counters()["host_syncs"]
+    for k, (m, v) in enumerate(zip(masks, values)):
+        ref[m] = v
+        x[m.to("tpu") if k % 2 else m] = v
+    programs = torch_tpu.metrics.program_causes().get("aten::index_put_", {})
+    assert sum(programs.values()) <= 1, programs
+    assert "aten::nonzero_static.out" not in torch_tpu.metrics.program_causes()
+    assert torch_tpu.metrics.counters()["host_syncs"] == syncs
+    cols = torch.tensor([True, False, True, False, True])
+    ref[:, cols] = values[0]
+    x[:, cols.to("tpu")] = values[0]
+    if dtype != torch.bool:
+        acc = torch.randn(6, 5, generator=g) > 0
+        ref.index_put_((acc,), torch.tensor(2, dtype=dtype), accumulate=True)
+        x.index_put_((acc.to("tpu"),), torch.tensor(2, dtype=dtype, device="tpu"), accumulate=True)
+    torch.testing.assert_close(x.cpu(), ref, equal_nan=True, rtol=0, atol=0)
+    if dtype.is_floating_point:  # -0.0 kept where it was written, and where nothing was added
+        assert torch.equal(torch.signbit(x.cpu()), torch.signbit(ref))

@@ -339,13 +339,7 @@ def _prepare_indices(x, indices):
         if i.device != x.device:
             i = i.to(x.device)
         if i.dtype in (torch.bool, torch.uint8):
-            if i.dtype == torch.uint8:  # CPU's deprecation warning, word for word
-                warnings.warn("indexing with dtype torch.uint8 is now deprecated, please use a dtype torch.bool "
-                              "instead.", UserWarning, stacklevel=2)
-            for k in range(i.dim()):
-                if d + k >= x.dim() or i.shape[k] != x.shape[d + k]:
-                    raise IndexError(f"The shape of the mask {list(i.shape)} at index {k} does not match the "
-                                     f"shape of the indexed tensor {list(x.shape)} at index {d + k}")
+            _check_mask(x, i, d)
             nz = nonzero(i)
             out.extend(nz.select(1, k) for k in range(i.dim()))
             d += i.dim()
@@ -355,6 +349,31 @@ def _prepare_indices(x, indices):
     return out
 
 
+def _check_mask(x, mask, d) -> None:
+    """CPU's checks of a bool/byte mask indexing x from dimension d."""
+    if mask.dtype == torch.uint8:  # CPU's deprecation warning, word for word
+        warnings.warn("indexing with dtype torch.uint8 is now deprecated, please use a dtype torch.bool "
+                      "instead.", UserWarning, stacklevel=3)
+    for k in range(mask.dim()):
+        if d + k >= x.dim() or mask.shape[k] != x.shape[d + k]:
+            raise IndexError(f"The shape of the mask {list(mask.shape)} at index {k} does not match the "
+                             f"shape of the indexed tensor {list(x.shape)} at index {d + k}")
+
+
+def _one_mask(x, indices):
+    """`x[:, ..., mask] = v` (one bool/byte mask after only full slices): the index list with the mask
+    checked, on x's device, as bool; else None."""
+    masks = [d for d, i in enumerate(indices) if i is not None]
+    if len(masks) != 1 or indices[masks[0]].dtype not in (torch.bool, torch.uint8):
+        return None
+    d = masks[0]
+    mask = indices[d]
+    _check_mask(x, mask, d)
+    if mask.dim() == 0:  # a 0-dim mask adds a dimension (x[True]): the general path
+        return None
+    return [None] * d + [mask.to(x.device, torch.bool)]
+
+
 def _prepare_index(x, indices):
     return [x, _prepare_indices(x, indices)]
 
@@ -362,6 +381,12 @@ def _prepare_index(x, indices):
 def _prepare_index_put(x, indices, values, accumulate=False, *rest):
     if values.device != x.device and values.dim() == 0:
         values = values.to(x.device)
+    if values.numel() == 1 and values.device == x.device:
+        # One value for every masked element (`x[mask] = 0`): a select by the mask itself (index_put's
+        # lowering), with no nonzero, so no host sync and one program whatever the mask holds.
+        masked = _one_mask(x, indices)
+        if masked is not None:
+            return [x, masked, values, accumulate, *rest]
     return [x, _prepare_indices(x, indices), values, accumulate, *rest]
 
 
@@ -372,6 +397,8 @@ def _index_bounds(x, indices, *rest):
         raise IndexError(f"too many indices for tensor of dimension {x.dim()} (got {len(indices)})")
     out = []
     for d, i in enumerate(indices):
+        if i is not None and i.dtype == torch.bool:  # index_put's one mask (_one_mask): nothing to bound
+            continue
         if i is not None:
             if i.dtype not in (torch.int64, torch.int32):
                 raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
@@ -435,6 +462,11 @@ def index_put(ctx, x, indices, values, accumulate=False, unsafe=False):
     which, as on CPU/CUDA)."""
     b = ctx.b
     out = ctx.out[0]
+    if any(i is not None and i.dtype == torch.bool for i in indices):  # one mask, one value (prepare)
+        d = next(k for k, i in enumerate(indices) if i is not None)
+        mask = b.broadcast_in_dim(indices[d], x.shape, list(range(d, d + indices[d].rank)))
+        v = b.broadcast_to(b.reshape(b.convert(values, out.dtype), []), x.shape)
+        return b.select(mask, points.combine_fn("sum", out.dtype)(b, x, v) if accumulate else v, x)
     idx, adv, window, shape = _advanced(ctx, x, indices)
     _check_expandable(tuple(values.shape), shape)
     if out.numel == 0 or 0 in shape:
