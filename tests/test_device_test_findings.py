@@ -142,7 +142,8 @@ def _masked_assign(v):
     _masked_assign([]), _masked_assign([1, 2, 3]),
     lambda d: torch.zeros(4, 3, device=d).index_put_((torch.tensor([0, 2], device=d),), torch.ones(2, 2, device=d)),
     lambda d: torch.zeros(1, device=d)[:1].index_put_((torch.tensor([True], device=d),), torch.ones(3, device=d)),
-], ids=["empty_values", "three_values_for_four", "rows_of_two_for_three", "three_values_into_one"])
+    lambda d: torch.rand([], device=d).index_put([], torch.tensor([1.0], device=d), True),
+], ids=["empty_values", "three_values_for_four", "rows_of_two_for_three", "three_values_into_one", "no_index"])
 def test_index_put_values_that_do_not_expand_raise_cpus_error(fn):
     _same_error(fn)
     b = torch.zeros(4, 3, device=TPU)

@@ -444,11 +444,9 @@ def index(ctx, x, indices):
 
 def _check_expandable(value_shape: tuple, result_shape: tuple) -> None:
     """CPU's check of index_put's values (TensorAdvancedIndexing.cpp): they must expand to the
-    indexing result's shape (leading size-1 dimensions beyond it dropped); else its RuntimeError,
-    raised at the call, before any program is built."""
+    indexing result's shape (`x[i] = v` drops v's leading size-1 dimensions before, in PyTorch's
+    Python indexing); else its RuntimeError, raised at the call, before any program is built."""
     v = list(value_shape)
-    while len(v) > len(result_shape) and v[0] == 1:
-        v.pop(0)
     ok = len(v) <= len(result_shape) and all(a in (1, b) for a, b in zip(reversed(v), reversed(result_shape)))
     if not ok:
         raise RuntimeError(f"shape mismatch: value tensor of shape {list(value_shape)} cannot be broadcast to "
@@ -467,6 +465,10 @@ def index_put(ctx, x, indices, values, accumulate=False, unsafe=False):
         mask = b.broadcast_in_dim(indices[d], x.shape, list(range(d, d + indices[d].rank)))
         v = b.broadcast_to(b.reshape(b.convert(values, out.dtype), []), x.shape)
         return b.select(mask, points.combine_fn("sum", out.dtype)(b, x, v) if accumulate else v, x)
+    if all(i is None for i in indices):  # no index: the result is all of x
+        _check_expandable(tuple(values.shape), x.shape)
+        v = b.broadcast_to(b.convert(values, out.dtype), x.shape)
+        return points.combine_fn("sum", out.dtype)(b, x, v) if accumulate else v
     idx, adv, window, shape = _advanced(ctx, x, indices)
     _check_expandable(tuple(values.shape), shape)
     if out.numel == 0 or 0 in shape:
