@@ -130,9 +130,6 @@ def digits_epoch(dev, epochs=5, mode="strict"):
 
 def gpt2_step(dev, mode="strict", warm=3, n=8):
     """Seconds per Hugging Face GPT-2 training step (2 layers, 128 wide, batch 4 x 64 tokens)."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "models"))
-    from _torchvision import import_torchvision
-    import_torchvision()  # transformers imports torchvision when installed (the models extra installs it)
     from transformers import GPT2Config, GPT2LMHeadModel
     torch.manual_seed(0)
     cfg = GPT2Config(n_layer=2, n_head=4, n_embd=128, vocab_size=512, n_positions=128)

@@ -24,20 +24,14 @@ bench_compile.py), not for these models. On a machine without a TPU, "tpu" is Op
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 import time
 import warnings
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "models"))
 warnings.filterwarnings("ignore")
 import torch_tpu  # noqa: E402
-from _torchvision import import_torchvision  # noqa: E402
-
-import_torchvision()  # before transformers (a CUDA-built torchvision cannot load its ops on a CPU torch)
 import transformers  # noqa: E402
 
 transformers.logging.set_verbosity_error()

@@ -95,9 +95,6 @@ def _generate(mode, dev, torch, transformers):
 def child(workload: str, mode: str) -> dict:
     warnings.filterwarnings("ignore")
     import torch
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "models"))
-    from _torchvision import import_torchvision
-    import_torchvision()  # before transformers (a CUDA-built torchvision cannot load its ops on a CPU torch)
     import transformers
     tpu = mode in TPU_MODES
     if tpu:

@@ -149,9 +149,6 @@ def compare(name, case, topo):
 
 
 def gpt2_small(topo):
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-    from tests.models._torchvision import import_torchvision
-    import_torchvision()  # before transformers, which imports torchvision beside this CPU build of torch
     from transformers import GPT2Config, GPT2LMHeadModel
     with torch.device("meta"):
         model = GPT2LMHeadModel(GPT2Config())

@@ -21,9 +21,6 @@ import torch_tpu  # noqa: E402,F401
 # `import torch` above already loaded torch_tpu (PyTorch's device-backend autoloading) and set its
 # cache from the environment as it was then: set it again from the variables above.
 torch_tpu.runtime.configure_cache()
-from models._torchvision import import_torchvision  # noqa: E402
-
-import_torchvision()  # before any test imports transformers or timm (see models/_torchvision.py)
 
 warnings.filterwarnings("ignore", message="No TPU here")
 

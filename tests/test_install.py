@@ -115,3 +115,24 @@ def test_import_torch_autoloads_torch_tpu(tmp_path, first):
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip().splitlines()[-1] == "[2.0, 2.0, 2.0]"
     assert AUTOLOAD_WARNING not in r.stderr
+
+
+def test_the_model_libraries_import_as_a_user_imports_them():
+    """A user's script, with nothing of the tests' around it: `import torch` loads torch_tpu, whose
+    torchvision integration lets torchvision's Python modules import where its compiled ops cannot
+    load (PyPI's torchvision for this CPU torch is CUDA-built); timm and transformers' model classes
+    then import and build (torch_tpu/integrations/torchvision.py)."""
+    pytest.importorskip("torchvision")
+    pytest.importorskip("timm")
+    pytest.importorskip("transformers")
+    code = ("import torch\n"
+            "import torchvision, timm\n"
+            "from transformers import GPT2Config, GPT2LMHeadModel\n"
+            "m = timm.create_model('resnet18', pretrained=False).eval().to('tpu')\n"
+            "y = m(torch.randn(1, 3, 32, 32, device='tpu'))\n"
+            "g = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64))\n"
+            "print(tuple(y.shape), type(g).__name__)\n")
+    r = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=300,
+                       cwd=os.path.join(ROOT, "examples"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip().splitlines()[-1] == "(1, 1000) GPT2LMHeadModel"

@@ -85,7 +85,7 @@ distributed.register()  # init_process_group("tpu_dist")
 
 from . import integrations as _integrations  # noqa: E402
 
-_integrations.install()  # Hugging Face accelerate picks tpu (integrations/accelerate.py)
+_integrations.install()  # accelerate picks tpu, torchvision imports beside a CPU torch (integrations/)
 
 if _settings.get("TORCH_TPU_SHADOW_TOPOLOGY"):  # every program also compiled for a TPU (torch_tpu.aot)
     from .aot import shadow as _shadow

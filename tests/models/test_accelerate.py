@@ -7,9 +7,6 @@ import os
 import pytest
 import torch
 
-from ._torchvision import import_torchvision
-
-import_torchvision()  # before transformers, which imports torchvision when it is installed
 accelerate = pytest.importorskip("accelerate")
 transformers = pytest.importorskip("transformers")
 from accelerate.state import AcceleratorState, PartialState  # noqa: E402

@@ -12,9 +12,6 @@ from typing import Callable
 
 import torch
 
-from ._torchvision import import_torchvision
-
-import_torchvision()  # before transformers, which imports torchvision when it is installed
 
 VOCAB = 128
 SEQ = 16

@@ -7,9 +7,9 @@ on the first compile.
 """
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
 import sys
+
+from ..integrations._import_hook import on_import
 
 _REGISTRY_MODULE = "torch._dynamo.backends.registry"
 
@@ -31,25 +31,6 @@ def _register() -> None:
     # Skipped while Dynamo loads "tpu" through the package's entry point: it registers it itself.
     if "tpu" not in registry._COMPILER_FNS and registry._BACKENDS.get("tpu") is None:
         registry.register_backend(compiler_fn=tpu_backend, name="tpu")
-
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs _register right after Dynamo's backend registry module has been executed."""
-
-    def find_spec(self, name, path, target=None):
-        if name != _REGISTRY_MODULE:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.loader is None:
-            return spec
-        exec_module = spec.loader.exec_module
-
-        def exec_then_register(module):
-            exec_module(module)
-            _register()
-        spec.loader.exec_module = exec_then_register
-        return spec
 
 
 def _route_inductor_to_tpu() -> None:
@@ -78,9 +59,6 @@ def _route_inductor_to_tpu() -> None:
 
 _route_inductor_to_tpu()
 
-if _REGISTRY_MODULE in sys.modules:
-    _register()
-else:
-    sys.meta_path.insert(0, _AfterImport())
+on_import(_REGISTRY_MODULE, after=lambda module: _register())  # right after Dynamo's backend registry loads
 
 __all__ = ["tpu_backend", "last_stablehlo"]

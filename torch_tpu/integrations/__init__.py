@@ -2,9 +2,10 @@
 library is imported (and only where it is installed), and says what it changes and why."""
 from __future__ import annotations
 
-from . import accelerate
+from . import accelerate, torchvision
 
 
 def install() -> None:
     """Called once when torch_tpu loads."""
     accelerate.install()
+    torchvision.install()

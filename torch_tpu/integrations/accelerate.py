@@ -21,10 +21,11 @@ Nothing else of accelerate is touched; `install()` does nothing where accelerate
 """
 from __future__ import annotations
 
-import importlib.abc
 import importlib.util
 import os
 import sys
+
+from ._import_hook import on_import
 
 _MODULE = "accelerate.state"
 # The process group of a multi-process launch on tpu: tpu tensors on tpu_dist, CPU ones (accelerate's
@@ -77,40 +78,8 @@ def patch(state) -> None:
     cls._torch_tpu_patched = True
 
 
-class _Loader(importlib.abc.Loader):
-    """accelerate.state's own loader, then patch()."""
-
-    def __init__(self, loader):
-        self.loader = loader
-
-    def create_module(self, spec):
-        return self.loader.create_module(spec)
-
-    def exec_module(self, module):
-        self.loader.exec_module(module)
-        patch(module)
-
-
-class _Finder(importlib.abc.MetaPathFinder):
-    """Finds accelerate.state as the other finders do, with a loader that patches it once executed."""
-
-    def find_spec(self, name, path, target=None):
-        if name != _MODULE:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None and spec.loader is not None:
-                spec.loader = _Loader(spec.loader)
-                return spec
-        return None
-
-
 def install() -> None:
     """Patches accelerate.state now if it is imported, else when it is; nothing where accelerate is
     not installed."""
-    if _MODULE in sys.modules:
-        patch(sys.modules[_MODULE])
-    elif importlib.util.find_spec("accelerate") is not None and not any(isinstance(f, _Finder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _Finder())
+    if _MODULE in sys.modules or importlib.util.find_spec("accelerate") is not None:
+        on_import(_MODULE, after=patch)
