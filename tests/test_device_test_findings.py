@@ -149,3 +149,26 @@ def test_index_put_values_that_do_not_expand_raise_cpus_error(fn):
     b = torch.zeros(4, 3, device=TPU)
     b[torch.tensor([0, 2], device=TPU)] = torch.ones(1, 1, 3, device=TPU)  # leading 1s beyond the result: fine
     assert b.sum().item() == 6.0
+
+
+def test_cpu_index_tensors_as_cuda_takes_them():
+    """What PyTorch's own tests hold CUDA to (test_indexing's test_cpu_indices, test_invalid_device,
+    test_gather_take_along_dim_cross_device): CPU index tensors index a tpu tensor and index_put_
+    into it; gather and take_along_dim refuse them, and index_put_ refuses CPU values, with CUDA's
+    errors."""
+    idx = torch.tensor([0, 1])
+    x = torch.ones(10, device=TPU)
+    x[idx] = torch.zeros(2, device=TPU)
+    assert x.cpu().tolist() == [0.0, 0.0] + [1.0] * 8
+    assert x[idx].cpu().tolist() == [0.0, 0.0]
+    for accumulate in (True, False):
+        with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+            torch.index_put_(torch.zeros(5, device=TPU), (idx,), torch.tensor([1.0, 2.0]), accumulate=accumulate)
+    t = torch.randn(2, 3, 1, 4, device=TPU)
+    order = torch.argsort(t, dim=0)
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        torch.gather(t, 0, order.cpu())
+    with pytest.raises(RuntimeError, match=r"Expected tensor to have .* but got tensor with .* torch.take_along_dim\(\)"):
+        torch.take_along_dim(t, order.cpu(), dim=0)
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        torch.gather(t.cpu(), 0, order)
