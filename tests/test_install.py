@@ -136,3 +136,8 @@ def test_the_model_libraries_import_as_a_user_imports_them():
                        cwd=os.path.join(ROOT, "examples"))
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip().splitlines()[-1] == "(1, 1000) GPT2LMHeadModel"
+    # torchvision (or transformers) first: torch, and with it torch_tpu, loads inside torchvision's import
+    for first in ("import torchvision", "import transformers, torchvision"):
+        r = subprocess.run([sys.executable, "-W", "ignore", "-c", first + "; import timm; print('imported')"],
+                           capture_output=True, text=True, timeout=300, cwd=os.path.join(ROOT, "examples"))
+        assert r.returncode == 0 and r.stdout.strip().endswith("imported"), (first, r.stderr[-3000:])

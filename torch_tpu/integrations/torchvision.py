@@ -20,6 +20,7 @@ from __future__ import annotations
 import glob
 import importlib.util
 import os
+import sys
 
 _MODULE = "torchvision"
 _declared = None  # the torch.library.Library defining the two schemas, kept alive with the process
@@ -54,8 +55,12 @@ def _before_import(module) -> None:
 
 
 def install() -> None:
-    """Arranges the change above for torchvision's import; nothing where torchvision is not installed
-    or is already imported."""
+    """Arranges the change above for torchvision's import; nothing where torchvision is not installed.
+    `import torchvision` imports torch first, which loads torch_tpu (PyTorch's device autoload) while
+    torchvision's own import is under way: then the change is made at once, before torchvision goes on
+    to the registrations that need it. (A torchvision fully imported already loaded its extension.)"""
     from ._import_hook import on_import
-    if importlib.util.find_spec(_MODULE) is not None:
+    if _MODULE in sys.modules:
+        _before_import(sys.modules[_MODULE])
+    elif importlib.util.find_spec(_MODULE) is not None:
         on_import(_MODULE, before=_before_import)
