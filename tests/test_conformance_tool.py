@@ -26,7 +26,7 @@ class TestSample(TestCase):
 
     def test_hangs(self, device):
         if torch.device(device).type != "cpu":
-            time.sleep(30)
+            time.sleep(600)
 
 
 instantiate_device_type_tests(TestSample, globals(), only_for=("cpu", "privateuse1"))
@@ -49,8 +49,8 @@ def test_a_file_on_tpu_and_cpu(tmp_path):
     (tmp_path / "test_sample.py").write_text(SAMPLE)
     out = tmp_path / "report.json"
     r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "device_conformance.py"), str(tmp_path),
-                        "--files", "test_sample.py", "--timeout", "3", "--json", str(out)],
-                       capture_output=True, text=True, timeout=600)
+                        "--files", "test_sample.py", "--timeout", "20", "--json", str(out)],
+                       capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "test_sample.py: 3 tests" in r.stdout, r.stdout
     assert "tpu: 1 passed, 1 failed, 1 timeouts" in r.stdout, r.stdout

@@ -460,15 +460,16 @@ def index_put(ctx, x, indices, values, accumulate=False, unsafe=False):
     which, as on CPU/CUDA)."""
     b = ctx.b
     out = ctx.out[0]
-    if any(i is not None and i.dtype == torch.bool for i in indices):  # one mask, one value (prepare)
-        d = next(k for k, i in enumerate(indices) if i is not None)
+    def written(v):  # what x's elements at the indexed places become
+        return points.combine_fn("sum", out.dtype)(b, x, v) if accumulate else v
+    masks = [d for d, i in enumerate(indices) if i is not None and i.dtype == torch.bool]
+    if masks and values.type.numel == 1:  # one mask, one value (prepare's _one_mask)
+        d = masks[0]
         mask = b.broadcast_in_dim(indices[d], x.shape, list(range(d, d + indices[d].rank)))
-        v = b.broadcast_to(b.reshape(b.convert(values, out.dtype), []), x.shape)
-        return b.select(mask, points.combine_fn("sum", out.dtype)(b, x, v) if accumulate else v, x)
+        return b.select(mask, written(b.broadcast_to(b.reshape(b.convert(values, out.dtype), []), x.shape)), x)
     if all(i is None for i in indices):  # no index: the result is all of x
         _check_expandable(tuple(values.shape), x.shape)
-        v = b.broadcast_to(b.convert(values, out.dtype), x.shape)
-        return points.combine_fn("sum", out.dtype)(b, x, v) if accumulate else v
+        return written(b.broadcast_to(b.convert(values, out.dtype), x.shape))
     idx, adv, window, shape = _advanced(ctx, x, indices)
     _check_expandable(tuple(values.shape), shape)
     if out.numel == 0 or 0 in shape:
