@@ -58,7 +58,10 @@ def test_strict_eager_ops_are_device_events(tmp_path):
         step()  # compiled here: the profile below sees executions only
     p = run_profiled(step)
     dev = averages(p, DeviceType.PrivateUse1)
-    for name in ("aten::mul.Tensor", "aten::add.Tensor", "aten::sin"):
+    # Device rows are named by program (op and operands, as CUDA's by kernel), host rows by op.
+    programs = ("aten::mul.Tensor<Float[6,10],cpu Long[]>", "aten::add.Tensor<Float[6,10],cpu Long[]>",
+                "aten::sin<Float[6,10]>")
+    for name in programs:
         assert name in dev, sorted(dev)
         assert dev[name].count == 1
         assert dev[name].self_device_time_total > 0
@@ -71,12 +74,13 @@ def test_strict_eager_ops_are_device_events(tmp_path):
 
     events = chrome(p, tmp_path)
     kernels = [e for e in events if e.get("cat") == "kernel"]
-    assert sorted(e["name"] for e in kernels) == ["aten::add.Tensor", "aten::mul.Tensor", "aten::sin"]
+    assert sorted(e["name"] for e in kernels) == sorted(programs)
     cpu_ops = {e["args"]["External id"]: e for e in events if e.get("cat") == "cpu_op"}
     for k in kernels:
         assert k["dur"] > 0 and k["pid"] == 0  # the row of tpu:0
         launcher = cpu_ops[k["args"]["External id"]]
-        assert launcher["name"] == k["name"].split(".")[0]
+        assert k["args"]["ops"] == k["name"].split("<")[0]  # the op, as the trace's detail
+        assert launcher["name"] == k["name"].split(".")[0].split("<")[0]
         assert k["ts"] >= launcher["ts"]  # it ran after its op queued it
     names = {(e["pid"], e["args"]["name"]) for e in events if e.get("ph") == "M" and e["name"] == "process_name"}
     assert (0, "tpu:0") in names
@@ -95,7 +99,7 @@ def test_backward_executions_are_linked_to_backward_ops():
     with torch_tpu.eager_mode("strict"):
         step()
     p = run_profiled(step)
-    assert "aten::tanh_backward" in averages(p, DeviceType.PrivateUse1)
+    assert "aten::tanh_backward<Float[3,4],Float[3,4]>" in averages(p, DeviceType.PrivateUse1)
     cpu = averages(p, DeviceType.CPU)
     assert cpu["TanhBackward0"].device_time_total > 0
     assert cpu["aten::tanh_backward"].device_time_total > 0
@@ -181,7 +185,7 @@ def test_second_device_has_its_own_row(tmp_path):
         x.neg().cpu()
     p = run_profiled(lambda: x.neg().cpu())
     [k] = [e for e in chrome(p, tmp_path) if e.get("cat") == "kernel"]
-    assert k["name"] == "aten::neg" and k["pid"] == 1
+    assert k["name"] == "aten::neg<Float[16]>" and k["pid"] == 1
     assert [e.device_index for e in device_events(p)] == [1]
 
 
@@ -201,12 +205,12 @@ def test_cpu_only_profile_has_no_device_events_and_stops_recording(cold_cache):
         for _ in range(3):
             step()
     p = run_profiled(step)
-    assert [e.name for e in device_events(p)] == ["aten::tanh"]
+    assert [e.name for e in device_events(p)] == ["aten::tanh<Float[2,13]>"]
     assert not torch_tpu._C.runtime.trace_recording()  # launches are back to their no-profiler cost
     with torch_tpu.eager_mode("strict"):
         for _ in range(3):
             step()
-    assert [e.name for e in device_events(run_profiled(step))] == ["aten::tanh"]
+    assert [e.name for e in device_events(run_profiled(step))] == ["aten::tanh<Float[2,13]>"]
 
 
 def test_autograd_profiler_with_use_device():
@@ -216,7 +220,7 @@ def test_autograd_profiler_with_use_device():
         with torch.autograd.profiler.profile(use_device="tpu", use_kineto=True) as p:
             torch.sqrt(x.abs()).cpu()
     dev = {e.name for e in p.function_events if e.device_type == DeviceType.PrivateUse1}
-    assert {"aten::abs", "aten::sqrt"} <= dev, dev
+    assert {"aten::abs<Float[7,3]>", "aten::sqrt<Float[7,3]>"} <= dev, dev
 
 
 PROGRAM = r"""
@@ -241,7 +245,7 @@ def test_disk_cache_hit_is_a_load_span(tmp_path):
 
     first = names()
     assert "compile aten::erf" in first["cpu"] and "load aten::erf from the disk cache" not in first["cpu"]
-    assert first["tpu"] == ["aten::erf"]
+    assert first["tpu"] == ["aten::erf<Float[3,5]>"]
     second = names()  # a new process: the memory tier is empty, the disk has the program
     assert "load aten::erf from the disk cache" in second["cpu"] and "compile aten::erf" not in second["cpu"]
-    assert second["tpu"] == ["aten::erf"]
+    assert second["tpu"] == ["aten::erf<Float[3,5]>"]

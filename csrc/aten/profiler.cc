@@ -1,9 +1,9 @@
 // tpu executions in torch.profiler: a Kineto child profiler, registered through PyTorch's
 // PrivateUse1ProfilerRegistry. A profile with ProfilerActivity.PrivateUse1 configures it; while it
 // runs, the runtime records every program execution (csrc/runtime/trace.h), and at the end each one
-// becomes a Kineto "kernel" activity on the device's row: name (the eager op, "fused run (N ops)", or
-// the compiled graph), device start and end, and a link to the op that launched it. PyTorch gives
-// kernel activities the PrivateUse1 device type, so they appear in key_averages() as device time
+// becomes a Kineto "kernel" activity on the device's row: name (the eager op's program, named by the
+// op and its operands as CUDA's rows name kernels; "fused run (N ops)"; the compiled graph), device
+// start and end, and a link to the op that launched it. PyTorch gives kernel activities the PrivateUse1 device type, so they appear in key_averages() as device time
 // (of the event, and of the op that launched it) and in export_chrome_trace().
 //
 // Compiles and disk-cache loads are not here: they are host spans (trace::HostSpan), part of the

@@ -9,6 +9,7 @@
 
 #include "aten/device.h"
 #include "eager/fused.h"
+#include "runtime/trace.h"
 
 namespace torch_tpu::eager {
 
@@ -139,6 +140,34 @@ LaunchArg rng_arg(std::pair<uint64_t, uint64_t> state) {
   return a;
 }
 
+namespace {
+
+// A profiled execution's device row is named by its program, as CUDA's device rows name the kernel
+// and not the op: the op and the operands the program was compiled for, in its argument order
+// ("aten::mm<Float[128,64],Float[64,10]>"; a storage appears once, by the first view the op passed).
+std::string program_name(const Plan& plan, const OpFacts& op, const Call& call) {
+  std::string s = op.name + "<";
+  for (size_t k = 0; k < plan.order.size(); ++k) {
+    const Operand& o = call.operands[plan.order[k]];
+    if (k) s += ",";
+    switch (o.kind) {
+      case Operand::kCell:
+      case Operand::kHostTensor:
+        if (o.kind == Operand::kHostTensor) s += "cpu ";
+        s += c10::toString(o.tensor.scalar_type());
+        s += "[";
+        for (int64_t d = 0; d < o.tensor.dim(); ++d) s += (d ? "," : "") + std::to_string(o.tensor.size(d));
+        s += "]";
+        break;
+      case Operand::kScalar: s += c10::toString(o.dtype); break;
+      case Operand::kGenerator: s += "Generator"; break;
+    }
+  }
+  return s + ">";
+}
+
+}  // namespace
+
 void run_plan(const std::shared_ptr<Plan>& plan_ptr, const OpFacts& op, Call& call, torch::jit::Stack* stack,
               bool fused) {
   const Plan& plan = *plan_ptr;
@@ -172,7 +201,8 @@ void run_plan(const std::shared_ptr<Plan>& plan_ptr, const OpFacts& op, Call& ca
     std::vector<Cell*> sinks;
     sinks.reserve(plan.sinks.size());
     for (auto [is_new, i] : plan.sinks) sinks.push_back(is_new ? aten::cell_of(fresh[i]) : call.operands[i].cell);
-    Runtime::get().execute(plan.exe, std::move(args), std::move(sinks), call.device, op.name);
+    std::string trace_name = runtime::trace::recording() ? program_name(plan, op, call) : std::string();
+    Runtime::get().execute(plan.exe, std::move(args), std::move(sinks), call.device, op.name, std::move(trace_name));
   }
   if (plan.structure == Plan::kWritten) {
     std::vector<c10::IValue> outs;
