@@ -6,7 +6,8 @@
 - cummax / cummin of real sizes compile; CPU's errors for in-place results that would grow self and for
   out= dtypes; masked_select of 0-dim operands; the legacy storage classes; index_put's values that do
   not expand to the indexing result (CPU's 'shape mismatch' at the call: the program XLA refused was
-  the error before, raised from the compile).
+  the error before, raised from the compile); index tensors, and operands, that do not broadcast
+  (CPU's IndexError and TensorIterator's words, not the meta's "Attempting to broadcast...").
 """
 import pytest
 import torch
@@ -126,8 +127,49 @@ def test_one_hot_of_a_negative_class_raises_cpus_error_at_the_call():
     lambda d: torch.sub(torch.ones(3, dtype=torch.long, device=d), 1, alpha=0.5),
     lambda d: torch.add(torch.ones(3, device=d), torch.ones(3, device=d), alpha=1j),
     lambda d: torch.roll(torch.ones(3, device=d), (1, 2), (0,)),
-], ids=["alpha_float_int", "alpha_sub", "alpha_complex", "roll"])
+    lambda d: torch.add(torch.ones(3, dtype=torch.bool, device=d), torch.ones(3, dtype=torch.bool, device=d), alpha=1.1),
+    lambda d: torch.add(torch.ones(3, dtype=torch.bool, device=d), torch.ones(3, dtype=torch.bool, device=d), alpha=1j),
+    lambda d: torch.sub(torch.ones(3, device=d), torch.ones(3, device=d), alpha=True),
+    lambda d: torch.add(torch.ones(3, dtype=torch.int32, device=d), torch.ones(3, dtype=torch.int32, device=d), alpha=1j),
+    lambda d: torch.addcdiv(torch.ones(2, dtype=torch.int32, device=d), torch.ones(2, dtype=torch.int32, device=d),
+                            torch.ones(2, dtype=torch.int32, device=d)),
+], ids=["alpha_float_int", "alpha_sub", "alpha_complex", "roll", "alpha_float_bool", "alpha_complex_bool",
+        "alpha_bool_float", "alpha_complex_int", "addcdiv_integers"])
 def test_argument_errors_are_cpus(fn):
+    _same_error(fn)
+
+
+def _indexed(d, op):
+    x = torch.arange(24.0, device=d).reshape(4, 6)
+    i, j = torch.tensor([0, 1], device=d), torch.tensor([0, 1, 2], device=d)
+    one = torch.tensor(1.0, device=d)
+    return {"get": lambda: x[i, j], "set": lambda: x.__setitem__((i, j), 1.0),
+            "mask": lambda: x[torch.tensor([True, False, True, True], device=d), i],
+            "index_put_": lambda: x.index_put_((i, j), one), "accumulate": lambda: x.index_put_((i, j), one, True),
+            "index_put": lambda: x.index_put((i, j), one),
+            "2d": lambda: x[torch.zeros(2, 3, dtype=torch.long, device=d), torch.zeros(3, 2, dtype=torch.long, device=d)],
+            }[op]()
+
+
+@pytest.mark.parametrize("op", ["get", "set", "mask", "index_put_", "accumulate", "index_put", "2d"])
+def test_index_tensors_that_do_not_broadcast_raise_cpus_index_error(op):
+    """CPU's IndexError naming every index shape (the meta's and the lowering's broadcast raised a
+    RuntimeError naming one mismatch: test_indexing's test_index_put_src_datatype and others)."""
+    _same_error(lambda d: _indexed(d, op))
+
+
+@pytest.mark.parametrize("fn", [
+    lambda d: torch.ones(2, device=d) + torch.ones(3, device=d),
+    lambda d: torch.ones(4, 1, 2, device=d) + torch.ones(5, 3, device=d),
+    lambda d: torch.ones(3, 2, device=d) * torch.ones(5, 3, 4, device=d),
+    lambda d: torch.where(torch.ones(2, dtype=torch.bool, device=d), torch.ones(2, device=d), torch.ones(3, device=d)),
+    lambda d: torch.ones(2, device=d).masked_fill(torch.ones(3, dtype=torch.bool, device=d), 0.0),
+    lambda d: torch.ones(2, 3, 4, device=d) @ torch.ones(3, 4, 5, device=d),
+    lambda d: torch.nn.functional.mse_loss(torch.ones(2, device=d), torch.ones(3, device=d)),
+], ids=["add", "add_3d", "mul_ranks", "where", "masked_fill", "matmul_batch", "mse_loss"])
+def test_operands_that_do_not_broadcast_raise_cpus_words(fn):
+    """CPU's TensorIterator words ("The size of tensor a (2) must match the size of tensor b (3) at
+    non-singleton dimension 0"), not the refs' "Attempting to broadcast a dimension..."."""
     _same_error(fn)
 
 

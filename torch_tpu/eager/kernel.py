@@ -28,7 +28,7 @@ from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_
 from .. import _C
 from . import state as _state
 from ..lowering.builder import Builder, TensorType, Value
-from ..lowering.helpers.checks import cpp_type_name, scalar_type_name
+from ..lowering.helpers.checks import broadcast_index_shapes, cpp_type_name, scalar_type_name
 from ..lowering.registry import Lowering, LoweringContext, NotLowered, bounds_status, fit, lower_arguments, rng_draws
 from ..lowering.strided import contiguous_strides, dense_order, is_whole, read_view, write_view
 from . import meta_memo, recompiles
@@ -420,7 +420,7 @@ def _check_inplace_result(vals, sig, value_meta):
                                f"{scalar_type_name(w.dtype)}")
 
 
-def _mm_message(meta: str) -> str:
+def _mm_message(meta: str, args=()) -> str:
     """CPU's mm/addmm/linear shape error from meta's "a and b must have same reduction dim, but got
     [N, M1] X [M2, P].": "mat1 and mat2 shapes cannot be multiplied (NxM1 and M2xP)"."""
     shapes = re.findall(r"\[(-?\d+), (-?\d+)\]", meta)
@@ -430,7 +430,7 @@ def _mm_message(meta: str) -> str:
     return f"mat1 and mat2 shapes cannot be multiplied ({n}x{m1} and {m2}x{p})"
 
 
-def _broadcast_message(meta: str) -> str:
+def _broadcast_message(meta: str, args=()) -> str:
     """CPU's "output with shape [3] doesn't match the broadcast shape [2, 3]" from the refs' "output
     with shape torch.Size([3]) doesn't match the broadcast shape (2, 3)"."""
     got = re.fullmatch(r"output with shape torch\.Size\(\[([\d, ]*)\]\) doesn't match the broadcast shape \(([\d, ]*?),?\)",
@@ -440,17 +440,20 @@ def _broadcast_message(meta: str) -> str:
     return f"output with shape [{got[1]}] doesn't match the broadcast shape [{got[2]}]"
 
 
-def _alpha_message(meta: str) -> str:
+def _alpha_message(meta: str, args=()) -> str:
     """CPU's alpha_check words from the refs' "alpha argument of type <class 'float'> cannot be safely
     cast to type <class 'int'>!" (add / sub with an alpha of a kind the tensors cannot take)."""
-    if "<class 'complex'>" in meta:
-        return "For non-complex input tensors, argument alpha must not be a complex number."
-    if "<class 'float'>" in meta:
+    m = re.search(r"of type <class '(\w+)'> cannot be safely cast to type <class '(\w+)'>", meta)
+    if m is None:
+        return meta
+    if m[2] in ("int", "bool") and m[1] in ("float", "complex"):  # CPU checks integral results first
         return "For integral input tensors, argument alpha must not be a floating point number."
+    if m[1] == "complex":
+        return "For non-complex input tensors, argument alpha must not be a complex number."
     return meta
 
 
-def _mv_message(meta: str) -> str:
+def _mv_message(meta: str, args=()) -> str:
     """CPU's mv shape error (its addmv names the result too) from the decomposition's "size mismatch,
     got input (MxN), vec (K)": "size mismatch, got input (M), mat (MxN), vec (K)"."""
     got = re.fullmatch(r"size mismatch, got input \((\d+)x(\d+)\), vec \((\d+)\)", meta)
@@ -463,6 +466,40 @@ def _mv_message(meta: str) -> str:
 # Errors PyTorch's meta kernels, refs and decompositions raise with another type or message than its
 # device kernels (CPU's, the reference): (meta's type, the message's start) -> (CPU's type, CPU's
 # message: None for meta's, or a function of meta's message).
+def _index_broadcast_message(meta: str, args=()) -> str | None:
+    """CPU's IndexError for advanced indexing's index tensors that do not broadcast together, where
+    the meta's broadcast names one mismatch only: the call's index list (index, index_put_, ...: a
+    tensor, then a list of index tensors or None) gives every shape. None for any other call."""
+    if len(args) == 1 and isinstance(args[0], list):  # sig.invoke's one argument: the call's values
+        args = args[0]
+    if len(args) < 2 or not isinstance(args[0], torch.Tensor) or not isinstance(args[1], (list, tuple)):
+        return None
+    indices = [i for i in args[1] if i is not None]
+    if not indices or not all(isinstance(i, torch.Tensor) and not i.is_floating_point() for i in indices):
+        return None
+    try:
+        broadcast_index_shapes([i.shape for i in indices])
+    except IndexError as e:
+        return str(e)
+    return None
+
+
+def _size_mismatch_message(meta: str, args=()) -> str | None:
+    """CPU's words for operands that do not broadcast (TensorIterator's infer_size: "The size of tensor
+    a (2) must match the size of tensor b (3) at non-singleton dimension 0") from the refs' "Attempting
+    to broadcast a dimension of length 3 at -1! ... broadcastable to [2]": a is the broadcast of the
+    operands before, b the one that does not fit, the dimension counted from the left of the result."""
+    m = re.match(r"Attempting to broadcast a dimension of length (\d+) at (-\d+)!.*broadcastable to \[([\d, ]*)\]",
+                 meta, re.S)
+    if m is None:
+        return None
+    b, at, common = int(m[1]), int(m[2]), [int(v) for v in m[3].split(",") if v.strip()]
+    if -at > len(common):
+        return None
+    return (f"The size of tensor a ({common[at]}) must match the size of tensor b ({b}) at non-singleton "
+            f"dimension {len(common) + at}")
+
+
 _META_ERRORS = (
     (RuntimeError, "tensors used as indices must be", IndexError, None),  # TORCH_CHECK_INDEX on CPU
     (ValueError, "clamp called but both min and max are none", RuntimeError,
@@ -474,11 +511,20 @@ _META_ERRORS = (
      "0D or 1D target tensor expected, multi-target not supported"),
     (AssertionError, "input tensor should be 1D or 2D", RuntimeError, "input tensor should be 1D or 2D"),
     (RuntimeError, "inconsistent tensor size, expected tensor [", RuntimeError,
-     lambda meta: meta.replace("to have thesame number", "to have the same number")),  # dot's meta
+     lambda meta, args: meta.replace("to have thesame number", "to have the same number")),  # dot's meta
     # an in-place op that would grow self: PyTorch's refs print torch.Size and a tuple
     (RuntimeError, "output with shape torch.Size(", RuntimeError, _broadcast_message),
     (ValueError, "alpha argument of type", RuntimeError, _alpha_message),
-    (RuntimeError, "shifts and dimensions must align", RuntimeError, lambda meta: meta.replace("dims: ", "dims:")),
+    (RuntimeError, "shifts and dimensions must align", RuntimeError, lambda meta, args: meta.replace("dims: ", "dims:")),
+    # addcdiv's meta raises its message as a tuple of the pieces (CPU's text, one string)
+    (RuntimeError, "('Integer division with addcdiv", RuntimeError,
+     "Integer division with addcdiv is no longer supported, and in a future  release addcdiv will perform a "
+     "true division of tensor1 and tensor2. The historic addcdiv behavior can be implemented as (input + "
+     "value * torch.trunc(tensor1 / tensor2)).to(input.dtype) for integer inputs and as (input + value * "
+     "tensor1 / tensor2) for float inputs. The future addcdiv behavior is just the latter implementation: "
+     "(input + value * tensor1 / tensor2), for all dtypes."),
+    (RuntimeError, "Attempting to broadcast a dimension of length", IndexError, _index_broadcast_message),
+    (RuntimeError, "Attempting to broadcast a dimension of length", RuntimeError, _size_mismatch_message),
 )
 
 
@@ -497,14 +543,17 @@ def _meta_call(fn, *args):
 
 
 def _as_cpu_raises(fn, *args):
-    """fn(*args) (a meta computation), with its errors of _META_ERRORS raised as CPU raises them."""
+    """fn(*args) (a meta computation), with its errors of _META_ERRORS raised as CPU raises them
+    (a message function is given the meta's text and fn's arguments, and returns None where its entry
+    does not apply: the next one is tried)."""
     try:
         return fn(*args)
     except (RuntimeError, ValueError, AssertionError) as e:
         for meta_type, start, cpu_type, message in _META_ERRORS:
             if type(e) is meta_type and str(e).startswith(start):
-                text = str(e) if message is None else message if isinstance(message, str) else message(str(e))
-                raise cpu_type(text) from None
+                text = str(e) if message is None else message if isinstance(message, str) else message(str(e), args)
+                if text is not None:
+                    raise cpu_type(text) from None
         raise
 
 

@@ -53,8 +53,24 @@ def _scaled(ctx, y, alpha, cd):
     return b.multiply(y, operand(ctx, alpha, cd))
 
 
+def _alpha_check(ctx, alpha):
+    """CPU's alpha_check (BinaryOps.cpp) on alpha's kind (the eager key fixes it: a Python bool, int,
+    float or complex arrives as an i1, i64, float or complex operand), which PyTorch's meta kernels
+    skip for bool results: torch.add(bool_t, bool_t, alpha=1.5) ran."""
+    if alpha is None:
+        return
+    dtype, kind = ctx.out[0].dtype, alpha.type.dtype
+    if kind == torch.bool and dtype != torch.bool:
+        raise RuntimeError("Boolean alpha only supported for Boolean results.")
+    if not (dtype.is_floating_point or dtype.is_complex) and (kind.is_floating_point or kind.is_complex):
+        raise RuntimeError("For integral input tensors, argument alpha must not be a floating point number.")
+    if not dtype.is_complex and kind.is_complex:
+        raise RuntimeError("For non-complex input tensors, argument alpha must not be a complex number.")
+
+
 @register("add.Tensor", "add.Scalar")
 def add(ctx, x, y, alpha=None):
+    _alpha_check(ctx, alpha)
     cd = compute_dtype(ctx.out[0].dtype)
     b = ctx.b
     if cd == torch.bool:
@@ -72,6 +88,7 @@ def _no_bool_sub(x, y):
 @register("sub.Tensor", "sub.Scalar")
 def sub(ctx, x, y, alpha=None):
     _no_bool_sub(x, y)
+    _alpha_check(ctx, alpha)
     cd = compute_dtype(ctx.out[0].dtype)
     return _finish(ctx, ctx.b.subtract(rounded_operand(ctx, x), _scaled(ctx, y, alpha, cd)))
 
@@ -79,6 +96,7 @@ def sub(ctx, x, y, alpha=None):
 @register("rsub.Tensor", "rsub.Scalar")
 def rsub(ctx, x, y, alpha=None):
     _no_bool_sub(x, y)
+    _alpha_check(ctx, alpha)
     cd = compute_dtype(ctx.out[0].dtype)
     return _finish(ctx, ctx.b.subtract(rounded_operand(ctx, y), _scaled(ctx, x, alpha, cd)))
 

@@ -17,7 +17,7 @@ import torch
 
 from .elementwise import compute_dtype
 from .helpers import arith, points
-from .helpers.checks import meta_result, scalar_type_name
+from .helpers.checks import broadcast_index_shapes, meta_result, scalar_type_name
 from .registry import IndexBound, check_reads, host_kernel, in_format, register
 
 
@@ -415,7 +415,7 @@ def _advanced(ctx, x, indices):
     b = ctx.b
     indices = list(indices) + [None] * (x.rank - len(indices))
     adv = [d for d, i in enumerate(indices) if i is not None]
-    bshape = tuple(torch.broadcast_shapes(*[indices[d].shape for d in adv]))
+    bshape = broadcast_index_shapes([indices[d].shape for d in adv])
     cols = []
     for d in adv:
         i = b.broadcast_to(points.to_i64(b, indices[d]), bshape)

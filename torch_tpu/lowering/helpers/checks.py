@@ -64,3 +64,15 @@ def meta_result(op, *args, **kwargs):
             return type(r)(back(x) for x in r)
         return r
     return back(out)
+
+
+def broadcast_index_shapes(shapes) -> tuple:
+    """The shape that advanced indexing's index tensors broadcast to (shapes: of the long index
+    tensors; a bool mask counts as the long indices it expands to). Raises CPU's IndexError where
+    they do not broadcast (TensorAdvancedIndexing.cpp: "shape mismatch: indexing tensors could not be
+    broadcast together with shapes [2], [3]"), not the refs' RuntimeError."""
+    try:
+        return tuple(torch.broadcast_shapes(*shapes))
+    except RuntimeError:
+        raise IndexError("shape mismatch: indexing tensors could not be broadcast together with shapes "
+                         + ", ".join(str(list(s)) for s in shapes)) from None
