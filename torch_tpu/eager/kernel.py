@@ -271,15 +271,6 @@ def _map_pairs(dev, host, fn):
             _map_pairs(d, h, fn)
 
 
-def cache_size() -> int:
-    """Entries of the eager plan cache (one per op call signature)."""
-    return _C.eager.plan_cache_stats()["entries"]
-
-
-def clear_cache() -> None:
-    _C.eager.plan_cache_clear()
-
-
 class _Call:
     """One call as the C++ front-end (csrc/eager/call.h) describes it: its key parts (_C.eager.KeyPart per
     argument in schema order, a list's length part before its elements'), its operands (tpu tensors
