@@ -7,7 +7,8 @@
   out= dtypes; masked_select of 0-dim operands; the legacy storage classes; index_put's values that do
   not expand to the indexing result (CPU's 'shape mismatch' at the call: the program XLA refused was
   the error before, raised from the compile); index tensors, and operands, that do not broadcast
-  (CPU's IndexError and TensorIterator's words, not the meta's "Attempting to broadcast...").
+  (CPU's IndexError and TensorIterator's words, not the meta's "Attempting to broadcast...");
+  torch.linspace's values, CPU's to the bit (and complex ranges' imaginary parts).
 """
 import pytest
 import torch
@@ -171,6 +172,27 @@ def test_operands_that_do_not_broadcast_raise_cpus_words(fn):
     """CPU's TensorIterator words ("The size of tensor a (2) must match the size of tensor b (3) at
     non-singleton dimension 0"), not the refs' "Attempting to broadcast a dimension..."."""
     _same_error(fn)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.complex64, torch.int64])
+def test_linspace_is_cpus_to_the_bit(dtype):
+    """torch.linspace ran PyTorch's Python decomposition, whose formula differs from CPU's kernel in
+    the last bit (test_tensor_creation_ops' test_linspace compares it with the out= overload at
+    atol=0); it now runs CPU's composite kernel: empty, then linspace.out's lowering (CPU's formula).
+    (Half types can still differ by an ulp: CPU's vectorized kernel rounds per vector lane.)"""
+    for start, end, steps in ((0.3, 1.1, 137), (-7.3, 11.1, 1000), (-3, 50, 17), (2.5, 2.5, 1)):
+        c = torch.linspace(start, end, steps, dtype=dtype)
+        t = torch.linspace(start, end, steps, dtype=dtype, device=TPU)
+        out = torch.empty(0, dtype=dtype, device=TPU)
+        torch.linspace(start, end, steps, dtype=dtype, out=out)
+        assert torch.equal(t.cpu(), c) and torch.equal(out.cpu(), c)
+
+
+def test_complex_linspace_keeps_the_imaginary_part():
+    # linspace.out computed complex ranges in float64, dropping the imaginary parts (out= only then;
+    # torch.linspace too once it ran through linspace.out).
+    c = torch.linspace(0.3 + 1j, -1.1 + 2j, 37, dtype=torch.complex64)
+    torch.testing.assert_close(torch.linspace(0.3 + 1j, -1.1 + 2j, 37, dtype=torch.complex64, device=TPU).cpu(), c)
 
 
 def _masked_assign(v):

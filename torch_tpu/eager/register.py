@@ -111,12 +111,14 @@ def _decomposed(op, decomp):
 
 
 # Ops whose C++ CompositeExplicitAutograd kernel calls ops tpu lowers (empty then fill_ / zero_,
-# cat of unsqueezed inputs, arange's out= overload): the Python decomposition (torch._refs) would
-# compute the same result with Python in the way (and its first use imports torch._dynamo, most of
-# a fresh process's first-op time). ones_like runs on every loss.backward().
+# cat of unsqueezed inputs, the range factories' out= overloads): the Python decomposition
+# (torch._refs) would compute the same result with Python in the way (and its first use imports
+# torch._dynamo, most of a fresh process's first-op time); for linspace it would not even be CPU's
+# values (the refs' formula differs from CPU's kernel in the last bit). ones_like runs on every
+# loss.backward().
 _CPP_COMPOSITE_FACTORIES = frozenset({"empty_like", "zeros_like", "ones_like", "full_like", "new_empty",
                                       "new_zeros", "new_ones", "new_full", "ones", "zeros", "stack",
-                                      "arange", "arange.start"})
+                                      "arange", "arange.start", "arange.start_step", "linspace"})
 
 
 def register_decompositions():

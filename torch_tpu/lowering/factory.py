@@ -1,5 +1,6 @@
-"""Factory ops that compute their values: arange, linspace, eye (out= overloads, which the
-composite torch.arange / torch.linspace / torch.eye call; the meta kernel resizes `out` first).
+"""Factory ops that compute their values: arange, linspace, eye (out= overloads, which PyTorch's
+composite torch.arange / torch.linspace / torch.eye call, so that values follow CPU's formulas; the
+meta kernel resizes `out` first).
 zeros/ones/full/*_like/scalar_tensor need nothing here: they are empty + fill_/zero_."""
 from __future__ import annotations
 
@@ -32,21 +33,30 @@ def arange_start_out(ctx, start, end, step, out):
     return b.reshape(b.convert(b.add(s, b.multiply(st, i)), o.dtype), o.shape)
 
 
+def _range_step(b, diff, steps, cd, shape):
+    """(end - start) / (steps - 1) as CPU computes it in `cd`; a complex difference is divided part
+    by part (c10::complex divided by a real number), not by XLA's complex division."""
+    n = b.constant(steps - 1, cd.to_real() if cd.is_complex else cd, shape)
+    if cd.is_complex:
+        return b.make_complex(b.divide(b.real_part(diff), n), b.divide(b.imag_part(diff), n))
+    return b.divide(diff, n)
+
+
 @register("linspace.out")
 def linspace_out(ctx, start, end, steps, out):
     """CPU's formula: start + step*i for the first half, end - step*(steps-1-i) for the rest, with
-    step = (end - start) / (steps - 1); float types compute in their own precision, integers in
-    float64 then truncate."""
+    step = (end - start) / (steps - 1); float and complex types compute in their own precision,
+    integers in float64 then truncate."""
     b, o = ctx.b, ctx.out[0]
     shape = (math.prod(o.shape),)  # `out` keeps its shape when it has the element count: filled flat
     if steps == 0:
         return b.constant(0, o.dtype, o.shape)
-    cd = torch.float64 if not o.dtype.is_floating_point else o.dtype
+    cd = o.dtype if o.dtype.is_floating_point or o.dtype.is_complex else torch.float64
     s = b.broadcast_to(b.convert(b.convert(start, o.dtype), cd), shape)
     if steps == 1:
         return b.reshape(b.convert(s, o.dtype), o.shape)
     e = b.broadcast_to(b.convert(b.convert(end, o.dtype), cd), shape)
-    step = b.divide(b.subtract(e, s), b.constant(steps - 1, cd, shape))
+    step = _range_step(b, b.subtract(e, s), steps, cd, shape)
     i = b.iota(shape, 0, cd)
     lo = b.add(s, b.multiply(step, i))
     hi = b.subtract(e, b.multiply(step, b.subtract(b.constant(steps - 1, cd, shape), i)))
