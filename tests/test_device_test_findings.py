@@ -8,7 +8,8 @@
   not expand to the indexing result (CPU's 'shape mismatch' at the call: the program XLA refused was
   the error before, raised from the compile); index tensors, and operands, that do not broadcast
   (CPU's IndexError and TensorIterator's words, not the meta's "Attempting to broadcast...");
-  torch.linspace's values, CPU's to the bit (and complex ranges' imaginary parts).
+  torch.linspace's values, CPU's to the bit (and complex ranges' imaginary parts); isnan, isinf,
+  isfinite, nan_to_num and abs of complex tensors with NaN and inf parts.
 """
 import pytest
 import torch
@@ -193,6 +194,25 @@ def test_complex_linspace_keeps_the_imaginary_part():
     # torch.linspace too once it ran through linspace.out).
     c = torch.linspace(0.3 + 1j, -1.1 + 2j, 37, dtype=torch.complex64)
     torch.testing.assert_close(torch.linspace(0.3 + 1j, -1.1 + 2j, 37, dtype=torch.complex64, device=TPU).cpu(), c)
+
+
+_NAN, _INF = float("nan"), float("inf")
+_SPECIAL_COMPLEX = [complex(_NAN, _NAN), complex(_NAN, 0), complex(0, _NAN), 1 + 1j, complex(_INF, 0),
+                    complex(0, -_INF), complex(_INF, _NAN), complex(-0.0, 2), complex(_NAN, -_INF), 3 + 4j]
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+@pytest.mark.parametrize("fn", [torch.isnan, torch.isinf, torch.isfinite, torch.nan_to_num, torch.abs,
+                                lambda z: torch.nan_to_num(z, nan=1.5, posinf=7.0, neginf=-9.0)],
+                         ids=["isnan", "isinf", "isfinite", "nan_to_num", "abs", "nan_to_num_values"])
+def test_complex_nan_and_inf_are_cpus(fn, dtype):
+    """Silent wrong results found by test_reductions (a masked mean's NaN not seen by isnan): on complex
+    tensors isnan / isinf were always False and isfinite always True, nan_to_num changed nothing, and
+    abs(inf + nan j) was NaN (CPU: inf, as hypot)."""
+    c = torch.tensor(_SPECIAL_COMPLEX, dtype=dtype)
+    got, want = fn(c.to(TPU)).cpu(), fn(c)
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got, want, equal_nan=True, atol=0, rtol=0)
 
 
 def _masked_assign(v):

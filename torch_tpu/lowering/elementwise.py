@@ -463,8 +463,12 @@ def neg(ctx, x):
 def abs_(ctx, x):
     if x.dtype == torch.bool:
         not_implemented("abs", x.dtype)
-    if x.dtype.is_complex:  # the modulus: a real result
-        return ctx.b.op("stablehlo.abs", [x], [ctx.out[0]])[0]
+    if x.dtype.is_complex:  # the modulus: a real result, inf where a part is inf, NaN or not (hypot, as CPU)
+        b = ctx.b
+        m = b.op("stablehlo.abs", [x], [ctx.out[0]])[0]
+        inf = b.full_like(m, math.inf)
+        either = b.or_(b.compare(b.abs(b.real_part(x)), inf, "EQ"), b.compare(b.abs(b.imag_part(x)), inf, "EQ"))
+        return b.select(either, inf, m)
     if x.dtype in (torch.uint8, torch.uint16, torch.uint32, torch.uint64):  # StableHLO's abs is signed only
         return x
     return ctx.b.abs(x)
@@ -528,27 +532,36 @@ def round_decimals(ctx, x, decimals=0):
     return _finish(ctx, b.divide(b.unary("round_nearest_even", b.multiply(xv, scale)), scale))
 
 
+def _per_part(b, x, test, join):
+    """A float predicate of x; of a complex x, the predicate of its real and imaginary parts joined
+    by `join` (CPU: isnan / isinf of either part, isfinite of both)."""
+    if x.dtype.is_complex:
+        return join(test(b.real_part(x)), test(b.imag_part(x)))
+    return test(x)
+
+
 @register("isnan")
 def isnan(ctx, x):
-    if not x.dtype.is_floating_point:
-        return ctx.b.constant(False, torch.bool, x.shape)
-    return ctx.b.is_nan(x)
+    b = ctx.b
+    if not (x.dtype.is_floating_point or x.dtype.is_complex):
+        return b.constant(False, torch.bool, x.shape)
+    return _per_part(b, x, b.is_nan, b.or_)
 
 
 @register("isinf")
 def isinf(ctx, x):
     b = ctx.b
-    if not x.dtype.is_floating_point:
+    if not (x.dtype.is_floating_point or x.dtype.is_complex):
         return b.constant(False, torch.bool, x.shape)
-    return b.compare(b.abs(x), b.full_like(x, math.inf), "EQ")
+    return _per_part(b, x, lambda v: b.compare(b.abs(v), b.full_like(v, math.inf), "EQ"), b.or_)
 
 
 @register("isfinite")
 def isfinite(ctx, x):
     b = ctx.b
-    if not x.dtype.is_floating_point:
+    if not (x.dtype.is_floating_point or x.dtype.is_complex):
         return b.constant(True, torch.bool, x.shape)
-    return b.unary("is_finite", x, torch.bool)
+    return _per_part(b, x, lambda v: b.unary("is_finite", v, torch.bool), b.and_)
 
 
 @register("signbit")
@@ -565,9 +578,17 @@ def signbit(ctx, x):
 
 @register("nan_to_num")
 def nan_to_num(ctx, x, nan=None, posinf=None, neginf=None):
+    """NaN, +inf, -inf replaced (defaults: 0, the dtype's largest and lowest finite values); a complex
+    x part by part, with its parts' dtype's limits (CPU's kernel)."""
     b = ctx.b
+    if x.dtype.is_complex:
+        return b.make_complex(*[_replace_nonfinite(b, p, nan, posinf, neginf) for p in (b.real_part(x), b.imag_part(x))])
     if not x.dtype.is_floating_point:
         return x
+    return _replace_nonfinite(b, x, nan, posinf, neginf)
+
+
+def _replace_nonfinite(b, x, nan, posinf, neginf):
     fi = torch.finfo(x.dtype)
     r = b.select(b.is_nan(x), b.full_like(x, 0.0 if nan is None else nan), x)
     r = b.select(b.compare(r, b.full_like(x, math.inf), "EQ"), b.full_like(x, fi.max if posinf is None else posinf), r)
