@@ -9,7 +9,8 @@
   the error before, raised from the compile); index tensors, and operands, that do not broadcast
   (CPU's IndexError and TensorIterator's words, not the meta's "Attempting to broadcast...");
   torch.linspace's values, CPU's to the bit (and complex ranges' imaginary parts); isnan, isinf,
-  isfinite, nan_to_num and abs of complex tensors with NaN and inf parts.
+  isfinite, nan_to_num and abs of complex tensors with NaN and inf parts; amax/amin/argmax of an
+  empty dim.
 """
 import pytest
 import torch
@@ -213,6 +214,22 @@ def test_complex_nan_and_inf_are_cpus(fn, dtype):
     got, want = fn(c.to(TPU)).cpu(), fn(c)
     assert got.dtype == want.dtype
     torch.testing.assert_close(got, want, equal_nan=True, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda d: torch.amax(torch.ones(2, 0, device=d), dim=1),
+    lambda d: torch.amin(torch.ones(2, 0, device=d), dim=-1),
+    lambda d: torch.amax(torch.ones(2, 0, device=d), dim=(0, 1)),
+    lambda d: torch.amax(torch.ones(0, device=d)),
+    lambda d: torch.masked._ops.amax(torch.ones(2, 0, device=d), dim=1),
+    lambda d: torch.argmax(torch.ones(2, 0, device=d), dim=1),
+    lambda d: torch.argmin(torch.ones(2, 0, device=d), dim=-1),
+], ids=["amax", "amin_negative_dim", "amax_dims", "amax_all", "masked_amax", "argmax", "argmin"])
+def test_reducing_an_empty_dim_raises_cpus_error(fn):
+    """CPU's IndexError "amax(): Expected reduction dim 1 to have non-zero size." (test_reductions'
+    test_empty_tensor_empty_slice); the meta kernels raise other words, amax's as a RuntimeError."""
+    _same_error(fn)
+    assert torch.amax(torch.ones(0, 3, device=TPU), dim=1).shape == (0,)  # an empty result is fine
 
 
 def _masked_assign(v):

@@ -120,12 +120,28 @@ def prod_all(ctx, x, dtype=None):
     return prod_dim(ctx, x, None)
 
 
-@register("amax")
+def _amax_meta(name):
+    """amax / amin's result with CPU's checks of an empty input (PyTorch's meta kernel raises its own
+    "reducing over zero-size dimension ..." RuntimeError for both cases)."""
+    def meta(x, dim=(), keepdim=False):
+        dims = [dim] if isinstance(dim, int) else list(dim)
+        if x.numel() == 0:
+            if not dims:
+                raise RuntimeError(f"{name}(): Expected reduction dim to be specified for input.numel() == 0. "
+                                   f"Specify the reduction dim with the 'dim' argument.")
+            for d in dims:
+                if x.dim() and x.shape[d % x.dim()] == 0:
+                    raise IndexError(f"{name}(): Expected reduction dim {d} to have non-zero size.")  # as given
+        return meta_result(getattr(torch.ops.aten, name), x, dim, keepdim)
+    return meta
+
+
+@register("amax", meta=_amax_meta("amax"))
 def amax(ctx, x, dim=(), keepdim=False):
     return _keep(ctx, reduce_max(ctx.b, x, reduce_dims(dim, x.rank), True))
 
 
-@register("amin")
+@register("amin", meta=_amax_meta("amin"))
 def amin(ctx, x, dim=(), keepdim=False):
     return _keep(ctx, reduce_max(ctx.b, x, reduce_dims(dim, x.rank), False))
 
@@ -200,6 +216,8 @@ def _arg_meta(name):
             raise RuntimeError(f"{name}(): does not support complex input")
         if dim is None and x.numel() == 0:
             raise IndexError(f"{name}(): Expected reduction dim to be specified for input.numel() == 0.")
+        if dim is not None and x.dim() and x.shape[dim % x.dim()] == 0:  # (the meta's words lack the "()")
+            raise IndexError(f"{name}(): Expected reduction dim {dim % x.dim()} to have non-zero size.")
         return meta_result(getattr(torch.ops.aten, name), x, dim, keepdim)
     return meta
 
