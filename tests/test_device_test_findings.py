@@ -224,10 +224,14 @@ def test_complex_nan_and_inf_are_cpus(fn, dtype):
     lambda d: torch.masked._ops.amax(torch.ones(2, 0, device=d), dim=1),
     lambda d: torch.argmax(torch.ones(2, 0, device=d), dim=1),
     lambda d: torch.argmin(torch.ones(2, 0, device=d), dim=-1),
-], ids=["amax", "amin_negative_dim", "amax_dims", "amax_all", "masked_amax", "argmax", "argmin"])
-def test_reducing_an_empty_dim_raises_cpus_error(fn):
+    lambda d: torch.fmax(torch.ones(2, dtype=torch.complex64, device=d), torch.ones(2, dtype=torch.int8, device=d)),
+    lambda d: torch.fmin(torch.ones(2, dtype=torch.int8, device=d), torch.ones(2, dtype=torch.complex128, device=d)),
+], ids=["amax", "amin_negative_dim", "amax_dims", "amax_all", "masked_amax", "argmax", "argmin", "fmax_complex",
+        "fmin_complex"])
+def test_reducing_an_empty_dim_and_complex_fmax_raise_cpus_errors(fn):
     """CPU's IndexError "amax(): Expected reduction dim 1 to have non-zero size." (test_reductions'
-    test_empty_tensor_empty_slice); the meta kernels raise other words, amax's as a RuntimeError."""
+    test_empty_tensor_empty_slice; the meta kernels raise other words, amax's as a RuntimeError), and
+    fmax / fmin's refusal of complex tensors (test_binary_ufuncs: tpu computed them)."""
     _same_error(fn)
     assert torch.amax(torch.ones(0, 3, device=TPU), dim=1).shape == (0,)  # an empty result is fine
 

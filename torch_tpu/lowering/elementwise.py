@@ -253,7 +253,11 @@ def minimum(ctx, x, y):
 
 def _nan_ignoring(name):
     """fmax / fmin: like maximum / minimum, but a NaN loses to a number."""
+    op = "fmax" if name == "maximum" else "fmin"
+
     def lower(ctx, x, y):
+        if ctx.out[0].dtype.is_complex:
+            raise RuntimeError(f"{op} not implemented for complex tensors.")
         b = ctx.b
         cd = compute_dtype(ctx.out[0].dtype)
         xv, yv = rounded_operand(ctx, x), rounded_operand(ctx, y)
