@@ -10,7 +10,7 @@
   (CPU's IndexError and TensorIterator's words, not the meta's "Attempting to broadcast...");
   torch.linspace's values, CPU's to the bit (and complex ranges' imaginary parts); isnan, isinf,
   isfinite, nan_to_num and abs of complex tensors with NaN and inf parts; amax/amin/argmax of an
-  empty dim.
+  empty dim; randperm past its dtype's range.
 """
 import pytest
 import torch
@@ -234,6 +234,24 @@ def test_reducing_an_empty_dim_and_complex_fmax_raise_cpus_errors(fn):
     fmax / fmin's refusal of complex tensors (test_binary_ufuncs: tpu computed them)."""
     _same_error(fn)
     assert torch.amax(torch.ones(0, 3, device=TPU), dim=1).shape == (0,)  # an empty result is fine
+
+
+@pytest.mark.parametrize("dtype,n", [(torch.uint8, 257), (torch.int8, 129), (torch.float16, 2 ** 11 + 2),
+                                     (torch.float32, 2 ** 24 + 2)])
+def test_randperm_of_more_than_its_dtype_holds_raises_cpus_error(dtype, n):
+    """test_tensor_creation_ops' test_randperm: n past what the result's dtype represents exactly is
+    CPU's RuntimeError (tpu filled it), and the out= tensor keeps its shape."""
+    outs = {}
+
+    def call(d):
+        outs[str(d)] = torch.empty(0, dtype=dtype, device=d)
+        torch.randperm(n, out=outs[str(d)])
+    _same_error(call)
+    assert outs["tpu"].shape == outs["cpu"].shape == (0,)
+    if n < 4096:  # the largest n it holds is still a permutation
+        small = torch.empty(0, dtype=dtype, device=TPU)
+        torch.randperm(n - 1, out=small)
+        assert torch.equal(small.cpu().long().sort().values, torch.arange(n - 1))
 
 
 def _masked_assign(v):

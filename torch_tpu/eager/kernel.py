@@ -741,6 +741,8 @@ class Kernel:
                     if sig.kinds[i] == ArgKind.tensor and tuple(k_meta[i].shape) != tuple(vals[i].shape):
                         resize.append((i, tuple(k_meta[i].shape)))
                 if resize:
+                    if self.lowering.check is not None and self.lowering.check_per_key:
+                        self.lowering.check(*[vals[i] for i in self.f_index])  # refused: out keeps its shape, as on CPU
                     return _Entry(None, [], [], [], _C.eager.ResultStructure.written,
                                   resize=self._resized_layouts(resize, vals, meta_vals))
         f_vals = [vals[i] for i in self.f_index]

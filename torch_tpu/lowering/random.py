@@ -505,7 +505,27 @@ def rrelu_with_noise_backward(ctx, grad, self, noise, lower, upper, training, se
     return b.convert(b.select(b.broadcast_to(ranged, out.shape), noisy, leaky), out.dtype)
 
 
-@register("randperm.generator_out", rng=True)
+def _check_randperm(n, generator=None, out=None):
+    """CPU's checks of n against the result's dtype (check_supported_max_int_with_precision): n - 1
+    must fit it, and floats must hold every integer up to it."""
+    if n < 0:
+        raise RuntimeError(f"n must be non-negative, got{n}")
+    dt = out.dtype
+    if not (dt.is_floating_point or dt.is_complex) and dt != torch.bool:
+        info = torch.iinfo(dt)
+        if max(n - 1, 0) > info.max:
+            raise RuntimeError(f"value cannot be converted to type {_C_INT_NAMES.get(dt, str(dt))} without overflow")
+    limits = {torch.float16: (2 ** 11 + 1, "2049", "Half"), torch.float32: (2 ** 24 + 1, "2^24+1", "Float"),
+              torch.float64: (2 ** 53 + 1, "2^53+1", "Double")}
+    if dt in limits and n > limits[dt][0]:
+        raise RuntimeError(f"n cannot be greater than {limits[dt][1]} for {limits[dt][2]} type.")
+
+
+_C_INT_NAMES = {torch.uint8: "uint8_t", torch.int8: "int8_t", torch.int16: "int16_t", torch.int32: "int32_t",
+                torch.uint16: "uint16_t", torch.uint32: "uint32_t"}
+
+
+@register("randperm.generator_out", rng=True, check=_check_randperm, check_per_key=True)
 def randperm_generator_out(ctx, n, state, out):
     """A uniformly random permutation of 0..n-1: iota sorted by 64-bit random keys (a tie, which
     would favour the original order, has probability about n^2 / 2^65)."""
