@@ -2,7 +2,8 @@
 - process-wide state that changes an op's result (the default dtype) is part of the eager plan key,
   so a plan made before the change is not reused after (uint8 + 5.5 stayed float32 after
   torch.set_default_dtype(torch.float64));
-- a storage slice, which torch_tpu cannot address, is a clear error, not a crash (SIGSEGV);
+- a storage slice, which torch_tpu cannot address, is a clear error, not a crash (SIGSEGV), except at
+  the storage's start, where it (and a DLPack round trip) is an alias of the storage;
 - cummax / cummin of real sizes compile; CPU's errors for in-place results that would grow self and for
   out= dtypes; masked_select of 0-dim operands; the legacy storage classes; index_put's values that do
   not expand to the indexing result (CPU's 'shape mismatch' at the call: the program XLA refused was
@@ -40,11 +41,31 @@ def test_a_storage_slice_is_a_clear_error():
     s = torch.arange(15.0, device=TPU).untyped_storage()
     cpu = torch.arange(15.0).untyped_storage()
     assert s[4] == cpu[4] and s.size() == cpu.size()
+    assert s[0:4][0] == cpu[0:4][0]  # a slice at the storage's start is the storage (an alias)
     with pytest.raises(RuntimeError, match=r"slice of a tpu storage \(storage\[a:b\]\)"):
-        s[0:4][0]
+        s[4:8][0]
     # the advice given works
     sliced = torch.empty(0, dtype=torch.uint8, device=TPU).set_(s)[4:8]
     assert sliced.cpu().tolist() == list(cpu[4:8])
+
+
+def test_dlpack_round_trip_aliases_the_tensor():
+    """from_dlpack(to_dlpack(x)) shares x's memory, as on CUDA (test_tensor_creation_ops'
+    test_alias_from_dlpack: reading it raised the storage-slice error); a view that starts inside
+    a storage stays that clear error."""
+    from torch.utils.dlpack import from_dlpack, to_dlpack
+    x = torch.arange(6.0, device=TPU).reshape(2, 3)
+    y = from_dlpack(to_dlpack(x))
+    assert y.data_ptr() == x.data_ptr() and torch.equal(y.cpu(), x.cpu())
+    y.add_(1)
+    assert x.cpu().tolist() == [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]
+    z = torch.asarray(to_dlpack(x))
+    del x, y  # the capsule keeps the memory alive
+    assert z.sum().item() == 21.0
+    w = torch.arange(6.0, device=TPU)
+    assert from_dlpack(to_dlpack(w[:3])).cpu().tolist() == [0.0, 1.0, 2.0]
+    with pytest.raises(RuntimeError, match=r"slice of a tpu storage"):
+        from_dlpack(to_dlpack(w[2:])).cpu()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool])

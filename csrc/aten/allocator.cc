@@ -79,19 +79,29 @@ struct TpuAllocator final : c10::DeviceAllocator {
 TpuAllocator g_allocator;
 REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &g_allocator);
 
+// A storage whose memory the tpu allocator did not make, around a tpu address. At the start of a
+// live storage, of at most its size, it is that storage under another StorageImpl: an alias, as
+// from_dlpack(to_dlpack(x)) (whose capsule keeps x alive) or from_blob make (CUDA's from_dlpack
+// shares memory the same way). Inside one, it is a slice (`storage[a:b]`, whose DataPtr points into
+// the sliced storage's): bytes at an offset no program knows of.
+runtime::Cell* foreign_cell(const c10::Storage& storage) {
+  const void* addr = storage.data_ptr().get();
+  Cell* c = addr ? Runtime::get().cell_at(addr) : nullptr;
+  if (c && c->addr == reinterpret_cast<uintptr_t>(addr) && storage.nbytes() <= c->nbytes) return c;
+  TORCH_CHECK(false,
+              "this tpu tensor lives in a slice of a tpu storage (storage[a:b]), which torch_tpu cannot read or "
+              "write: index the storage itself (storage[i]), or slice a tensor that views it "
+              "(torch.empty(0, dtype=torch.uint8, device='tpu').set_(storage)[a:b])");
+  return nullptr;
+}
+
 }  // namespace
 
 runtime::Cell* cell_of(const at::Tensor& t) {
   TORCH_CHECK(t.device().type() == c10::DeviceType::PrivateUse1, "expected a tpu tensor, got one on ",
               t.device());
   const c10::DataPtr& data = t.storage().data_ptr();
-  // A storage whose memory the tpu allocator did not make: a slice of a storage (`storage[a:b]`, whose
-  // DataPtr points into the sliced storage's and holds that StorageImpl as its context). Its bytes
-  // live inside another storage's buffer at an offset no program knows of.
-  TORCH_CHECK(data.get_deleter() == &delete_cell,
-              "this tpu tensor lives in a slice of a tpu storage (storage[a:b]), which torch_tpu cannot read or "
-              "write: index the storage itself (storage[i]), or slice a tensor that views it "
-              "(torch.empty(0, dtype=torch.uint8, device='tpu').set_(storage)[a:b])");
+  if (data.get_deleter() != &delete_cell) return foreign_cell(t.storage());
   auto* c = static_cast<runtime::Cell*>(data.get_context());
   TORCH_CHECK(c, "tpu tensor has no storage cell");
   return c;

@@ -32,7 +32,6 @@ Mode mode() {
   return m ? *m : g_default.load(std::memory_order_relaxed);
 }
 void set_default_mode(Mode m) { g_default.store(m); }
-Mode default_mode() { return g_default.load(); }
 
 void push_thread_mode(Mode m) { c10::ThreadLocalDebugInfo::_push(kModeInfo, std::make_shared<ModeInfo>(m)); }
 void pop_thread_mode() { c10::ThreadLocalDebugInfo::_pop(kModeInfo); }

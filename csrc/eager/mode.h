@@ -17,7 +17,6 @@ enum class Mode : int { kDebug = 0, kStrict = 1, kFused = 2 };
 // This thread's mode: its innermost eager_mode block's, else the process default.
 Mode mode();
 void set_default_mode(Mode m);
-Mode default_mode();
 // The innermost block's mode on this thread; nullopt outside any block.
 std::optional<Mode> thread_mode();
 // Enters / leaves a block (strictly nested, as the Python context manager does).

@@ -58,11 +58,10 @@ struct Cell {
   std::shared_ptr<const std::string> error;
 };
 
-// One argument of a launch: a storage cell, whose buffer is taken when the launch is issued (after
-// every launch queued before it), or a buffer of its own (a host operand the caller uploaded).
-// One argument of a launch: a storage's cell, a buffer made for this launch, or (neither set,
-// `words` true) two uint64 words (an rng op's (seed, offset)) that the launcher uploads just
-// before the launch, so the thread that queues the op does no transfer of its own.
+// One argument of a launch: a storage's cell, whose buffer is taken when the launch is issued (after
+// every launch queued before it); a buffer made for this launch (a host operand the caller
+// uploaded); or (neither set, `words` true) two uint64 words (an rng op's (seed, offset)) that the
+// launcher uploads just before the launch, so the thread that queues the op does no transfer of its own.
 struct LaunchArg {
   Cell* cell = nullptr;
   std::shared_ptr<pjrt::Buffer> buffer;
