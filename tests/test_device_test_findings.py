@@ -11,8 +11,10 @@
   (CPU's IndexError and TensorIterator's words, not the meta's "Attempting to broadcast...");
   torch.linspace's values, CPU's to the bit (and complex ranges' imaginary parts); isnan, isinf,
   isfinite, nan_to_num and abs of complex tensors with NaN and inf parts; amax/amin/argmax of an
-  empty dim; randperm past its dtype's range.
+  empty dim; randperm past its dtype's range; cat into an out= tensor of a narrower kind.
 """
+import itertools
+
 import pytest
 import torch
 
@@ -273,6 +275,26 @@ def test_randperm_of_more_than_its_dtype_holds_raises_cpus_error(dtype, n):
         small = torch.empty(0, dtype=dtype, device=TPU)
         torch.randperm(n - 1, out=small)
         assert torch.equal(small.cpu().long().sort().values, torch.arange(n - 1))
+
+
+def test_cat_into_an_out_of_a_narrower_kind_raises_cpus_type_error():
+    """test_type_promotion's test_cat_out_different_dtypes: CPU's TypeError "torch.cat(): input types
+    can't be cast to the desired output type Byte" (the refs' RuntimeError before), every dtype triple."""
+    dtypes = [torch.bool, torch.uint8, torch.int32, torch.int64, torch.float16, torch.float32, torch.complex64]
+    for x_dtype, y_dtype, out_dtype in itertools.product(dtypes, dtypes, dtypes):
+        results = []
+        for dev in ("cpu", TPU):
+            out = torch.zeros(6, dtype=out_dtype, device=dev)
+            try:
+                torch.cat([torch.tensor([1, 2, 3], dtype=x_dtype, device=dev),
+                           torch.tensor([4, 5, 6], dtype=y_dtype, device=dev)], out=out)
+                results.append(out.cpu())
+            except Exception as e:  # noqa: BLE001 - the error is the result compared
+                results.append((type(e), str(e)))
+        if isinstance(results[0], torch.Tensor):
+            assert isinstance(results[1], torch.Tensor) and torch.equal(results[0], results[1])
+        else:
+            assert results[1] == results[0], (x_dtype, y_dtype, out_dtype)
 
 
 def _masked_assign(v):

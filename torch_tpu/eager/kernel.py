@@ -491,6 +491,24 @@ def _size_mismatch_message(meta: str, args=()) -> str | None:
             f"dimension {len(common) + at}")
 
 
+_UNSAFE_OUT = re.compile(r"Attempting to cast from torch\.(\w+) to out tensor with dtype torch\.(\w+), but this can't be "
+                         r"cast because it is not safe!")
+
+
+def _cat_out_message(meta: str, args=()) -> str | None:
+    """torch.cat's own TypeError for an out= dtype its inputs cannot be cast to safely ("torch.cat():
+    input types can't be cast to the desired output type Byte"), from the refs' "Attempting to cast
+    from torch.float32 to out tensor with dtype torch.uint8 ..." (cat takes a list of tensors first).
+    None for other ops: cpu_out_dtype_refusal gives each its CPU words from that RuntimeError."""
+    m = _UNSAFE_OUT.fullmatch(meta)
+    if len(args) == 1 and isinstance(args[0], list):  # sig.invoke's one argument: the call's values
+        args = args[0]
+    if m is None or not args or not isinstance(args[0], (list, tuple)) or \
+            not all(isinstance(t, torch.Tensor) for t in args[0]):
+        return None
+    return f"torch.cat(): input types can't be cast to the desired output type {scalar_type_name(getattr(torch, m[2]))}"
+
+
 _META_ERRORS = (
     (RuntimeError, "tensors used as indices must be", IndexError, None),  # TORCH_CHECK_INDEX on CPU
     (ValueError, "clamp called but both min and max are none", RuntimeError,
@@ -514,6 +532,7 @@ _META_ERRORS = (
      "value * torch.trunc(tensor1 / tensor2)).to(input.dtype) for integer inputs and as (input + value * "
      "tensor1 / tensor2) for float inputs. The future addcdiv behavior is just the latter implementation: "
      "(input + value * tensor1 / tensor2), for all dtypes."),
+    (RuntimeError, "Attempting to cast from torch.", TypeError, _cat_out_message),
     (RuntimeError, "Attempting to broadcast a dimension of length", IndexError, _index_broadcast_message),
     (RuntimeError, "Attempting to broadcast a dimension of length", RuntimeError, _size_mismatch_message),
 )
