@@ -11,7 +11,8 @@
   (CPU's IndexError and TensorIterator's words, not the meta's "Attempting to broadcast...");
   torch.linspace's values, CPU's to the bit (and complex ranges' imaginary parts); isnan, isinf,
   isfinite, nan_to_num and abs of complex tensors with NaN and inf parts; amax/amin/argmax of an
-  empty dim; randperm past its dtype's range; cat into an out= tensor of a narrower kind.
+  empty dim; randperm past its dtype's range; cat into an out= tensor of a narrower kind; index_put
+  of another dtype, in-place results self cannot hold, out= overloads CPU has no kernel for.
 """
 import itertools
 
@@ -295,6 +296,32 @@ def test_cat_into_an_out_of_a_narrower_kind_raises_cpus_type_error():
             assert isinstance(results[1], torch.Tensor) and torch.equal(results[0], results[1])
         else:
             assert results[1] == results[0], (x_dtype, y_dtype, out_dtype)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda d: torch.ones(5, 2, dtype=torch.double, device=d).__setitem__(
+        (slice(None), [1]), torch.zeros(5, 1, dtype=torch.int32, device=d)),
+    lambda d: torch.ones(5, device=d).index_put_((torch.tensor([1], device=d),), torch.zeros(1, dtype=torch.bool, device=d)),
+    lambda d: torch.ones(5, dtype=torch.int64, device=d).index_put_(
+        (torch.tensor([1], device=d),), torch.zeros(1, dtype=torch.int32, device=d), accumulate=True),
+    lambda d: torch.ones(5, dtype=torch.int64, device=d).__setitem__(torch.tensor([0, 2], device=d), torch.tensor(0.5, device=d)),
+    lambda d: torch.ones(3, dtype=torch.int32, device=d).add_(1.5),
+    lambda d: torch.ones(3, dtype=torch.bool, device=d).add_(torch.ones(3, dtype=torch.uint8, device=d)),
+    lambda d: torch.ones(3, dtype=torch.int32, device=d).div_(2),
+    lambda d: torch.ones(3, dtype=torch.int64, device=d).sin_(),
+    lambda d: torch.floor(torch.ones(1, dtype=torch.complex64, device=d), out=torch.empty(0, dtype=torch.complex64, device=d)),
+    lambda d: torch.sign(torch.ones(1, dtype=torch.complex64, device=d), out=torch.empty(0, dtype=torch.complex64, device=d)),
+], ids=["setitem_int_into_double", "index_put_bool_into_float", "index_put_accumulate_int32_into_long",
+        "setitem_0d_float_into_long", "int_add_float", "bool_add_uint8", "int_div", "long_sin", "floor_out_complex",
+        "sign_out_complex"])
+def test_dtype_refusals_are_cpus(fn):
+    """test_type_promotion's test_indexing_fail, test_inplace and test_unary_op_out_casting: index_put
+    of values of another dtype (tpu converted them), in-place results self cannot hold (the refs'
+    words), an out= overload of an op CPU has no complex kernel for (tpu computed it)."""
+    _same_error(fn)
+    x = torch.ones(5, device=TPU)  # a mask with a 0-dim value of another dtype is masked_fill_: allowed
+    x[torch.ones(5, dtype=torch.bool, device=TPU)] = torch.tensor(0, dtype=torch.int32, device=TPU)
+    assert x.sum().item() == 0.0
 
 
 def _masked_assign(v):

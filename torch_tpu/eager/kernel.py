@@ -167,10 +167,11 @@ def cpu_dtype_probe(low: Lowering, sig: "Signature", vals, host_inputs: bool = F
     values and shapes differ).
     Not probed: random ops (they would draw from CPU's generator), host-input ops, float8 (tpu
     computes what CPU has no float8 kernel for: README), lowerings with cpu_dtypes=False (decided
-    otherwise), out= overloads (cpu_out_dtype_refusal checks their out= dtypes) and other namespaces'
-    ops. The probe's own warnings are dropped (C++ ones through _C.device.without_cpp_warnings: the
+    otherwise) and other namespaces' ops. An out= overload is probed with its out= tensors too
+    (torch.floor(complex, out=...): the refs' out= meta checks no input dtype; the out= dtypes
+    themselves are cpu_out_dtype_refusal's). The probe's own warnings are dropped (C++ ones through _C.device.without_cpp_warnings: the
     caller's warning handler would hold them past any Python filter)."""
-    if low.rng or not low.cpu_dtypes or host_inputs or sig.is_out or sig.overload.namespace != "aten":
+    if low.rng or not low.cpu_dtypes or host_inputs or sig.overload.namespace != "aten":
         return
     tensors = _tensors(vals)
     if any(t.dtype.is_floating_point and t.dtype.itemsize == 1 for t in tensors):
@@ -509,6 +510,21 @@ def _cat_out_message(meta: str, args=()) -> str | None:
     return f"torch.cat(): input types can't be cast to the desired output type {scalar_type_name(getattr(torch, m[2]))}"
 
 
+def _inplace_promotion_message(meta: str, args=()) -> str | None:
+    """CPU's "result type Float can't be cast to the desired output type Int" for an in-place add_ /
+    sub_ whose result type self cannot hold, where the refs say "Promotion of int.add/sub_(float) in
+    in-place ops are not possible due to element size change."."""
+    if len(args) == 1 and isinstance(args[0], list):  # sig.invoke's one argument: the call's values
+        args = args[0]
+    if len(args) < 2 or not isinstance(args[0], torch.Tensor):
+        return None
+    try:
+        result = torch.result_type(args[0], args[1])
+    except (TypeError, RuntimeError):
+        return None
+    return f"result type {scalar_type_name(result)} can't be cast to the desired output type {scalar_type_name(args[0].dtype)}"
+
+
 _META_ERRORS = (
     (RuntimeError, "tensors used as indices must be", IndexError, None),  # TORCH_CHECK_INDEX on CPU
     (ValueError, "clamp called but both min and max are none", RuntimeError,
@@ -533,6 +549,11 @@ _META_ERRORS = (
      "tensor1 / tensor2) for float inputs. The future addcdiv behavior is just the latter implementation: "
      "(input + value * tensor1 / tensor2), for all dtypes."),
     (RuntimeError, "Attempting to cast from torch.", TypeError, _cat_out_message),
+    (RuntimeError, "Promotion of ", RuntimeError, _inplace_promotion_message),
+    # the refs' words with Python dtype names ("result type torch.float32 can't be cast ..."): c10's
+    (RuntimeError, "result type torch.", RuntimeError,
+     lambda meta, args: re.sub(r"torch\.(\w+)", lambda m: scalar_type_name(getattr(torch, m[1], None)) if
+                               isinstance(getattr(torch, m[1], None), torch.dtype) else m[0], meta)),
     (RuntimeError, "Attempting to broadcast a dimension of length", IndexError, _index_broadcast_message),
     (RuntimeError, "Attempting to broadcast a dimension of length", RuntimeError, _size_mismatch_message),
 )
@@ -635,6 +656,10 @@ class Kernel:
                 cpu_dtype_probe(self.lowering, self.sig, vals, self.host_inputs)
                 if self.sig.is_out and self.lowering.cpu_dtypes and not self.host_inputs:
                     cpu_out_dtype_refusal(self.sig, vals, meta_error=e)
+                unsafe = _UNSAFE_OUT.fullmatch(str(e))
+                if unsafe and self.sig.written and not self.sig.is_out:  # an in-place op (sin_ of ints)
+                    src, dst = (scalar_type_name(getattr(torch, n)) for n in unsafe.groups())
+                    raise RuntimeError(f"result type {src} can't be cast to the desired output type {dst}") from None
                 raise
             if entry is _ON_HOST or not entry.resize:
                 store = entry

@@ -463,15 +463,24 @@ def index_put(ctx, x, indices, values, accumulate=False, unsafe=False):
     def written(v):  # what x's elements at the indexed places become
         return points.combine_fn("sum", out.dtype)(b, x, v) if accumulate else v
     masks = [d for d, i in enumerate(indices) if i is not None and i.dtype == torch.bool]
+
+    def check_dtype():  # CPU's, after its shape checks; a single mask with a 0-dim value is masked_fill_'s
+        if values.dtype != x.dtype and not (len(masks) == 1 and values.rank == 0):
+            raise RuntimeError(f"Index put requires the source and destination dtypes match, got "
+                               f"{scalar_type_name(x.dtype)} for the destination and "
+                               f"{scalar_type_name(values.dtype)} for the source.")
     if masks and values.type.numel == 1:  # one mask, one value (prepare's _one_mask)
+        check_dtype()
         d = masks[0]
         mask = b.broadcast_in_dim(indices[d], x.shape, list(range(d, d + indices[d].rank)))
         return b.select(mask, written(b.broadcast_to(b.reshape(b.convert(values, out.dtype), []), x.shape)), x)
     if all(i is None for i in indices):  # no index: the result is all of x
         _check_expandable(tuple(values.shape), x.shape)
+        check_dtype()
         return written(b.broadcast_to(b.convert(values, out.dtype), x.shape))
     idx, adv, window, shape = _advanced(ctx, x, indices)
     _check_expandable(tuple(values.shape), shape)
+    check_dtype()
     if out.numel == 0 or 0 in shape:
         return x
     dt = out.dtype
