@@ -37,7 +37,10 @@ def libtpu_path() -> str:
     return path
 
 
-def _compile_only_environment(name: str) -> None:
+def compile_only_environment(name: str = "v5e:1x1") -> None:
+    """libtpu's environment for a host without a TPU (the module docstring lists it), for topology
+    `name`; values the user set are kept; nothing on a TPU VM. Called before libtpu initializes:
+    here, and by torch_tpu.pallas before JAX (which loads libtpu when installed) starts a backend."""
     if runtime._has_tpu():
         return
     generation, _, dims = name.partition(":")
@@ -86,7 +89,7 @@ class Topology:
         if not isinstance(num_slices, int) or num_slices < 1:
             raise ValueError(f"num_slices must be a positive int, got {num_slices!r}")
         path = libtpu_path()
-        _compile_only_environment(name)
+        compile_only_environment(name)
         options = [("num_slices", num_slices)] if num_slices > 1 else []
         try:
             self._t = _C.runtime.Topology(path, PLUGIN_ENV, name, options)

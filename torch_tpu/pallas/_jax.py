@@ -14,7 +14,12 @@ _INSTALL = "pip install 'torch_tpu[kernels]'"
 
 
 def require():
-    """The jax module; ImportError naming what to install when JAX is missing."""
+    """The jax module; ImportError naming what to install when JAX is missing. On a host without a
+    TPU, libtpu (the tpu extra) gets its compile-only environment first: JAX loads it when it starts
+    its backends, and without that it prints "Failed to find host bounds" and an INVALID_ARGUMENT
+    trace about worker hostnames (issue 52)."""
+    from ..aot.target import compile_only_environment
+    compile_only_environment()
     try:
         import jax
     except ImportError as e:
