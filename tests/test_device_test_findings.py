@@ -154,13 +154,15 @@ def test_one_hot_of_a_negative_class_raises_cpus_error_at_the_call():
     lambda d: torch.sub(torch.ones(3, dtype=torch.long, device=d), 1, alpha=0.5),
     lambda d: torch.add(torch.ones(3, device=d), torch.ones(3, device=d), alpha=1j),
     lambda d: torch.roll(torch.ones(3, device=d), (1, 2), (0,)),
+    lambda d: torch.nn.functional.nll_loss(torch.randn(10, 3, device=d), torch.zeros(10, dtype=torch.int64, device=d),
+                                           weight=torch.randn(4, device=d)),
     lambda d: torch.add(torch.ones(3, dtype=torch.bool, device=d), torch.ones(3, dtype=torch.bool, device=d), alpha=1.1),
     lambda d: torch.add(torch.ones(3, dtype=torch.bool, device=d), torch.ones(3, dtype=torch.bool, device=d), alpha=1j),
     lambda d: torch.sub(torch.ones(3, device=d), torch.ones(3, device=d), alpha=True),
     lambda d: torch.add(torch.ones(3, dtype=torch.int32, device=d), torch.ones(3, dtype=torch.int32, device=d), alpha=1j),
     lambda d: torch.addcdiv(torch.ones(2, dtype=torch.int32, device=d), torch.ones(2, dtype=torch.int32, device=d),
                             torch.ones(2, dtype=torch.int32, device=d)),
-], ids=["alpha_float_int", "alpha_sub", "alpha_complex", "roll", "alpha_float_bool", "alpha_complex_bool",
+], ids=["alpha_float_int", "alpha_sub", "alpha_complex", "roll", "nll_loss_weight", "alpha_float_bool", "alpha_complex_bool",
         "alpha_bool_float", "alpha_complex_int", "addcdiv_integers"])
 def test_argument_errors_are_cpus(fn):
     _same_error(fn)

@@ -535,6 +535,8 @@ _META_ERRORS = (
     (AssertionError, "0D or 1D target tensor expected, multi-target not supported", RuntimeError,
      "0D or 1D target tensor expected, multi-target not supported"),
     (AssertionError, "input tensor should be 1D or 2D", RuntimeError, "input tensor should be 1D or 2D"),
+    (AssertionError, "weight tensor should be defined either for all", RuntimeError,
+     lambda meta, args: re.sub(r"torch\.Size\((\[[\d, ]*\])\)", r"\1", meta)),
     (RuntimeError, "inconsistent tensor size, expected tensor [", RuntimeError,
      lambda meta, args: meta.replace("to have thesame number", "to have the same number")),  # dot's meta
     # an in-place op that would grow self: PyTorch's refs print torch.Size and a tuple
