@@ -12,7 +12,8 @@
   torch.linspace's values, CPU's to the bit (and complex ranges' imaginary parts); isnan, isinf,
   isfinite, nan_to_num and abs of complex tensors with NaN and inf parts; amax/amin/argmax of an
   empty dim; randperm past its dtype's range; cat into an out= tensor of a narrower kind; index_put
-  of another dtype, in-place results self cannot hold, out= overloads CPU has no kernel for.
+  of another dtype, in-place results self cannot hold, out= overloads CPU has no kernel for;
+  deterministic mode's filling of new memory.
 """
 import itertools
 
@@ -324,6 +325,27 @@ def test_dtype_refusals_are_cpus(fn):
     x = torch.ones(5, device=TPU)  # a mask with a 0-dim value of another dtype is masked_fill_: allowed
     x[torch.ones(5, dtype=torch.bool, device=TPU)] = torch.tensor(0, dtype=torch.int32, device=TPU)
     assert x.sum().item() == 0.0
+
+
+@pytest.fixture
+def deterministic():
+    torch.use_deterministic_algorithms(True)
+    yield
+    torch.use_deterministic_algorithms(False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.uint8, torch.bool, torch.complex64])
+def test_deterministic_mode_fills_new_memory_as_cpu(dtype, deterministic):
+    """test_torch's test_deterministic_resize / empty: with torch.use_deterministic_algorithms(True)
+    (fill_uninitialized_memory by default), empty, empty_strided and a growing resize_ fill new memory
+    with NaN or the integer maximum, as on CPU (tpu left zeros)."""
+    assert torch.utils.deterministic.fill_uninitialized_memory
+    for make in (lambda d: torch.empty(2, 3, dtype=dtype, device=d),
+                 lambda d: torch.empty_strided((2, 3), (1, 2), dtype=dtype, device=d),
+                 lambda d: torch.zeros(4, dtype=dtype, device=d).resize_(7),
+                 lambda d: torch.zeros(2, 3, dtype=dtype, device=d).t().resize_(3, 4)):
+        want, got = make("cpu"), make(TPU).cpu()
+        torch.testing.assert_close(got, want, equal_nan=True, atol=0, rtol=0)
 
 
 def _masked_assign(v):

@@ -2,7 +2,9 @@
 // <-> real ones included), set_, resize_. They run no program. Every computing op is lowered to
 // StableHLO (torch_tpu/lowering).
 #include <ATen/EmptyTensor.h>
+#include <ATen/Context.h>
 #include <ATen/native/Resize.h>
+#include <ATen/native/ResizeCommon.h>
 #include <ATen/native/TensorFactories.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/view_native.h>
@@ -31,6 +33,14 @@ c10::Device target_device(std::optional<c10::Device> device) {
   return c10::Device(c10::DeviceType::PrivateUse1, own_device(idx));
 }
 
+// torch.use_deterministic_algorithms(True) with torch.utils.deterministic.fill_uninitialized_memory
+// (its default): new memory holds NaN (or the integer maximum) instead of whatever was there, as
+// on CPU and CUDA (PyTorch's own fill helpers, which run tpu's fill_).
+bool fill_uninitialized() {
+  const auto& ctx = at::globalContext();
+  return ctx.deterministicAlgorithms() && ctx.deterministicFillUninitializedMemory();
+}
+
 at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
                                std::optional<c10::Layout> layout, std::optional<c10::Device> device,
                                std::optional<bool> pin_memory,
@@ -39,6 +49,7 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarT
   at::Tensor t = at::detail::empty_generic(size, c10::GetAllocator(c10::DeviceType::PrivateUse1), kTpuKeys,
                                            c10::dtype_or_default(dtype), memory_format);
   hint_layout(t);
+  if (fill_uninitialized()) at::native::fill_empty_deterministic_(t);
   return t;
 }
 
@@ -49,6 +60,7 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
   at::Tensor t = at::detail::empty_strided_generic(size, stride, c10::GetAllocator(c10::DeviceType::PrivateUse1),
                                                    kTpuKeys, c10::dtype_or_default(dtype));
   hint_layout(t);
+  if (fill_uninitialized()) at::native::fill_empty_deterministic_(t);
   return t;
 }
 
@@ -66,7 +78,11 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
     size_t needed = at::detail::computeStorageNbytes(impl->sizes(), impl->strides(), impl->itemsize(),
                                                      impl->storage_offset());
     const c10::Storage& st = impl->unsafe_storage();
-    if (needed > st.nbytes()) at::detail::getPrivateUse1Hooks().resizePrivateUse1Bytes(st, needed);
+    const size_t old_nbytes = st.nbytes();
+    if (needed > old_nbytes) {
+      at::detail::getPrivateUse1Hooks().resizePrivateUse1Bytes(st, needed);
+      if (fill_uninitialized()) at::native::fill_resize_deterministic_(self, static_cast<int64_t>(old_nbytes));
+    }
   }
   return self;
 }
