@@ -348,6 +348,19 @@ def test_deterministic_mode_fills_new_memory_as_cpu(dtype, deterministic):
         torch.testing.assert_close(got, want, equal_nan=True, atol=0, rtol=0)
 
 
+def test_lazy_clone_is_a_clone():
+    """torch._lazy_clone (copy-on-write on CPU) raised PyTorch's internal "Expected storage != nullptr"
+    on tpu (test_torch's test_lazy_clone): a tpu storage cannot be copy-on-write, so it is a clone."""
+    t = torch.tensor([[0.0, 1.0], [2.0, 3.0]], device=TPU, requires_grad=True)
+    c = torch._lazy_clone(t)
+    assert torch.equal(c.detach().cpu(), t.detach().cpu()) and c.stride() == t.stride()
+    c.sum().backward()
+    assert t.grad.cpu().tolist() == [[1.0, 1.0], [1.0, 1.0]]
+    with torch.no_grad():
+        c.add_(1)
+    assert t[0, 0].item() == 0.0  # writing the clone leaves the original
+
+
 def _masked_assign(v):
     def f(d):
         a = torch.arange(0, 4, device=d)

@@ -119,7 +119,13 @@ bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& 
          self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set());
 }
 
+// Copy-on-write (c10::impl::cow) needs a DataPtr that is its own context; a tpu storage's context
+// is its cell, so PyTorch's _lazy_clone failed with an internal "Expected storage != nullptr". A lazy
+// clone is a clone: the same values, copied now instead of at the first write.
+at::Tensor lazy_clone(const at::Tensor& self) { return self.clone(); }
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_lazy_clone", lazy_clone);
   m.impl("_has_compatible_shallow_copy_type", has_compatible_shallow_copy_type);
   m.impl("empty.memory_format", empty_memory_format);
   m.impl("empty_strided", empty_strided);
