@@ -13,7 +13,7 @@
   isfinite, nan_to_num and abs of complex tensors with NaN and inf parts; amax/amin/argmax of an
   empty dim; randperm past its dtype's range; cat into an out= tensor of a narrower kind; index_put
   of another dtype, in-place results self cannot hold, out= overloads CPU has no kernel for;
-  deterministic mode's filling of new memory.
+  deterministic mode's filling of new memory; an indexed write into its own index or source.
 """
 import itertools
 
@@ -359,6 +359,27 @@ def test_lazy_clone_is_a_clone():
     with torch.no_grad():
         c.add_(1)
     assert t[0, 0].item() == 0.0  # writing the clone leaves the original
+
+
+@pytest.mark.parametrize("fn", [
+    lambda ind: ind.index_copy_(0, ind, ind.clone()),
+    lambda ind: ind.index_copy_(0, ind.clone(), ind),
+    lambda ind: ind.index_add_(0, ind, ind.clone()),
+    lambda ind: ind.index_fill_(0, ind, 1),
+    lambda ind: ind.scatter_(0, ind, ind.clone()),
+    lambda ind: ind.scatter_add_(0, ind, ind.clone()),
+    lambda ind: torch.index_select(ind.clone(), 0, ind, out=ind),
+    lambda ind: ind.index_put_((ind,), ind.clone()),
+    lambda ind: ind.put_(ind, ind.clone()),
+], ids=["index_copy_index", "index_copy_source", "index_add", "index_fill", "scatter", "scatter_add",
+        "index_select_out", "index_put", "put"])
+def test_an_indexed_write_into_its_own_index_raises_cpus_error(fn):
+    """test_torch's test_index_copy_mem_overlap: CPU refuses any overlap between the written tensor and
+    its index or source (assert_no_overlap), the exact same view included; tpu wrote through it."""
+    _same_error(lambda d: fn(torch.tensor([2, 1, 0], device=d)))
+    x = torch.ones(3, device=TPU)
+    x.add_(x)  # elementwise ops still take the exact same view
+    assert x.cpu().tolist() == [2.0, 2.0, 2.0]
 
 
 def _masked_assign(v):

@@ -361,6 +361,13 @@ _EXPANDED_WARNING = ("Use of {} on expanded tensors is deprecated. Please clone(
                      "this operation. This also applies to advanced indexing e.g. tensor[mask] = scalar")
 
 
+# Ops that write through indices: CPU's kernels assert no overlap at all (assert_no_overlap) between
+# the written tensor and the index or source, where TensorIterator allows exactly the same view.
+_INDEXED_WRITES = frozenset(f"aten::{n}" for n in (
+    "index_copy", "index_add", "index_fill", "index_reduce", "scatter", "scatter_add", "scatter_reduce",
+    "index_select", "index_put", "_index_put_impl", "put", "take"))
+
+
 def _check_overlap(vals, sig):
     """PyTorch's memory-overlap rules for written tensors (TensorIterator's check_mem_overlap):
     no written tensor may have several elements at one address (an expanded view; fill_ and zero_
@@ -383,6 +390,7 @@ def _check_overlap(vals, sig):
             if not (is_non_overlapping_and_dense(u) and is_non_overlapping_and_dense(w)):
                 continue  # CPU's get_overlap_status calls that "too hard" and lets it run
             same = (u.storage_offset(), u.shape, u.stride()) == (w.storage_offset(), w.shape, w.stride())
+            same = same and sig.overload._schema.name.rstrip("_") not in _INDEXED_WRITES
             lo, hi = _extent(u)
             if not same and lo <= whi and wlo <= hi:
                 raise RuntimeError("unsupported operation: some elements of the input tensor and the written-to "
