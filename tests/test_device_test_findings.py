@@ -13,7 +13,8 @@
   isfinite, nan_to_num and abs of complex tensors with NaN and inf parts; amax/amin/argmax of an
   empty dim; randperm past its dtype's range; cat into an out= tensor of a narrower kind; index_put
   of another dtype, in-place results self cannot hold, out= overloads CPU has no kernel for;
-  deterministic mode's filling of new memory; an indexed write into its own index or source.
+  deterministic mode's filling of new memory; an indexed write into its own index or source; a CPU
+  0-dim tensor beside tpu ones in copysign and floor division.
 """
 import itertools
 
@@ -380,6 +381,20 @@ def test_an_indexed_write_into_its_own_index_raises_cpus_error(fn):
     x = torch.ones(3, device=TPU)
     x.add_(x)  # elementwise ops still take the exact same view
     assert x.cpu().tolist() == [2.0, 2.0, 2.0]
+
+
+@pytest.mark.parametrize("fn", [
+    lambda y: torch.copysign(torch.tensor(1.0), y),
+    lambda y: torch.floor_divide(torch.tensor(5.0), y),
+    lambda y: torch.div(torch.tensor(5.0), y, rounding_mode="floor"),
+    lambda y: torch.copysign(torch.tensor(3, dtype=torch.int8), y.to(torch.bfloat16)),
+], ids=["copysign", "floor_divide", "div_floor", "copysign_int8_bfloat16"])
+def test_a_cpu_scalar_tensor_beside_tpu_tensors(fn):
+    """test_binary_ufuncs' test_copysign: a CPU 0-dim tensor is a scalar beside tpu tensors, as beside
+    CUDA ones; these ops' meta kernels refused it ("Expected divisor (b) to be on the same device")."""
+    y = torch.tensor([-1.0, 2.0, -0.0])
+    want, got = fn(y), fn(y.to(TPU))
+    assert got.device.type == "tpu" and got.dtype == want.dtype and torch.equal(got.cpu(), want)
 
 
 def _masked_assign(v):

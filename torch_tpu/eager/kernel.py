@@ -583,12 +583,36 @@ def _meta_call(fn, *args):
     return result, bool(caught)
 
 
+def _cpu_scalars_as_meta(args):
+    """args with each CPU 0-dim tensor (in lists too) as a meta one of its dtype; None if there is none."""
+    found = []
+
+    def conv(v):
+        if isinstance(v, torch.Tensor) and v.device.type == "cpu" and v.dim() == 0:
+            found.append(v)
+            return torch.empty((), dtype=v.dtype, device="meta")
+        if isinstance(v, list):
+            return [conv(x) for x in v]
+        return v
+    out = [conv(a) for a in args]
+    return out if found else None
+
+
 def _as_cpu_raises(fn, *args):
     """fn(*args) (a meta computation), with its errors of _META_ERRORS raised as CPU raises them
     (a message function is given the meta's text and fn's arguments, and returns None where its entry
     does not apply: the next one is tried)."""
     try:
-        return fn(*args)
+        try:
+            return fn(*args)
+        except RuntimeError as e:
+            # A CPU 0-dim tensor beside tpu ones is a scalar (PyTorch lets it cross devices), but
+            # some meta kernels refuse it beside meta tensors ("Expected divisor (b) to be on the same
+            # device (cpu) as dividend (a), but it is found on meta!": copysign, floor division).
+            scalars = _cpu_scalars_as_meta(args)
+            if "to be on the same device (cpu)" not in str(e) or scalars is None:
+                raise
+            return fn(*scalars)
     except (RuntimeError, ValueError, AssertionError) as e:
         for meta_type, start, cpu_type, message in _META_ERRORS:
             if type(e) is meta_type and str(e).startswith(start):
