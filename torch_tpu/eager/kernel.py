@@ -169,8 +169,9 @@ def cpu_dtype_probe(low: Lowering, sig: "Signature", vals, host_inputs: bool = F
     computes what CPU has no float8 kernel for: README), lowerings with cpu_dtypes=False (decided
     otherwise) and other namespaces' ops. An out= overload is probed with its out= tensors too
     (torch.floor(complex, out=...): the refs' out= meta checks no input dtype; the out= dtypes
-    themselves are cpu_out_dtype_refusal's). The probe's own warnings are dropped (C++ ones through _C.device.without_cpp_warnings: the
-    caller's warning handler would hold them past any Python filter)."""
+    themselves are cpu_out_dtype_refusal's). The probe's own warnings are dropped (C++ ones through
+    _C.device.without_cpp_warnings: the caller's warning handler would hold them past any Python
+    filter)."""
     if low.rng or not low.cpu_dtypes or host_inputs or sig.overload.namespace != "aten":
         return
     tensors = _tensors(vals)
@@ -463,9 +464,6 @@ def _mv_message(meta: str, args=()) -> str:
     return f"size mismatch, got input ({m}), mat ({m}x{n}), vec ({k})"
 
 
-# Errors PyTorch's meta kernels, refs and decompositions raise with another type or message than its
-# device kernels (CPU's, the reference): (meta's type, the message's start) -> (CPU's type, CPU's
-# message: None for meta's, or a function of meta's message).
 def _index_broadcast_message(meta: str, args=()) -> str | None:
     """CPU's IndexError for advanced indexing's index tensors that do not broadcast together, where
     the meta's broadcast names one mismatch only: the call's index list (index, index_put_, ...: a
@@ -533,6 +531,10 @@ def _inplace_promotion_message(meta: str, args=()) -> str | None:
     return f"result type {scalar_type_name(result)} can't be cast to the desired output type {scalar_type_name(args[0].dtype)}"
 
 
+# Errors PyTorch's meta kernels, refs and decompositions raise with another type or message than its
+# device kernels (CPU's, the reference): (meta's type, the message's start) -> (CPU's type, CPU's
+# message: None for meta's, a string, or a function of meta's message and the meta call's arguments
+# that returns None where its entry does not apply). The first entry that applies wins.
 _META_ERRORS = (
     (RuntimeError, "tensors used as indices must be", IndexError, None),  # TORCH_CHECK_INDEX on CPU
     (ValueError, "clamp called but both min and max are none", RuntimeError,
