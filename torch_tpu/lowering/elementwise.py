@@ -470,9 +470,7 @@ def abs_(ctx, x):
     if x.dtype.is_complex:  # the modulus: a real result, inf where a part is inf, NaN or not (hypot, as CPU)
         b = ctx.b
         m = b.op("stablehlo.abs", [x], [ctx.out[0]])[0]
-        inf = b.full_like(m, math.inf)
-        either = b.or_(b.compare(b.abs(b.real_part(x)), inf, "EQ"), b.compare(b.abs(b.imag_part(x)), inf, "EQ"))
-        return b.select(either, inf, m)
+        return b.select(_per_part(b, x, lambda v: _is_inf(b, v), b.or_), b.full_like(m, math.inf), m)
     if x.dtype in (torch.uint8, torch.uint16, torch.uint32, torch.uint64):  # StableHLO's abs is signed only
         return x
     return ctx.b.abs(x)
@@ -536,6 +534,11 @@ def round_decimals(ctx, x, decimals=0):
     return _finish(ctx, b.divide(b.unary("round_nearest_even", b.multiply(xv, scale)), scale))
 
 
+def _is_inf(b, v):
+    """+-inf of a real value."""
+    return b.compare(b.abs(v), b.full_like(v, math.inf), "EQ")
+
+
 def _per_part(b, x, test, join):
     """A float predicate of x; of a complex x, the predicate of its real and imaginary parts joined
     by `join` (CPU: isnan / isinf of either part, isfinite of both)."""
@@ -557,7 +560,7 @@ def isinf(ctx, x):
     b = ctx.b
     if not (x.dtype.is_floating_point or x.dtype.is_complex):
         return b.constant(False, torch.bool, x.shape)
-    return _per_part(b, x, lambda v: b.compare(b.abs(v), b.full_like(v, math.inf), "EQ"), b.or_)
+    return _per_part(b, x, lambda v: _is_inf(b, v), b.or_)
 
 
 @register("isfinite")
