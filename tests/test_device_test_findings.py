@@ -438,3 +438,40 @@ def test_cpu_index_tensors_as_cuda_takes_them():
         torch.take_along_dim(t, order.cpu(), dim=0)
     with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
         torch.gather(t.cpu(), 0, order)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("fn", [
+    lambda x, y: torch.xlogy(x, y),
+    lambda x, y: torch.xlogy(3.7, y),
+    lambda x, y: torch.xlogy(y, 3.7),
+    lambda x, y: torch.special.xlog1py(x, y),
+    lambda x, y: torch.special.xlog1py(3.7, y),
+], ids=["xlogy", "xlogy_scalar_self", "xlogy_scalar_other", "xlog1py", "xlog1py_scalar_self"])
+def test_half_precision_xlogy_rounds_the_log_as_cpu(fn, dtype):
+    # test_binary_ufuncs' test_xlogy_xlog1py: CPU rounds log(y) to the half type before the multiply
+    g = torch.Generator().manual_seed(0)
+    y = (torch.rand(2000, generator=g) * 10).to(dtype)
+    x = torch.randn(2000, generator=g).to(dtype)
+    y[:6] = torch.tensor([0.0, float("inf"), float("nan"), -1.0, 1.0, 0.0])
+    x[:6] = torch.tensor([0.0, 0.0, 0.0, 2.0, 0.0, 2.0])
+    expected = fn(x, y)
+    got = fn(x.to(TPU), y.to(TPU)).cpu()
+    assert got.dtype == expected.dtype
+    torch.testing.assert_close(got, expected, rtol=0, atol=0, equal_nan=True)
+
+
+def test_xlogy_out_runs_on_the_device():
+    import torch_tpu
+    i = torch.arange(6)
+    out = torch.full((6,), 7.0, device=TPU)
+    before = torch_tpu.metrics.counters()["fallbacks"]
+    torch.xlogy(2.0, i.to(TPU).float(), out=out)
+    torch.special.xlog1py(i.to(TPU).float(), 0.5, out=out[:3])
+    assert torch_tpu.metrics.counters()["fallbacks"] == before
+    expected = torch.full((6,), 7.0)
+    torch.xlogy(2.0, i.float(), out=expected)
+    torch.special.xlog1py(i.float(), 0.5, out=expected[:3])
+    torch.testing.assert_close(out.cpu(), expected, rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="result type Float can't be cast to the desired output type Long"):
+        torch.xlogy(i.to(TPU), i.to(TPU), out=torch.empty(6, dtype=torch.long, device=TPU))

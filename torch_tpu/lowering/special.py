@@ -440,6 +440,34 @@ def frexp(ctx, x):
     return b.convert(mant, out_dt), b.convert(exponent, ctx.out[1].dtype)
 
 
+# -- xlogy, xlog1py ---------------------------------------------------------------------------------
+def _x_times_log(ctx, x, y, log_name):
+    """CPU's xlogy / xlog1py kernels (BinaryOpsKernel.cpp): NaN where y is NaN, else 0 where x == 0
+    (even for y == 0 or inf), else x * log(y) (log1p). For half and bfloat16 CPU's log returns the
+    half type (c10's reduced-float math), so the log is rounded before the multiply: two roundings,
+    as CPU (one float32 pass differs from CPU in the last bit of ~30% of elements)."""
+    b = ctx.b
+    out = ctx.out[0].dtype
+    cd = compute_dtype(out)
+    xv, yv = rounded_operand(ctx, x), rounded_operand(ctx, y)
+    lg = b.unary(log_name, yv)
+    if cd != out:
+        lg = b.convert(b.convert(lg, out), cd)
+    r = b.multiply(xv, lg)
+    r = b.select(b.compare(xv, const(b, xv, 0.0), "EQ"), const(b, xv, 0.0), r)
+    return finish(ctx, b.select(b.is_nan(yv), const(b, yv, math.nan), r))
+
+
+@register("xlogy.Tensor", "xlogy.Scalar_Self", "xlogy.Scalar_Other")
+def xlogy(ctx, x, y):
+    return _x_times_log(ctx, x, y, "log")
+
+
+@register("special_xlog1py", "special_xlog1py.self_scalar", "special_xlog1py.other_scalar")
+def xlog1py(ctx, x, y):
+    return _x_times_log(ctx, x, y, "log_plus_one")
+
+
 # -- hypot, shrink activations ----------------------------------------------------------------------
 @register("hypot")
 def hypot(ctx, x, y):
