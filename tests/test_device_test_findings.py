@@ -17,6 +17,7 @@
   0-dim tensor beside tpu ones in copysign and floor division.
 """
 import itertools
+import warnings
 
 import pytest
 import torch
@@ -467,11 +468,48 @@ def test_xlogy_out_runs_on_the_device():
     out = torch.full((6,), 7.0, device=TPU)
     before = torch_tpu.metrics.counters()["fallbacks"]
     torch.xlogy(2.0, i.to(TPU).float(), out=out)
-    torch.special.xlog1py(i.to(TPU).float(), 0.5, out=out[:3])
+    torch.special.xlog1py(i[:3].to(TPU).float(), 0.5, out=out[:3])
     assert torch_tpu.metrics.counters()["fallbacks"] == before
     expected = torch.full((6,), 7.0)
     torch.xlogy(2.0, i.float(), out=expected)
-    torch.special.xlog1py(i.float(), 0.5, out=expected[:3])
+    torch.special.xlog1py(i[:3].float(), 0.5, out=expected[:3])
     torch.testing.assert_close(out.cpu(), expected, rtol=0, atol=0)
     with pytest.raises(RuntimeError, match="result type Float can't be cast to the desired output type Long"):
         torch.xlogy(i.to(TPU), i.to(TPU), out=torch.empty(6, dtype=torch.long, device=TPU))
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x, o: torch.sinc(x, out=o),
+    lambda x, o: torch.logaddexp(x, x * 0.5, out=o),
+    lambda x, o: torch.nansum(x, 1, out=o),
+    lambda x, o: torch.linalg.cross(x[:, :3], x[:, 1:4], out=o),
+    lambda x, o: torch._C._nn.hardswish(x, out=o),
+], ids=["sinc", "logaddexp", "nansum", "linalg_cross", "hardswish"])
+@pytest.mark.parametrize("out_dtype", [None, torch.float64, torch.float16, torch.int64])
+def test_out_of_a_decomposed_op_runs_on_the_device_as_cpu(fn, out_dtype):
+    # out= overloads whose functional op runs through a decomposition (they took the CPU fallback)
+    import torch_tpu
+    x = torch.randn(4, 5, generator=torch.Generator().manual_seed(0))
+    x[0, 0] = float("nan")
+    dtype = out_dtype or torch.float32
+    before = torch_tpu.metrics.counters()["fallbacks"]
+    results = []
+    for dev in ("cpu", TPU):
+        out = torch.full((2,), 7, dtype=dtype, device=dev)  # non-empty, another shape: resized, with a warning
+        try:
+            with warnings.catch_warnings(record=True) as w:
+                warnings.simplefilter("always")
+                got = fn(x.to(dev), out)
+            assert got is out
+            assert any("An output with one or more elements was resized" in str(m.message) for m in w)
+            results.append(out.cpu())
+        except (RuntimeError, NotImplementedError) as e:
+            results.append((type(e), str(e), out.cpu()))
+    assert torch_tpu.metrics.counters()["fallbacks"] == before
+    cpu, tpu = results
+    if isinstance(cpu, tuple):
+        assert isinstance(tpu, tuple) and tpu[:2] == cpu[:2]
+        assert torch.equal(tpu[2], torch.full((2,), 7, dtype=dtype))  # a refused out= keeps its values
+    else:
+        assert not isinstance(tpu, tuple), tpu
+        torch.testing.assert_close(tpu, cpu, equal_nan=True, atol=1e-5, rtol=1e-5)

@@ -4,7 +4,8 @@ For each lowering of a functional overload F this registers F, its in-place vari
 a trailing underscore, same overload) and every out= variant whose other arguments are F's: one
 lowering, three entry points. Ops without a lowering then take, in order: PyTorch's
 CompositeImplicitAutograd decomposition (the dispatcher does that by itself), a decomposition from
-PyTorch's decomposition table run on tpu tensors (registered here), or the counted CPU fallback
+PyTorch's decomposition table run on tpu tensors (registered here; the out= overloads of those
+through their functional op, eager/out_variants.py), or the counted CPU fallback
 (csrc/aten/cpu_fallback.cc).
 """
 from __future__ import annotations
@@ -19,6 +20,7 @@ from . import state as _state
 from ..lowering import registry
 from ..lowering.overloads import overload, overload_name, variants
 from .kernel import Kernel, Signature
+from .out_variants import functional_of, out_through_functional
 
 _registered: dict[str, object] = {}
 _LIBRARY = torch.library.Library("aten", "IMPL")
@@ -124,6 +126,7 @@ _CPP_COMPOSITE_FACTORIES = frozenset({"empty_like", "zeros_like", "ones_like", "
 def register_decompositions():
     """Step 2 of the fallback chain for ops with no lowering and no composite kernel: PyTorch's
     decompositions into core ATen (which never call the op they decompose)."""
+    out_ops = []
     for op, fn in core_aten_decompositions().items():
         if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten":
             continue
@@ -137,9 +140,16 @@ def register_decompositions():
         if getattr(fn, "__name__", "") == "nop_decomposition":
             continue  # e.g. detach: returning the input itself breaks nn.Parameter (needs a new TensorImpl)
         if any(a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments):
-            continue  # in-place / out= decompositions go through their functional op instead
+            out_ops.append(op)  # in-place / out= decompositions go through their functional op instead
+            continue
         if any(r.alias_info is not None for r in op._schema.returns) and \
                 torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeExplicitAutograd"):
             continue  # a view (squeeze.dim): PyTorch's own view kernel, over as_strided, stays a view
         _register_fn(name, _decomposed(op, fn))
         _registered[name] = fn
+    for op in out_ops:
+        f = functional_of(op)
+        if f is not None and overload_name(f) in _registered and overload_name(op) not in _registered:
+            _register_fn(overload_name(op), out_through_functional(op, f))
+            _registered[overload_name(op)] = f
+
