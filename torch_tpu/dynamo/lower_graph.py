@@ -41,6 +41,7 @@ from ..lowering.builder import Builder, TensorType, Value
 from ..lowering.overloads import overload_name, resolve
 from ..lowering.precision import matmul_precision
 from ..lowering.registry import LoweringContext, bounds_status, fit, lower_arguments, rng_draws
+from ..lowering.results import ProgramResults
 from ..lowering.strided import dense_order
 from . import buckets, collectives
 from .host_part import HostPart
@@ -384,8 +385,7 @@ class GraphProgram:
         outs = out_node.args[0]
         outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
         placeholders_set = set(placeholders)
-        results = []             # program results (1-D)
-        self.prog_specs = []     # _C.eager.FreshSpec of each program result's tensor
+        res = self.results = ProgramResults(b)
         self.prog_to_cpu = []    # whether the result is a CPU tensor of the graph (copied to host)
         self.out_plan = []
         seen = {}
@@ -408,44 +408,32 @@ class GraphProgram:
                 if not isinstance(v, Value):
                     raise Unsupported(f"output {o.name}", o, "is not a tensor")
                 if bk is not None and _symbolic(val):
-                    self.out_plan.append(self._compact_output(o, val, v, results))
+                    self.out_plan.append(self._compact_output(o, val, v))
                     seen[o] = self.out_plan[-1][1]
                     continue
                 # A permuted dense output (channels-last, transposed) is written in memory order into
                 # a new tensor with its strides: a tensor of its own, as CPU's, not a view.
-                perm = _layout_perm(val)
-                spec = _C.eager.FreshSpec(tuple(val.shape), val.dtype)
-                if perm is not None:
-                    v = b.transpose(v, perm)
-                    spec = _C.eager.FreshSpec(tuple(val.shape), val.dtype, tuple(val.stride()))
-                k = len(results)
-                results.append(v)  # in its memory-order shape: the new tensor's buffer
-                self.prog_specs.append(spec)
+                res.fresh(v, tuple(val.stride()))
                 self.prog_to_cpu.append(val.device.type == "cpu")
-                seen[o] = k
-                self.out_plan.append(("prog", k))
+                seen[o] = len(res.values) - 1
+                self.out_plan.append(("prog", seen[o]))
         self.mutations = []      # (placeholder index, program result index)
         self.donated = set()     # placeholder indices whose buffer the program consumes
-        if self.failed is not None:  # a bad index: every written input keeps its value
-            mutations = [(i, b.select(b.broadcast_to(self.failed, v.shape), value_of(placeholders[i]), v))
-                         for i, v in mutations]
         if self.status is not None:
             mutations.append((self.status_ph, self.status))
         for i, v in mutations:
-            k = len(results)
-            results.append(v)  # written inputs are read row-major: the result has their argument's type
-            self.prog_specs.append(_C.eager.FreshSpec(tuple(v.shape), v.dtype))
-            self.prog_to_cpu.append(False)
-            self.mutations.append((i, k))
-            # Donate the old buffer: the result replaces it.
+            # written inputs are read row-major: the result has their argument's type
             pos = self.ph_arg.get(i)
-            if pos is not None and self.ph_devices[i] != "cpu":
-                a, _ = b._args[pos]
-                if a.type == results[-1].type:
-                    b.donate(a, k)
-                    self.donated.add(i)
+            arg = b._args[pos][0] if pos is not None and self.ph_devices[i] != "cpu" else None
+            # a bad index (failed): every written input keeps its value
+            keep = value_of(placeholders[i]) if self.failed is not None and i != self.status_ph else None
+            if res.replace(arg, v, None if keep is None else self.failed, keep):
+                self.donated.add(i)
+            self.prog_to_cpu.append(False)
+            self.mutations.append((i, len(res.values) - 1))
+        self.prog_specs = res.specs  # _C.eager.FreshSpec of each program result's tensor
         self.host.finish(self.host_mutations)
-        self.text = b.module(results)
+        self.text = res.module()
         self.b = None
         self._plan_run()
 
@@ -631,7 +619,7 @@ class GraphProgram:
                 v = b.set_dimension_size(v, n, d)
         return Value(v.name, v.type, _meta(val, bk), sizes)
 
-    def _compact_output(self, o, val, v, results):
+    def _compact_output(self, o, val, v):
         """An output of symbolic size as a 1-D buffer of its bucket's element count holding it compact,
         in the memory order its strides give (buckets.memory_order); the out_plan entry
         ("compact", k, size expressions, that order)."""
@@ -643,11 +631,9 @@ class GraphProgram:
         sizes = self._sizes(val)
         flat = self._relayout(b.transpose(v, perm), [sizes[p] for p in perm],
                               [bk.size_value(b, val.numel())], (cap,), mark=False)
-        k = len(results)
-        results.append(flat)
-        self.prog_specs.append(_C.eager.FreshSpec((cap,), val.dtype))
+        self.results.fresh(flat)
         self.prog_to_cpu.append(False)
-        return ("compact", k, tuple(buckets.expr_of(s) for s in val.shape), perm)
+        return ("compact", len(self.results.values) - 1, tuple(buckets.expr_of(s) for s in val.shape), perm)
 
     def _relayout(self, x, src_sizes, dst_sizes, dst_shape, mark=True):
         """x (padded to its type's shape, true sizes `src_sizes`: int32 Values or None where static)

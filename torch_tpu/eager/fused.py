@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from .. import _C, runtime
 from ..lowering.builder import Builder
+from ..lowering.results import ProgramResults
 
 MAX_OPS = _C.eager.fused_max_ops()  # a run reaching this many ops is cut (bounds pending memory)
 
@@ -55,11 +56,13 @@ def _text(records, outputs):
             operands.append(a)
         for i, r in zip(out_idx, b.call(f"op{entry.uid}", operands, entry.result_types)):
             current[i] = r
-    results = [b.reshape(current[i], args[i].shape) if i in args else current[i] for i in outputs]
-    for k, i in enumerate(outputs):
-        if i in args:
-            b.donate(args[i], k)  # the storage's old buffer, whose dims it keeps
-    return b.module(results, list(funcs.values()), name="torch_tpu_fused"), ext
+    res = ProgramResults(b)
+    for i in outputs:
+        if i in args:  # a storage the run read: its old buffer is donated, whose dims it keeps
+            res.replace(args[i], b.reshape(current[i], args[i].shape))
+        else:  # a storage the run made
+            res.buffer(current[i])
+    return res.module(list(funcs.values()), name="torch_tpu_fused"), ext
 
 
 def _build(records, outputs):

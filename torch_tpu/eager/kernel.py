@@ -30,7 +30,8 @@ from . import state as _state
 from ..lowering.builder import Builder, TensorType, Value
 from ..lowering.helpers.checks import broadcast_index_shapes, cpp_type_name, scalar_type_name
 from ..lowering.registry import Lowering, LoweringContext, NotLowered, bounds_status, fit, lower_arguments, rng_draws
-from ..lowering.strided import contiguous_strides, dense_order, is_whole, read_view, write_view
+from ..lowering.results import ProgramResults
+from ..lowering.strided import dense_order, is_whole, read_view, write_view
 from . import meta_memo, recompiles
 from .launch import compile_entry_text, debug_synchronize, executable
 
@@ -106,23 +107,6 @@ def _key_parts(key, kinds) -> list[list]:
         else:
             out.append([next(it)])
     return out
-
-
-def _fresh_layout(t: TensorType, strides: tuple):
-    """(spec, order) of a fresh result with CPU's `strides` (the meta kernel's, or the lowering's
-    `layout`: e.g. TensorIterator keeping a channels_last or transposed input's layout, clone's
-    memory_format). spec: a _C.eager.FreshSpec (strides None for row-major); order: the transpose that puts
-    the value in memory order, None when none is needed. Strides that are not a dense permutation
-    (no CPU kernel makes them for a fresh result) fall back to row-major."""
-    shape, strides = tuple(t.shape), tuple(strides)
-    if strides == tuple(contiguous_strides(shape)):
-        return _C.eager.FreshSpec(shape, t.dtype), None
-    if t.numel == 0:
-        return _C.eager.FreshSpec(shape, t.dtype, strides), None
-    order = dense_order(shape, strides)
-    if order is None:
-        return _C.eager.FreshSpec(shape, t.dtype), None
-    return _C.eager.FreshSpec(shape, t.dtype, strides), (None if order == sorted(order) else order)
 
 
 @dataclass
@@ -967,17 +951,11 @@ class Kernel:
             failed, status = self._bounds_status(b, f_vals, lowered, operand_arg(call.key[-1].slot))
 
         # 4. Where results go: fresh tensors, or the storages of written arguments.
-        outputs, sinks, new_outputs = [], [], []
+        res, sinks = ProgramResults(b), []
         if not sig.written:
             for r, t, st in zip(fitted, out_types, self._cpu_strides(value_meta, f_vals)):
-                if t is None:
-                    continue
-                spec, order = _fresh_layout(t, st)
-                if order is not None:
-                    r = b.transpose(r, order)
-                outputs.append(r)  # the new storage's buffer: the result's sizes in memory order
-                sinks.append(_C.eager.PlanSink(True, len(new_outputs)))
-                new_outputs.append(spec)
+                if t is not None:
+                    sinks.append(_C.eager.PlanSink(True, res.fresh(r, st)))
         else:
             targets = []
             for i in sig.written:
@@ -1002,24 +980,21 @@ class Kernel:
                     base = b.reshape(new_base[slot], [n]) if slot in new_base else operand_arg(slot)
                     new_base[slot] = b.reshape(write_view(b, base, view_offset(t, kp), t.shape, t.stride(), r), dims)
             for slot, v in new_base.items():
-                if failed is not None:  # bad indices: the storage keeps its value
-                    v = b.select(b.broadcast_to(failed, v.shape), storage_arg(slot), v)
-                outputs.append(v)
+                # bad indices (failed): the storage keeps its value
+                res.replace(storage_arg(slot) if failed is not None else arg_of.get(slot), v, failed)
                 sinks.append(_C.eager.PlanSink(False, slot))
-                if slot in arg_of:  # donate the old buffer: the program's result replaces it
-                    b.donate(arg_of[slot], len(outputs) - 1)
         if status is not None:  # the device's index-error status, updated in place
             slot = call.key[-1].slot
-            outputs.append(b.reshape(status, list(arg_of[slot].shape)))
+            res.replace(arg_of[slot], b.reshape(status, list(arg_of[slot].shape)))
             sinks.append(_C.eager.PlanSink(False, slot))
-            b.donate(arg_of[slot], len(outputs) - 1)
-        text = b.module(outputs)
+        outputs = res.values
+        text = res.module()
         _state.last_program_text = text
         # Fused eager inlines the op into a bigger program: its own executable is built only if needed.
         exe = None if _state.eager_mode() == "fused" else compile_entry_text(self.name, text, [v.type for v in outputs])
         draws = rng_draws(self.lowering, out_types, f_vals)
         fixed = tuple((i, value_meta[i]) for i, t in enumerate(out_types) if t is None)
-        return _Entry(exe, plan, new_outputs, sinks, structure, rng_draws=draws, fixed=fixed, text=text,
+        return _Entry(exe, plan, res.fresh_specs, sinks, structure, rng_draws=draws, fixed=fixed, text=text,
                       name=self.name,
                       fn_text=b.function("__OP__", outputs, public=False), functions=b.functions,
                       arg_types=b.arg_types(),
