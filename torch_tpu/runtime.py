@@ -222,10 +222,17 @@ def start() -> None:
     _C.runtime.start()
 
 
+_platform_name: str | None = None
+
+
 def platform() -> str:
-    """The PJRT platform that runs the tpu device: "tpu", "cuda" or "cpu" (starts the device)."""
-    start()
-    return _C.runtime.platform_name()
+    """The PJRT platform that runs the tpu device: "tpu", "cuda" or "cpu" (starts the device). A
+    process has one client, so the name is asked once (eager asks it per new call key)."""
+    global _platform_name
+    if _platform_name is None:
+        start()
+        _platform_name = _C.runtime.platform_name()
+    return _platform_name
 
 
 def platform_version() -> str:

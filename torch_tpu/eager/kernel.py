@@ -32,7 +32,7 @@ from ..lowering.helpers.checks import broadcast_index_shapes, cpp_type_name, sca
 from ..lowering.registry import Lowering, LoweringContext, NotLowered, bounds_status, fit, lower_arguments, rng_draws
 from ..lowering.results import ProgramResults
 from ..lowering.strided import dense_order, is_whole, read_view, write_view
-from . import meta_memo, recompiles
+from . import meta_memo, plan_memo, recompiles
 from .launch import compile_entry_text, debug_synchronize, executable
 
 
@@ -664,7 +664,7 @@ class Kernel:
         store = None
         if entry is None:
             try:
-                entry = self._build(vals, call)
+                entry = self._recall(call) or self._build_and_keep(vals, call)
                 if not entry.resize:
                     _note_program(self.name, vals)
             except NotLowered:
@@ -696,6 +696,29 @@ class Kernel:
         if _state.eager_mode() != "fused":
             executable(entry)  # strict and debug run the op's own program (fused eager builds its own)
         return None, store, entry
+
+    def _recall(self, call: _Call):
+        """The entry an earlier process built for this call's key (plan_memo), ready to run, or None."""
+        entry = plan_memo.recall(call.memo_key, self.name, _Entry)
+        if entry is not None:
+            _state.last_program_text = entry.text
+            if _state.eager_mode() != "fused":
+                entry.exe = compile_entry_text(self.name, entry.text, entry.result_types)
+        return entry
+
+    def _build_and_keep(self, vals, call: _Call) -> _Entry:
+        """_build, keeping the entry for later processes (plan_memo) when the build warned nothing
+        (as the meta memo's rule, _meta_call): a warning must be shown again where the build runs."""
+        caught = []
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                entry = self._build(vals, call)
+        finally:
+            for w in caught:
+                warnings._showwarnmsg(w)  # the filters already passed it: shown as warn() would show it
+        if not caught:
+            plan_memo.keep(call.memo_key, self.sig.overload, entry)
+        return entry
 
     def _debug_synchronize(self, operands, device):
         """Debug eager, after C++ queued this op's program: waits for it (operands: the call's, for the

@@ -52,9 +52,11 @@ def _fingerprint() -> str:
 
 class MetaMemo:
     """The memo of one process: loaded from its file on first use; lookups and additions are
-    thread-safe."""
+    thread-safe. `prefix` names its files (<disk cache dir>/<prefix><fingerprint>.jsonl): the plan
+    memo (plan_memo.py) keeps its records in a store of this kind too."""
 
-    def __init__(self):
+    def __init__(self, prefix: str = _PREFIX):
+        self._prefix = prefix
         self._lock = threading.Lock()
         self._records: dict[str, object] | None = None
         self._dir = ""  # the disk tier's directory the records were loaded for
@@ -69,7 +71,7 @@ class MetaMemo:
         self._records, self._dir, self._path = {}, d, ""
         if not d:
             return
-        self._path = os.path.join(d, _PREFIX + _fingerprint() + _SUFFIX)
+        self._path = os.path.join(d, self._prefix + _fingerprint() + _SUFFIX)
         try:
             with open(self._path, "rb") as f:
                 data = f.read()
@@ -87,11 +89,10 @@ class MetaMemo:
             if isinstance(k, str):
                 self._records[k] = rec
 
-    @staticmethod
-    def _remove_stale(d: str) -> None:
+    def _remove_stale(self, d: str) -> None:
         cutoff = time.time() - _STALE_DAYS * 86400
         try:
-            names = [n for n in os.listdir(d) if n.startswith(_PREFIX) and n.endswith(_SUFFIX)]
+            names = [n for n in os.listdir(d) if n.startswith(self._prefix) and n.endswith(_SUFFIX)]
             for n in names:
                 p = os.path.join(d, n)
                 if os.stat(p).st_mtime < cutoff:
@@ -115,6 +116,13 @@ class MetaMemo:
             self._ensure_loaded()
             return self._records.get(key)
 
+    def discard(self, key: str) -> None:
+        """Forgets the record of `key` (one that does not decode), so that put keeps a new one; a
+        later process reads both lines and keeps the last."""
+        with self._lock:
+            if self._records is not None:
+                self._records.pop(key, None)
+
     def put(self, key: str | None, record) -> None:
         """Keeps `record` (JSON-serialisable) for `key`, in memory and in the file."""
         if key is None:
@@ -129,10 +137,14 @@ class MetaMemo:
                 return
             try:
                 os.makedirs(self._dir, mode=0o700, exist_ok=True)  # (the compile cache may not have made it yet)
-                fd = os.open(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+                fd = os.open(self._path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
                 try:
-                    if os.fstat(fd).st_size < _MAX_BYTES:
-                        os.write(fd, line)
+                    size = os.fstat(fd).st_size
+                    if size < _MAX_BYTES:
+                        if size and os.pread(fd, 1, size - 1) != b"\n":
+                            line = b"\n" + line  # after a torn line: that one stays unreadable, not this one
+                        if os.write(fd, line) < len(line):
+                            self._path = ""  # a short write (a full disk, a file size limit): stop appending
                 finally:
                     os.close(fd)
             except OSError:

@@ -5,6 +5,7 @@ return the index of the first maximum (or first NaN), as on CPU."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 
@@ -255,11 +256,19 @@ register("any.dim", "any.dims", "any")(_any_all(True))
 register("all.dim", "all.dims", "all")(_any_all(False))
 
 
-def var_of(ctx, x, dims, correction):
-    """(variance, mean) over dims in the compute dtype; divisor max(0, N - correction) as on CPU."""
+def var_of(ctx, x, dims, correction, fname):
+    """(variance, mean) over dims in the compute dtype; divisor max(0, N - correction) as on CPU,
+    with CPU's warning (ReduceOps.cpp, naming the op `fname`) where that is not positive. The warning
+    is given when the program is built: for the call's correction, which the program reads at run time
+    unless it is None or -1..1 (then the key fixes it); a later call with a correction of its own is not
+    warned."""
     b = ctx.b
     xv = b.convert(x, compute_dtype(x.dtype))
     n = count(x, dims)
+    c = 1 if correction is None else correction.example
+    if x.type.numel and isinstance(c, (int, float)) and n - c <= 0:
+        warnings.warn(f"{fname}(): degrees of freedom is <= 0. Correction should be strictly less than the "
+                      "reduction factor (input numel divided by output numel).", UserWarning, stacklevel=2)
     s = reduce_sum(b, xv, dims)
     mean = b.divide(s, b.full_like(s, n))
     keep_shape = [1 if i in dims else d for i, d in enumerate(x.shape)]
@@ -286,25 +295,25 @@ def _check_var(x, *rest):
 
 @register("var.correction", check=_check_var, check_per_key=True)
 def var(ctx, x, dim=None, correction=None, keepdim=False):
-    v, _ = var_of(ctx, x, reduce_dims(dim, x.rank), correction)
+    v, _ = var_of(ctx, x, reduce_dims(dim, x.rank), correction, "var")
     return _keep(ctx, v)
 
 
 @register("std.correction", check=_check_var, check_per_key=True)
 def std(ctx, x, dim=None, correction=None, keepdim=False):
-    v, _ = var_of(ctx, x, reduce_dims(dim, x.rank), correction)
+    v, _ = var_of(ctx, x, reduce_dims(dim, x.rank), correction, "std")
     return _keep(ctx, ctx.b.sqrt(v))
 
 
 @register("var_mean.correction", check=_check_var, check_per_key=True)
 def var_mean(ctx, x, dim=None, correction=None, keepdim=False):
-    v, m = var_of(ctx, x, reduce_dims(dim, x.rank), correction)
+    v, m = var_of(ctx, x, reduce_dims(dim, x.rank), correction, "var_mean")
     return _keep(ctx, v, 0), _keep(ctx, m, 1)
 
 
 @register("std_mean.correction", check=_check_var, check_per_key=True)
 def std_mean(ctx, x, dim=None, correction=None, keepdim=False):
-    v, m = var_of(ctx, x, reduce_dims(dim, x.rank), correction)
+    v, m = var_of(ctx, x, reduce_dims(dim, x.rank), correction, "std_mean")
     return _keep(ctx, ctx.b.sqrt(v), 0), _keep(ctx, m, 1)
 
 
