@@ -266,7 +266,7 @@ def var_of(ctx, x, dims, correction, fname):
     xv = b.convert(x, compute_dtype(x.dtype))
     n = count(x, dims)
     c = 1 if correction is None else correction.example
-    if x.type.numel and isinstance(c, (int, float)) and n - c <= 0:
+    if isinstance(c, (int, float)) and n - c <= 0:
         warnings.warn(f"{fname}(): degrees of freedom is <= 0. Correction should be strictly less than the "
                       "reduction factor (input numel divided by output numel).", UserWarning, stacklevel=2)
     s = reduce_sum(b, xv, dims)
