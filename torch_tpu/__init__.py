@@ -46,6 +46,7 @@ def _finish_launches() -> None:
     (not in a child forked after the runtime started, which has no launches and no device)."""
     if not _C.runtime.in_bad_fork():
         _C.runtime.synchronize(-1)
+        _C.runtime.finish_warm_start()  # the next run of this command starts warm (runtime.configure_cache)
         _C.runtime.wait_compiles()  # the compile pool's threads must not outlive the plugin
 
 

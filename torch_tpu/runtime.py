@@ -85,6 +85,9 @@ def resolve_plugin() -> tuple[str, str]:
                 f"or jax-cuda13-pjrt (GPU), or set {ENV} to the path of a plugin .so.")
 
 
+_configured_plugin = ""  # the plugin configure() chose ("" : none)
+
+
 def configure() -> None:
     """Tells the core which plugin to load when the device is first used (does not start it)."""
     path, error = resolve_plugin()
@@ -111,7 +114,13 @@ def configure() -> None:
             configure_process()
         except ValueError as e:
             path, error = "", str(e)
+    global _configured_plugin
+    _configured_plugin = path
     _C.runtime.configure(path, error, options, _torchrun_job_store())
+    try:  # before the client starts: a warm start's loads run on the pool (csrc/runtime/warm_start.h)
+        _C.runtime.set_compile_threads(_compile_threads())
+    except ValueError:
+        pass  # raised by the first compile (compile() sets it again), which names the setting
 
 
 # The flags torch_tpu adds to XLA_FLAGS for the CPU and CUDA plugins (_own_xla_flag). They are
@@ -355,9 +364,24 @@ def configure_cache(cache_dir: str | None = None, disk: bool | None = None, max_
     tier3_checked = not settings.flag("TORCH_TPU_TIER3_TRUSTED")
     global _disk_dir
     _disk_dir = cache_dir if disk else ""
+    _C.runtime.set_warm_manifest(warm_manifest(_disk_dir) if settings.flag("TORCH_TPU_WARM_START") else "")
     _C.runtime.cache_configure([("tier2", tier2_dir, int(max_bytes), tier2_private, False),
                          ("disk", cache_dir if disk else "", int(max_bytes), False, False),
                          ("tier3", os.path.expanduser(tier3_root), 0, False, tier3_checked)])
+
+
+def warm_manifest(cache_dir: str) -> str:
+    """The warm-start manifest of this process's command line in `cache_dir` ("" when it is ""):
+    the keys of the programs the last process started with the same command line (interpreter,
+    script or -c code or -m module, arguments: sys.orig_argv) and the same compiler settings (plugin,
+    XLA_FLAGS, LIBTPU_INIT_ARGS: under others its programs are others) used, in the order it first
+    used them, which this process loads from the cache on the compile pool's threads as soon as its
+    client starts (csrc/runtime/warm_start.h). TORCH_TPU_WARM_START=0 turns it off."""
+    if not cache_dir:
+        return ""
+    line = "\0".join([*getattr(sys, "orig_argv", sys.argv), _configured_plugin, _keyed_xla_flags(),
+                      settings.get("LIBTPU_INIT_ARGS")])
+    return os.path.join(cache_dir, "warm-" + hashlib.sha256(line.encode(errors="surrogateescape")).hexdigest()[:32] + ".keys")
 
 
 _identity: str | None = None

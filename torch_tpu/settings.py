@@ -48,6 +48,8 @@ SETTINGS: tuple[Setting, ...] = (
             "warning; 0: never"),
     Setting("TORCH_TPU_CACHE_DIR", None, "the disk tier's directory; unset: ~/.cache/torch_tpu/xla"),
     Setting("TORCH_TPU_DISK_CACHE", "1", "0: no disk tier"),
+    Setting("TORCH_TPU_WARM_START", "1", "0: a process does not load the programs its command line used last time "
+            "when its client starts (nor write their list at exit)"),
     Setting("TORCH_TPU_CACHE_MAX_BYTES", str(2 << 30), "cap of the disk tier and tier 2, each"),
     Setting("TORCH_TPU_TIER2_COMPILATION_CACHE", "", "the per-host /dev/shm tier: 1, a name or a path"),
     Setting("TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT", "", "the shared tier's root directory"),

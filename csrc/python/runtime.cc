@@ -14,6 +14,7 @@
 #include "runtime/compile_pool.h"
 #include "runtime/runtime.h"
 #include "runtime/trace.h"
+#include "runtime/warm_start.h"
 
 namespace torch_tpu::python {
 namespace {
@@ -153,6 +154,14 @@ void bind_runtime(py::module_& m) {
         "The compile pool's thread count (TORCH_TPU_COMPILE_THREADS); 0: compile_async compiles synchronously.");
   m.def("wait_compiles", &settle_compiles,
         "Waits until the compile pool has nothing in flight; raises the warnings its compiles gave.");
+  m.def("set_warm_manifest", &runtime::warm_start::set_manifest,
+        "The warm-start manifest's path (csrc/runtime/warm_start.h; \"\": off): read when the client starts.");
+  m.def("finish_warm_start", [] {
+    py::gil_scoped_release nogil;
+    runtime::warm_start::finish();
+  }, "At exit: drops the prefetches not started and writes this process's warm-start manifest.");
+  m.def("used_program_keys", [] { return runtime::compile_cache().used_keys(); },
+        "The cache keys of the programs this process used, in first-use order (at most 1024).");
   m.def("trace_recording", &torch_tpu::runtime::trace::recording,
         "True while a profiler session records tpu executions (csrc/runtime/trace.h); launches check it.");
   m.def("cache_configure", [](const std::vector<std::tuple<std::string, std::string, int64_t, bool, bool>>& tiers) {

@@ -206,20 +206,33 @@ std::vector<std::shared_ptr<CompileCache::Tier>> CompileCache::usable_tiers() {
   return out;
 }
 
+void CompileCache::note_use(const std::string& key) {
+  std::lock_guard<std::mutex> g(mu_);
+  note_use_locked(key);
+}
+
+void CompileCache::note_use_locked(const std::string& key) {
+  if (used_.size() < kRememberedKeys && used_set_.insert(key).second) used_.push_back(key);
+}
+
+std::vector<std::string> CompileCache::used_keys() {
+  std::lock_guard<std::mutex> g(mu_);
+  return used_;
+}
+
 std::shared_ptr<pjrt::Executable> CompileCache::in_memory(const std::string& key) {
   auto hit = memory_.find(key);
   if (hit) {
     std::lock_guard<std::mutex> g(mu_);
     memory_hits_++;
+    note_use_locked(key);
   }
   return hit;
 }
 
-std::shared_ptr<pjrt::Executable> CompileCache::get_or_compile(pjrt::Client& client, const std::string& key,
-                                                               const std::string& mlir, const std::string& name,
-                                                               const std::string& options) {
-  if (auto hit = in_memory(key)) return hit;
-  auto tiers = usable_tiers();
+std::shared_ptr<pjrt::Executable> CompileCache::from_tiers(pjrt::Client& client,
+                                                           const std::vector<std::shared_ptr<Tier>>& tiers,
+                                                           const std::string& key, const std::string& name) {
   std::string entry;
   double seconds = 0;
   for (size_t i = 0; i < tiers.size(); ++i) {
@@ -236,6 +249,23 @@ std::shared_ptr<pjrt::Executable> CompileCache::get_or_compile(pjrt::Client& cli
     for (size_t j = 0; j < i; ++j) write(*tiers[j], key, entry);  // promote into the faster tiers
     return exe;
   }
+  return nullptr;
+}
+
+bool CompileCache::prefetch(pjrt::Client& client, const std::string& key) {
+  if (memory_.find(key)) return false;
+  return from_tiers(client, usable_tiers(), key, "a program of the last run") != nullptr;
+}
+
+std::shared_ptr<pjrt::Executable> CompileCache::get_or_compile(pjrt::Client& client, const std::string& key,
+                                                               const std::string& mlir, const std::string& name,
+                                                               const std::string& options) {
+  if (auto hit = in_memory(key)) return hit;
+  note_use(key);
+  auto tiers = usable_tiers();
+  if (auto exe = from_tiers(client, tiers, key, name)) return exe;
+  std::string entry;
+  double seconds = 0;
   auto t0 = std::chrono::steady_clock::now();
   std::shared_ptr<pjrt::Executable> exe;
   {

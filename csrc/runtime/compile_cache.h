@@ -21,6 +21,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "pjrt/pjrt.h"
@@ -96,6 +97,17 @@ class CompileCache {
   // the tiers (names) or directories written; file errors skip one, never throw.
   std::vector<std::string> store(const std::string& key, const std::string& payload, double seconds,
                                  const std::vector<std::string>& dirs = {});
+  // Loads the executable of `key` from the first directory tier that holds a sound entry into memory
+  // (a tier hit, counted as get_or_compile counts one), compiling nothing: false when memory already
+  // holds it or no tier does. warm_start.h's prefetch; not a use of the program (used_keys).
+  bool prefetch(pjrt::Client& client, const std::string& key);
+  // The keys of the programs this process asked for through get_or_compile or in_memory, in the
+  // order of their first use, the first kRememberedKeys of them: what warm_start.h writes at exit.
+  std::vector<std::string> used_keys();
+  // Counts `key` as used now (compile_pool.h: a request queued for the pool is a use in the order of
+  // the requests, not of the pool's threads).
+  void note_use(const std::string& key);
+  static constexpr size_t kRememberedKeys = 1024;
   CacheStats stats();
   void reset_stats();
   void clear_memory();  // drops the in-memory tier (tests, and to measure the directory tiers)
@@ -115,6 +127,11 @@ class CompileCache {
   std::shared_ptr<pjrt::Executable> load(pjrt::Client& client, Tier& tier, const std::string& key,
                                          const std::string& name, std::string* entry, double* seconds);
   bool write(Tier& tier, const std::string& key, const std::string& entry);  // false: not written
+  // The first tier's sound entry for `key`, loaded, kept in memory and promoted into the tiers
+  // before it; null when no tier holds one.
+  std::shared_ptr<pjrt::Executable> from_tiers(pjrt::Client& client, const std::vector<std::shared_ptr<Tier>>& tiers,
+                                               const std::string& key, const std::string& name);
+  void note_use_locked(const std::string& key);  // under mu_
   void evict(Tier& tier);
   // Each loaded executable holds a few JIT code mappings; a process with tens of thousands of them
   // hits the kernel's map limit (LLVM: "Unable to allocate section memory"). Past the cap the least
@@ -128,6 +145,8 @@ class CompileCache {
   std::vector<std::shared_ptr<Tier>> tiers_;
   int64_t memory_hits_ = 0, misses_ = 0;
   double compile_seconds_ = 0, saved_seconds_ = 0;
+  std::vector<std::string> used_;                  // first uses, in order (at most kRememberedKeys)
+  std::unordered_set<std::string> used_set_;
 };
 
 CompileCache& compile_cache();

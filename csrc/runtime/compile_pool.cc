@@ -10,6 +10,7 @@
 #include <future>
 #include <map>
 #include <mutex>
+#include <set>
 #include <stdexcept>
 #include <thread>
 
@@ -20,11 +21,18 @@ namespace {
 
 struct Pool {
   std::mutex mu;
-  std::condition_variable work, idle;
+  std::condition_variable work, idle, loaded;
   std::deque<std::function<void()>> jobs;
   std::map<std::string, std::shared_ptr<pjrt::Executable>> compiling;  // key -> its pending executable
+  // Prefetch (warm_start.h): keys to load when no compile job waits, and those being loaded now.
+  std::deque<std::string> prefetch;
+  std::set<std::string> loading;
+  pjrt::Client* prefetch_client = nullptr;
   int threads = 1, started = 0;
   std::vector<std::string> warnings;
+
+  bool settled() const { return compiling.empty() && prefetch.empty() && loading.empty(); }
+  void start_threads();
 };
 
 Pool& pool() {
@@ -49,14 +57,40 @@ void worker() {
   Pool& p = pool();
   for (;;) {
     std::function<void()> job;
+    std::string key;
     {
       std::unique_lock<std::mutex> g(p.mu);
-      p.work.wait(g, [&] { return !p.jobs.empty(); });
-      job = std::move(p.jobs.front());
-      p.jobs.pop_front();
+      p.work.wait(g, [&] { return !p.jobs.empty() || !p.prefetch.empty(); });
+      if (!p.jobs.empty()) {  // a program someone waits for goes before a prefetch
+        job = std::move(p.jobs.front());
+        p.jobs.pop_front();
+      } else {
+        key = std::move(p.prefetch.front());
+        p.prefetch.pop_front();
+        if (p.compiling.count(key)) {  // asked for meanwhile: its compile job loads it
+          if (p.settled()) p.idle.notify_all();
+          continue;
+        }
+        p.loading.insert(key);
+      }
     }
-    job();  // never throws: its error goes to the pending executable
+    if (job) {
+      job();  // never throws: its error goes to the pending executable
+      continue;
+    }
+    try {
+      compile_cache().prefetch(*p.prefetch_client, key);
+    } catch (const std::exception&) {  // only a load: the program is compiled when it is asked for
+    }
+    std::lock_guard<std::mutex> g(p.mu);
+    p.loading.erase(key);
+    p.loaded.notify_all();
+    if (p.settled()) p.idle.notify_all();
   }
+}
+
+void Pool::start_threads() {  // under mu
+  for (; started < threads; ++started) std::thread(worker).detach();
 }
 
 std::string describe(const std::vector<PJRT_Buffer_Type>& types, const std::vector<std::vector<int64_t>>& dims) {
@@ -76,6 +110,7 @@ std::shared_ptr<pjrt::Executable> compile_async(pjrt::Client& client, const std:
                                                 std::vector<PJRT_Buffer_Type> types,
                                                 std::vector<std::vector<int64_t>> dims) {
   if (auto hit = compile_cache().in_memory(key)) return hit;
+  compile_cache().note_use(key);
   Pool& p = pool();
   std::unique_lock<std::mutex> g(p.mu);
   if (p.threads == 0) {
@@ -92,6 +127,12 @@ std::shared_ptr<pjrt::Executable> compile_async(pjrt::Client& client, const std:
   p.jobs.push_back([&client, key, mlir, name, options, promise, types = std::move(types), dims = std::move(dims),
                     state = at::ThreadLocalState()] {
     at::ThreadLocalStateGuard asker(state);
+    {
+      // Being prefetched: wait for that load rather than load it twice.
+      Pool& p = pool();
+      std::unique_lock<std::mutex> g(p.mu);
+      p.loaded.wait(g, [&] { return !p.loading.count(key); });
+    }
     try {
       auto exe = compile_cache().get_or_compile(client, key, mlir, name, options);
       if (exe->output_types != types || exe->output_dims != dims) {
@@ -107,11 +148,28 @@ std::shared_ptr<pjrt::Executable> compile_async(pjrt::Client& client, const std:
     Pool& p = pool();
     std::lock_guard<std::mutex> g(p.mu);
     p.compiling.erase(key);
-    if (p.compiling.empty()) p.idle.notify_all();
+    if (p.settled()) p.idle.notify_all();
   });
-  for (; p.started < p.threads; ++p.started) std::thread(worker).detach();
+  p.start_threads();
   p.work.notify_one();
   return pending;
+}
+
+void prefetch_async(pjrt::Client& client, const std::vector<std::string>& keys) {
+  Pool& p = pool();
+  std::lock_guard<std::mutex> g(p.mu);
+  if (p.threads == 0 || keys.empty()) return;  // no pool: nothing works in the background
+  p.prefetch_client = &client;  // the runtime's, alive for the process
+  p.prefetch.insert(p.prefetch.end(), keys.begin(), keys.end());
+  p.start_threads();
+  p.work.notify_all();
+}
+
+void cancel_prefetch() {
+  Pool& p = pool();
+  std::lock_guard<std::mutex> g(p.mu);
+  p.prefetch.clear();
+  if (p.settled()) p.idle.notify_all();
 }
 
 void set_compile_threads(int n) {
@@ -129,7 +187,7 @@ int compile_threads() {
 void wait_compiles() {
   Pool& p = pool();
   std::unique_lock<std::mutex> g(p.mu);
-  p.idle.wait(g, [&] { return p.compiling.empty(); });
+  p.idle.wait(g, [&] { return p.settled(); });
 }
 
 std::vector<std::string> take_compile_warnings() {

@@ -31,7 +31,16 @@ std::shared_ptr<pjrt::Executable> compile_async(pjrt::Client& client, const std:
 void set_compile_threads(int n);
 int compile_threads();
 
-// Waits until no compile queued by compile_async is in flight (counters and cache statistics are read
+// Queues loads of `keys`' executables from the compile cache's directory tiers into memory
+// (CompileCache::prefetch), taken by the pool's threads in order whenever no compile is queued: a
+// warm process's start (warm_start.h). A compile_async of a key being loaded waits for that load.
+// Nothing with 0 threads configured.
+void prefetch_async(pjrt::Client& client, const std::vector<std::string>& keys);
+// Drops the loads prefetch_async queued that have not started (at exit: a short run must not wait
+// for the programs of a longer one).
+void cancel_prefetch();
+
+// Waits until no compile queued by compile_async (nor load queued by prefetch_async) is in flight (counters and cache statistics are read
 // after it, so that they count every program an op has asked for; at exit, before the plugin goes).
 void wait_compiles();
 

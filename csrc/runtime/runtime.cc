@@ -1,4 +1,5 @@
 #include "runtime/runtime.h"
+#include "runtime/warm_start.h"
 
 #include <c10/util/ApproximateClock.h>
 #include <c10/util/Exception.h>
@@ -180,6 +181,7 @@ pjrt::Client& Runtime::client() {
                            "(TORCH_TPU_PJRT_PLUGIN picks another)", /*verbatim=*/true));
   }
   started_client_.store(client_.get(), std::memory_order_release);
+  warm_start::on_client_start(*client_);
   return *client_;
 }
 
