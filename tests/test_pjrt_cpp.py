@@ -80,6 +80,6 @@ def test_runtime_googletest_under_thread_sanitizer(tmp_path):
                     f"-L{_gtest()}", "-lgtest", "-lgtest_main", "-lpthread", "-ldl", "-o", str(exe)],
                    check=True, timeout=300)
     suppressions = os.path.join(HERE, "cpp", "tsan.supp")
-    r = _run(exe, 26, env={"TORCH_TPU_TEST_DIR": str(tmp_path / "cache"),
+    r = _run(exe, 27, env={"TORCH_TPU_TEST_DIR": str(tmp_path / "cache"),
                           "TSAN_OPTIONS": f"halt_on_error=1 second_deadlock_stack=1 suppressions={suppressions}"})
     assert "WARNING: ThreadSanitizer" not in r.stderr, r.stderr[-6000:]

@@ -35,10 +35,15 @@ def test_python_reads_variables_only_through_settings():
     assert found == []
 
 
-def test_cpp_reads_only_variables_declared_as_read_by_cpp():
-    read = {m for _, text in _files("csrc/**/*.cc") for m in re.findall(r'getenv\("(TORCH_TPU_\w+)"\)', text)}
-    cpp = {s.name for s in settings.SETTINGS if s.read_by == "C++"}
-    assert read == cpp
+def test_cpp_reads_the_variables_declared_as_read_by_cpp_with_the_same_defaults():
+    from torch_tpu import _C
+    cpp = {s.name: s.default for s in settings.SETTINGS if s.read_by == "C++"}
+    assert dict(_C.runtime.cpp_settings()) == cpp  # csrc/runtime/settings.h's table
+    # C++ reads them through its reader only: no getenv of a TORCH_TPU_ variable
+    assert [(p, m) for p, text in _files("csrc/**/*.cc") for m in re.findall(r'getenv\("(TORCH_TPU_\w+)"\)', text)] == []
+    read = {m for _, text in _files("csrc/**/*.cc")
+            for m in re.findall(r'settings::(?:get|enabled|integer)\("(TORCH_TPU_\w+)"\)', text)}
+    assert read == set(cpp)
 
 
 def test_the_readme_table_lists_every_variable():

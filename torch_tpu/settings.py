@@ -2,9 +2,10 @@
 
 Python reads them through `get(name)` where each takes effect (the plugin's at the client's start,
 the cache's at its configuration, the eager mode's at import), so a process that sets one before
-that point is heard; the C++ runtime reads the few it needs (`read_by="C++"`) with getenv at its one
-reading point. tests/test_settings.py fails if code reads a TORCH_TPU_ variable that is not here,
-or if the README's table of variables ("Choosing the plugin and the mode") leaves one out.
+that point is heard; the C++ core reads the few it needs (`read_by="C++"`) through its own reader,
+whose table (csrc/runtime/settings.h) holds the same names and defaults. tests/test_settings.py
+fails if code reads a TORCH_TPU_ variable that is not here, if the two tables disagree, or if the
+README's table of variables ("Choosing the plugin and the mode") leaves one out.
 Variables of other tools that torch_tpu also honours (torchrun's RANK, LOCAL_RANK, WORLD_SIZE...)
 keep their owners' meaning and are not listed.
 """

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "aten/fallback.h"
+#include "runtime/settings.h"
 
 namespace torch_tpu::aten {
 namespace {
@@ -20,8 +21,7 @@ std::mutex g_mu;
 std::map<std::string, int64_t> g_counts;
 
 bool fallback_enabled() {
-  const char* v = std::getenv("TORCH_TPU_CPU_FALLBACK");
-  return !(v && std::string(v) == "0");
+  return settings::enabled("TORCH_TPU_CPU_FALLBACK");
 }
 
 void tpu_cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {

@@ -3,6 +3,7 @@
 
 #include "aten/device.h"
 #include "runtime/runtime.h"
+#include "runtime/settings.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/DeviceGuard.h>
@@ -63,8 +64,7 @@ TpuBackend::TpuBackend(c10::intrusive_ptr<c10d::Backend> host, int rank, int siz
                        std::shared_ptr<DeviceCollectives> device)
     : c10d::Backend(rank, size), host_(std::move(host)), device_(std::move(device)), timeout_(timeout) {
   TORCH_CHECK(host_, "tpu_dist needs a host backend to stage collectives through");
-  const char* v = std::getenv("TORCH_TPU_DIST_VERIFY");
-  verify_ = !(v && std::string(v) == "0");
+  verify_ = settings::enabled("TORCH_TPU_DIST_VERIFY");
   worker_ = std::thread([this] { completion_loop(); });
   std::lock_guard<std::mutex> g(live_mu());
   live().insert(this);

@@ -13,6 +13,7 @@
 #include "runtime/compile_cache.h"
 #include "runtime/compile_pool.h"
 #include "runtime/runtime.h"
+#include "runtime/settings.h"
 #include "runtime/trace.h"
 #include "runtime/warm_start.h"
 
@@ -154,6 +155,12 @@ void bind_runtime(py::module_& m) {
         "The compile pool's thread count (TORCH_TPU_COMPILE_THREADS); 0: compile_async compiles synchronously.");
   m.def("wait_compiles", &settle_compiles,
         "Waits until the compile pool has nothing in flight; raises the warnings its compiles gave.");
+  m.def("cpp_settings", [] {
+    std::vector<std::pair<std::string, std::optional<std::string>>> out;
+    for (const auto& s : settings::kCppSettings)
+      out.emplace_back(s.name, s.default_value ? std::optional<std::string>(s.default_value) : std::nullopt);
+    return out;
+  }, "The variables the C++ core reads and their defaults (csrc/runtime/settings.h): (name, default or None).");
   m.def("set_warm_manifest", &runtime::warm_start::set_manifest,
         "The warm-start manifest's path (csrc/runtime/warm_start.h; \"\": off): read when the client starts.");
   m.def("finish_warm_start", [] {

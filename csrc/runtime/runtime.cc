@@ -1,4 +1,5 @@
 #include "runtime/runtime.h"
+#include "runtime/settings.h"
 #include "runtime/warm_start.h"
 
 #include <c10/util/ApproximateClock.h>
@@ -153,8 +154,7 @@ pjrt::Client& Runtime::client() {
                                 " could not start; TORCH_TPU_PJRT_PLUGIN chooses another)",
                             e.code());
     }
-    const char* logs = std::getenv("TORCH_TPU_PLUGIN_LOGS");
-    log.finish(/*everything=*/logs && std::string(logs) == "1");
+    log.finish(/*everything=*/settings::get("TORCH_TPU_PLUGIN_LOGS") == "1");
   }
   // Around fork(), hold the runtime's locks so that the child's copies are not left locked by a
   // thread (the launcher) that does not exist there; the child may still free and allocate cells.
@@ -399,13 +399,7 @@ void Runtime::copy_bytes(Cell& dst, const Cell& src, size_t count) {
 
 namespace {
 size_t keep_busy_bytes() {
-  static const size_t limit = [] {
-    const char* v = std::getenv("TORCH_TPU_KEEP_BUSY_BYTES");
-    // 256 KiB, measured on the CPU plugin (2 cores): an in-place add on a busy 256 KiB buffer took
-    // 73 us kept and 194 us donated, on a busy 4 MiB one 1700 us kept (a fresh buffer's first touch)
-    // and 440 us donated; a compiled AdamW step of a 400k-parameter MLP was 1.4x faster donating.
-    return v && *v ? static_cast<size_t>(std::strtoull(v, nullptr, 10)) : size_t(256) << 10;
-  }();
+  static const size_t limit = static_cast<size_t>(settings::integer("TORCH_TPU_KEEP_BUSY_BYTES"));
   return limit;
 }
 }  // namespace
@@ -429,10 +423,7 @@ std::vector<int64_t> Runtime::busy_inputs(const std::vector<pjrt::Buffer*>& args
 }
 
 bool async_launch() {
-  static const bool on = [] {
-    const char* v = std::getenv("TORCH_TPU_ASYNC_LAUNCH");
-    return !(v && std::string(v) == "0");
-  }();
+  static const bool on = settings::enabled("TORCH_TPU_ASYNC_LAUNCH");
   return on;
 }
 

@@ -25,6 +25,7 @@
 #include "graph/graph_runner.h"
 #include "runtime/compile_cache.h"
 #include "runtime/runtime.h"
+#include "runtime/settings.h"
 #include "runtime/trace.h"
 
 using torch_tpu::runtime::Cell;
@@ -86,6 +87,22 @@ std::vector<float> read(Cell* c) {
 
 // First in the file: the client must not have started yet. Threads that each find it not started
 // race to start it, and read it while it starts (started(), then client()): one client for all.
+TEST(Settings, ReadThroughTheTableOnly) {
+  namespace s = torch_tpu::settings;
+  EXPECT_THROW(s::get("TORCH_TPU_NOT_DECLARED"), c10::Error);
+  ::unsetenv("TORCH_TPU_DIST_VERIFY");
+  EXPECT_TRUE(s::enabled("TORCH_TPU_DIST_VERIFY"));  // its default
+  ::setenv("TORCH_TPU_DIST_VERIFY", "0", 1);
+  EXPECT_FALSE(s::enabled("TORCH_TPU_DIST_VERIFY"));
+  ::unsetenv("TORCH_TPU_DIST_VERIFY");
+  ::setenv("TORCH_TPU_KEEP_BUSY_BYTES", "", 1);  // set but empty: the default
+  EXPECT_EQ(s::integer("TORCH_TPU_KEEP_BUSY_BYTES"), 262144);
+  ::setenv("TORCH_TPU_KEEP_BUSY_BYTES", "12k", 1);
+  EXPECT_THROW(s::integer("TORCH_TPU_KEEP_BUSY_BYTES"), c10::Error);
+  ::unsetenv("TORCH_TPU_KEEP_BUSY_BYTES");
+  EXPECT_FALSE(s::get("TORCH_TPU_PLUGIN_LOGS").has_value());  // no default
+}
+
 TEST(Runtime, ClientStartedFromManyThreadsAtOnce) {
   ASSERT_FALSE(runtime().started());
   std::vector<torch_tpu::pjrt::Client*> seen(kThreads, nullptr);
