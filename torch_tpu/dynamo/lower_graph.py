@@ -36,7 +36,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from .. import _C, runtime
 from ..eager import state as _state
-from ..eager.kernel import Signature, cpu_dtype_probe
+from ..lowering.signature import Signature, cpu_dtype_probe
 from ..lowering.builder import Builder, TensorType, Value
 from ..lowering.overloads import overload_name, resolve
 from ..lowering.precision import matmul_precision

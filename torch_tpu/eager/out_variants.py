@@ -9,7 +9,7 @@ import threading
 import torch
 
 from ..lowering.overloads import variants
-from .kernel import ArgKind, Signature, _run_probe
+from ..lowering.signature import ArgKind, Signature, run_probe
 
 
 def functional_of(op):
@@ -84,10 +84,10 @@ def _cpu_out_refusal(sig: Signature, f_sig: Signature, f_index: list, vals: list
         known = None
         probe = [_zeros(v) for v in vals]
         try:
-            _run_probe(sig, probe)
+            run_probe(sig, probe)
         except (RuntimeError, TypeError, NotImplementedError) as e:
             try:
-                _run_probe(f_sig, [probe[i] for i in f_index])
+                run_probe(f_sig, [probe[i] for i in f_index])
                 known = (type(e), str(e))
             except Exception:  # noqa: BLE001  (the inputs themselves fail: not the out= dtypes)
                 pass

@@ -39,7 +39,7 @@ class Lowering:
     # Scalars are, not keyed by value: one program serves a whole learning-rate schedule.
     float_operands: bool = False
     # False where tpu computes, by decision, dtypes CPU's kernel has none for (histc of integers, as
-    # CUDA does): no CPU dtype probe (eager/kernel.py's cpu_dtype_probe) for this op.
+    # CUDA does): no CPU dtype probe (lowering/signature.py's cpu_dtype_probe) for this op.
     cpu_dtypes: bool = True
     # Random op: its Generator? argument arrives as the (seed, offset) state, a tensor<2xui64> Value;
     # an op with no Generator argument (native_dropout) gets the default one's as a last argument.
