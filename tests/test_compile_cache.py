@@ -150,6 +150,22 @@ def test_size_cap_evicts(tmp_path):
     assert len(entries(tmp_path)) <= 1
 
 
+def test_size_cap_counts_what_other_processes_wrote(tmp_path):
+    # The tier is listed at a process's first write (not at every write: that made each compile wait
+    # on a listing of the whole directory), so entries others wrote past the cap go then, oldest first.
+    old = time.time() - 3600
+    for i in range(40):
+        p = tmp_path / f"{i:064x}.xla"
+        p.write_bytes(b"x" * 10_000)
+        os.utime(p, (old + i, old + i))
+    stats, _ = run(tmp_path, {"TORCH_TPU_CACHE_MAX_BYTES": "200000"})
+    assert stats["ok"] and stats["disk_writes"] > 0 and stats["evictions"] > 0
+    left = entries(tmp_path)
+    assert sum(os.path.getsize(tmp_path / e) for e in left) <= 200_000
+    fakes = [e for e in left if e.startswith("0" * 60)]
+    assert fakes == [f"{i:064x}.xla" for i in range(40 - len(fakes), 40)]  # the newest of them stay
+
+
 def test_disk_tier_off(tmp_path):
     stats, _ = run(tmp_path, {"TORCH_TPU_DISK_CACHE": "0"})
     assert stats["ok"] and stats["disk_writes"] == 0 and entries(tmp_path) == []

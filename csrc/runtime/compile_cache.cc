@@ -381,11 +381,20 @@ bool CompileCache::write(Tier& tier, const std::string& key, const std::string& 
     std::lock_guard<std::mutex> g(mu_);
     tier.stats.writes++;
   }
-  if (tier.config.max_bytes > 0) evict(tier);
+  if (tier.config.max_bytes > 0) account(tier, static_cast<int64_t>(entry.size()));
   return true;
 }
 
-void CompileCache::evict(Tier& tier) {
+void CompileCache::account(Tier& tier, int64_t written) {
+  std::lock_guard<std::mutex> g(tier.size_mu);
+  if (tier.known_bytes >= 0) {
+    tier.known_bytes += written;
+    if (tier.known_bytes <= tier.config.max_bytes) return;
+  }
+  tier.known_bytes = evict(tier);
+}
+
+int64_t CompileCache::evict(Tier& tier) {
   std::error_code ec;
   std::vector<std::pair<fs::file_time_type, fs::path>> entries;
   int64_t total = 0;
@@ -394,7 +403,7 @@ void CompileCache::evict(Tier& tier) {
     total += static_cast<int64_t>(e.file_size(ec));
     entries.emplace_back(e.last_write_time(ec), e.path());
   }
-  if (total <= tier.config.max_bytes) return;
+  if (total <= tier.config.max_bytes) return total;
   std::sort(entries.begin(), entries.end());
   int64_t evicted = 0;
   for (const auto& [when, path] : entries) {
@@ -408,6 +417,7 @@ void CompileCache::evict(Tier& tier) {
   }
   std::lock_guard<std::mutex> g(mu_);
   tier.stats.evictions += evicted;
+  return total;
 }
 
 }  // namespace torch_tpu::runtime

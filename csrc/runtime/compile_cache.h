@@ -121,6 +121,12 @@ class CompileCache {
     // A write failed (a full disk, a quota, a file size limit): this process stops writing here,
     // with one warning, and keeps reading the entries that are there.
     std::atomic<bool> unwritable{false};
+    // A capped tier's bytes as this process knows them (-1: not counted yet), guarded by size_mu: the
+    // directory is listed at this process's first write and again only when its own writes take the
+    // count past the cap (a listing of a full tier's ~300k entries takes seconds; once per write it
+    // made every compile wait). Other processes' writes are seen at those listings.
+    std::mutex size_mu;
+    int64_t known_bytes = -1;
   };
 
   std::vector<std::shared_ptr<Tier>> usable_tiers();
@@ -132,7 +138,8 @@ class CompileCache {
   std::shared_ptr<pjrt::Executable> from_tiers(pjrt::Client& client, const std::vector<std::shared_ptr<Tier>>& tiers,
                                                const std::string& key, const std::string& name);
   void note_use_locked(const std::string& key);  // under mu_
-  void evict(Tier& tier);
+  void account(Tier& tier, int64_t written);  // a capped tier grew by `written` bytes: evicts past the cap
+  int64_t evict(Tier& tier);  // lists the tier, evicts the least recently used past the cap; its bytes after
   // Each loaded executable holds a few JIT code mappings; a process with tens of thousands of them
   // hits the kernel's map limit (LLVM: "Unable to allocate section memory"). Past the cap the least
   // recently used go: they stay in the directory tiers, and live plans keep their own references.
