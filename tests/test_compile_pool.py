@@ -121,3 +121,26 @@ def test_a_failed_launch_leaves_the_index_status_usable():
     r = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip().splitlines()[-1] == "[1.0, 3.0]"
+
+
+def test_fused_runs_compile_on_the_pool(monkeypatch):
+    """Fused eager hands a run's new program to the pool too: the run is queued at once, and a compile
+    error is the run's error at the sync, naming it, with the tensors it read keeping their values."""
+    from torch_tpu.eager import fused
+    text = fused._text
+
+    def broken(records, outputs):
+        t, ext, types = text(records, outputs)
+        return t.replace("stablehlo.multiply", "stablehlo.not_an_op"), ext, types
+    monkeypatch.setattr(fused, "_text", broken)
+    x = torch.arange(44.0, device="tpu").reshape(4, 11)  # a shape no other test fuses
+    with torch_tpu.eager_mode("fused"):
+        y = x * 3 + 1
+        with pytest.raises(RuntimeError, match=r"(?s)tpu: compiling fused run \(2 ops\) failed.*--- program ---"):
+            torch.tpu.synchronize()
+    monkeypatch.setattr(fused, "_text", text)
+    assert x.cpu().tolist() == torch.arange(44.0).reshape(4, 11).tolist()
+    with torch_tpu.eager_mode("fused"):
+        z = (x * 2 + 1).sum()  # the queue goes on
+    assert z.item() == 44 + 2 * sum(range(44))
+    del y

@@ -62,10 +62,15 @@ def _text(records, outputs):
             res.replace(args[i], b.reshape(current[i], args[i].shape))
         else:  # a storage the run made
             res.buffer(current[i])
-    return res.module(list(funcs.values()), name="torch_tpu_fused"), ext
+    return res.module(list(funcs.values()), name="torch_tpu_fused"), ext, res.types
 
 
 def _build(records, outputs):
-    """C++ calls this on a run signature's first flush: (executable, @main argument sources)."""
-    text, ext = _text(records, list(outputs))
-    return runtime.compile(text, f"fused run ({len(records)} ops)"), ext
+    """C++ calls this on a run signature's first flush: (executable, @main argument sources). The
+    executable is compiled by the compile pool (runtime.compile's `outputs`): the run is queued at
+    once and Python goes on recording the next one while it compiles; a compile error is raised at
+    the next sync, naming the run, as any failure of a queued op (an error building the text is
+    raised here, and C++ then runs the recorded ops one by one first)."""
+    text, ext, types = _text(records, list(outputs))
+    return runtime.compile(text, f"fused run ({len(records)} ops)",
+                           outputs=[(t.dtype, list(t.shape)) for t in types]), ext
