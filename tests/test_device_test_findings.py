@@ -546,3 +546,16 @@ def test_half_precision_index_reduce_accumulates_as_cpu(dtype, reduce, include_s
     expected = x.clone().index_reduce_(1, idx, src, reduce, include_self=include_self)
     got = x.to(TPU).index_reduce_(1, idx.to(TPU), src.to(TPU), reduce, include_self=include_self).cpu()
     torch.testing.assert_close(got, expected, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("include_self", [True, False])
+def test_half_precision_scatter_reduce_mean_rounds_as_cpu(dtype, include_self):
+    # CPU's mean lands the sum and the counts in self's dtype, then divides: rounded twice
+    g = torch.Generator().manual_seed(0)
+    src = (torch.randn(40, 5, generator=g) * 10).to(dtype)
+    x = (torch.randn(6, 5, generator=g) * 10).to(dtype)
+    idx = torch.randint(0, 6, (40, 5), generator=g)
+    expected = x.clone().scatter_reduce_(0, idx, src, "mean", include_self=include_self)
+    got = x.to(TPU).scatter_reduce_(0, idx.to(TPU), src.to(TPU), "mean", include_self=include_self).cpu()
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)

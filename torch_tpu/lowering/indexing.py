@@ -133,6 +133,8 @@ def _scatter(ctx, x, dim, index, src, reduce=None, include_self=True):
         ones = b.constant(1, cd, shape)
         count = b.constant(1 if include_self else 0, cd, x.shape)
         count = points.point_scatter(b, count, coords, ones, points.combine_fn("sum", cd))
+        if cd != dt:  # CPU: the sum and the counts land in self's half-precision dtype before the division
+            total, count = (b.convert(b.convert(v, dt), cd) for v in (total, count))
         count = b.maximum(count, b.constant(1, cd, x.shape))
         if cd.is_floating_point:
             r = b.divide(total, count)
