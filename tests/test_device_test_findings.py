@@ -21,6 +21,7 @@ import warnings
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 TPU = torch.device("tpu")
 
@@ -141,11 +142,15 @@ def test_legacy_storage_types_as_cudas(recwarn):
     assert s.device.type == "tpu" and s.dtype == torch.float64 and s.size() == 4
 
 
-def test_one_hot_of_a_negative_class_raises_cpus_error_at_the_call():
-    """With num_classes=-1 (which reads the maximum from the device anyway): CPU's error at the call,
-    and nothing left to surface at the next, unrelated sync (it used to be blamed on that)."""
-    _same_error(lambda d: torch.nn.functional.one_hot(torch.tensor([3, 4, -1, 0], device=d), -1))
+@pytest.mark.parametrize("classes, n", [([3, 4, -1, 0], -1), ([3, 4, -1, 0], 5), ([3, 4, 1, 0], 3), ([2, 1, 0], 0)])
+def test_one_hot_of_a_bad_class_raises_cpus_error_at_the_call(classes, n):
+    """CPU's error at the call (test_nn's test_one_hot), and nothing left to surface at the next,
+    unrelated sync (it used to be blamed on that, and the call returned zeros)."""
+    _same_error(lambda d: torch.nn.functional.one_hot(torch.tensor(classes, device=d), n))
     assert torch.ones(2, device=TPU).sum().item() == 2.0
+
+
+def test_one_hot_of_good_classes():
     x = torch.tensor([[3, 1], [0, 2]])
     for n in (-1, 5):
         got = torch.nn.functional.one_hot(x.to(TPU), n)
@@ -559,3 +564,24 @@ def test_half_precision_scatter_reduce_mean_rounds_as_cpu(dtype, include_self):
     expected = x.clone().scatter_reduce_(0, idx, src, "mean", include_self=include_self)
     got = x.to(TPU).scatter_reduce_(0, idx.to(TPU), src.to(TPU), "mean", include_self=include_self).cpu()
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("fn", [lambda t: F.elu_(t, alpha=-2), lambda t: F.leaky_relu_(t, -2)], ids=["elu_", "leaky_relu_"])
+def test_inplace_activation_with_a_negative_slope_refuses_its_backward_as_cpu(fn):
+    # test_nn's test_elu_inplace_with_neg_alpha / test_leaky_relu_inplace_with_neg_slope: CPU refuses
+    # the backward (the result cannot tell the input's sign); tpu gave a wrong gradient, silently
+    def grad(dev):
+        a = torch.tensor([-1.0, 1.0], device=dev, requires_grad=True)
+        fn(a.clone()).backward(torch.ones(2, device=dev))
+    with pytest.raises(RuntimeError) as cpu:
+        grad("cpu")
+    with pytest.raises(RuntimeError) as tpu:
+        grad(TPU)
+    assert str(tpu.value) == str(cpu.value) and "negative slope" in str(cpu.value)
+    for ok in (lambda t: F.elu_(t, alpha=2), lambda t: F.leaky_relu_(t, 0.2), lambda t: F.elu(t, alpha=-2)):
+        got = {}
+        for dev in ("cpu", TPU):
+            a = torch.tensor([-1.0, 1.0], device=dev, requires_grad=True)
+            ok(a.clone()).backward(torch.ones(2, device=dev))
+            got[dev] = a.grad.cpu()
+        torch.testing.assert_close(got[TPU], got["cpu"])

@@ -95,10 +95,25 @@ def _fake_rule(op, meta) -> None:
 _active = threading.local()
 
 
+def _elu_backward_check(grad, alpha, scale, input_scale, is_result, self_or_result):
+    if is_result and alpha < 0:  # the in-place elu_'s result cannot tell the input's sign
+        torch.ops.aten.elu_backward(torch.ones(1), alpha, scale, input_scale, True, torch.ones(1))
+
+
+# Decomposed ops whose CPU kernel refuses argument values that the decomposition would compute with
+# anyway (a wrong gradient): for those values CPU's kernel is asked on one-element tensors, and its
+# error raised in its words. Each check gets the op's arguments.
+_DECOMPOSITION_CHECKS = {"elu_backward": _elu_backward_check}
+
+
 def _decomposed(op, decomp):
     """Runs PyTorch's decomposition of `op` on tpu tensors; falls to the CPU fallback if the
     decomposition calls `op` itself (some entries only normalise arguments)."""
+    check = _DECOMPOSITION_CHECKS.get(overload_name(op))
+
     def kernel(*args, **kwargs):
+        if check is not None:
+            check(*args, **kwargs)
         stack = getattr(_active, "ops", None)
         if stack is None:
             stack = _active.ops = set()

@@ -723,7 +723,15 @@ def leaky_relu(ctx, x, negative_slope=0.01):
     return b.select(b.compare(x, b.zeros_like(x), "GT"), x, b.multiply(x, s))
 
 
-@register("leaky_relu_backward")
+def _check_inplace_negative_slope(grad, x, negative_slope, self_is_result):
+    """CPU refuses the backward of an in-place leaky_relu_ with a negative slope (its result cannot
+    tell the input's sign: the gradient would be wrong); its error, from CPU's kernel. Per call: the
+    slope is a Scalar, which the eager key leaves out."""
+    if self_is_result and negative_slope < 0:
+        torch.ops.aten.leaky_relu_backward(torch.ones(1), torch.ones(1), negative_slope, True)
+
+
+@register("leaky_relu_backward", check=_check_inplace_negative_slope)
 def leaky_relu_backward(ctx, grad, x, negative_slope, self_is_result):
     b = ctx.b
     g = operand(ctx, grad, ctx.out[0].dtype)

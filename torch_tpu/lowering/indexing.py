@@ -292,12 +292,12 @@ def masked_select_out(x, mask, *, out):
 
 
 def one_hot(self, num_classes=-1):
-    """F.one_hot of tpu tensors (ATen's composite, Onehot.cpp), with CPU's negative-class error at the
-    call where that costs no extra host read: on accelerators the composite leaves a negative class to
-    scatter's device-side bounds check (CUDA's device assert), which surfaced at a later, unrelated
-    sync. With num_classes=-1 the composite reads max() from the device anyway: min comes with it
-    (aminmax, one read) and CPU's "Class values must be non-negative." is raised here. A given
-    num_classes needs no read, as on CUDA: a bad class is found by scatter's check, which names it.
+    """F.one_hot of tpu tensors (ATen's composite, Onehot.cpp) with CPU's class errors at the call:
+    "Class values must be non-negative." and "Class values must be smaller than num_classes.". On
+    accelerators the composite leaves them to scatter's device-side bounds check (CUDA's device
+    assert), found at a later sync after the call had returned a tensor of zeros; PyTorch's own
+    test_one_hot expects the error at the call on every device but CUDA. So min and max are read
+    (aminmax: one host read per call, which num_classes=-1 needs anyway for max).
     Traced (fake or functional tensors), the composite's own traceable form."""
     if self.dtype != torch.int64:
         raise RuntimeError("one_hot is only applicable to index tensor of type LongTensor.")
@@ -310,13 +310,13 @@ def one_hot(self, num_classes=-1):
         if num_classes <= 0:
             raise RuntimeError("Can not infer total number of classes from empty tensor.")
         return torch.empty(shape + [num_classes], dtype=torch.int64, device=self.device)
+    lo, hi = torch.stack(torch.aminmax(self)).tolist()
+    if lo < 0:
+        raise RuntimeError("Class values must be non-negative.")
     if num_classes == -1:
-        lo, hi = torch.stack(torch.aminmax(self)).tolist()
-        if lo < 0:
-            raise RuntimeError("Class values must be non-negative.")
         num_classes = hi + 1
-    elif num_classes < 1:
-        raise RuntimeError("num_classes should be positive")
+    elif hi >= num_classes:
+        raise RuntimeError("Class values must be smaller than num_classes.")
     ret = torch.zeros(shape + [num_classes], dtype=torch.int64, device=self.device)
     return ret.scatter_(-1, self.unsqueeze(-1), 1)
 
