@@ -10,6 +10,7 @@ import torch
 from torch._prims_common import canonicalize_dim
 
 from .elementwise import compute_dtype
+from .helpers.checks import meta_result, scalar_type_name
 from .reduction import reduce_max, reduce_sum
 from .registry import IndexBound, host_kernel, register
 
@@ -96,13 +97,38 @@ def _target_bounds(x, target, weight, reduction, ignore_index, *rest):
     return [IndexBound(target, classes, IndexError, "Target {value} is out of bounds.", ignore=ignore_index)]
 
 
+def _byte_target(target, nd: bool):
+    """CPU's nll_loss takes a uint8 target (ATen/native/LossNLL.cpp: Long or Byte), its 2-d form
+    only Long ("expected scalar type Long but found Byte"); PyTorch's meta kernels (the
+    decomposition's gather) refuse uint8 for both and take int32. CPU's errors; the target to give
+    the meta kernels."""
+    if target.dtype not in (torch.int64, torch.uint8):
+        raise RuntimeError(f"expected target dtype to be Long or Byte, but got {scalar_type_name(target.dtype)}")
+    if target.dtype != torch.uint8:
+        return target
+    if nd:
+        raise RuntimeError("expected scalar type Long but found Byte")
+    return torch.empty_strided(target.shape, target.stride(), dtype=torch.int64, device="meta")
+
+
+def _nll_forward_meta(x, target, weight, reduction, ignore_index):
+    # (one meta for both overloads: the 2-d form is the one with 4-d inputs, F.nll_loss's reshape)
+    op = torch.ops.aten.nll_loss2d_forward if x.dim() == 4 else torch.ops.aten.nll_loss_forward
+    return meta_result(op, x, _byte_target(target, x.dim() == 4), weight, reduction, ignore_index)
+
+
+def _nll_backward_meta(grad, x, target, weight, reduction, ignore_index, total_weight):
+    op = torch.ops.aten.nll_loss2d_backward if x.dim() == 4 else torch.ops.aten.nll_loss_backward
+    return meta_result(op, grad, x, _byte_target(target, x.dim() == 4), weight, reduction, ignore_index, total_weight)
+
+
 def _nll_parts(b, x, target, weight, ignore_index, cd):
     """(class mask, per-target weight with ignored targets zeroed, class dim)."""
     cdim = 1 if x.rank >= 2 else 0
     other = [i for i in range(x.rank) if i != cdim]
-    mask = b.compare(b.iota(x.shape, cdim, torch.int64),
-                     b.broadcast_in_dim(b.convert(target, torch.int64), x.shape, other), "EQ")
-    valid = b.compare(target, b.constant(ignore_index, target.dtype, target.shape), "NE")
+    target = b.convert(target, torch.int64)  # (a uint8 target never equals a negative ignore_index)
+    mask = b.compare(b.iota(x.shape, cdim, torch.int64), b.broadcast_in_dim(target, x.shape, other), "EQ")
+    valid = b.compare(target, b.constant(ignore_index, torch.int64, target.shape), "NE")
     if weight is None:
         wt = b.constant(1, cd, target.shape)
     else:
@@ -112,7 +138,7 @@ def _nll_parts(b, x, target, weight, ignore_index, cd):
     return mask, wt, cdim
 
 
-@register("nll_loss_forward", "nll_loss2d_forward", bounds=_target_bounds)
+@register("nll_loss_forward", "nll_loss2d_forward", bounds=_target_bounds, meta=_nll_forward_meta)
 def nll_loss_forward(ctx, x, target, weight, reduction, ignore_index):
     b = ctx.b
     out = ctx.out[0].dtype
@@ -131,7 +157,7 @@ def nll_loss_forward(ctx, x, target, weight, reduction, ignore_index):
     return b.convert(s, out), b.convert(total, ctx.out[1].dtype)
 
 
-@register("nll_loss_backward", "nll_loss2d_backward")
+@register("nll_loss_backward", "nll_loss2d_backward", meta=_nll_backward_meta)
 def nll_loss_backward(ctx, grad, x, target, weight, reduction, ignore_index, total_weight):
     b = ctx.b
     out = ctx.out[0].dtype
