@@ -610,3 +610,16 @@ def test_nll_loss_target_dtypes_as_cpu(dtype, shape, tshape):
         return
     for a, b in zip(run(TPU), expected):
         torch.testing.assert_close(a, b)
+
+
+def test_inplace_threshold_may_write_an_expanded_view_as_cpu():
+    # test_nn's test_threshold_inplace_overlap: CPU's threshold_ runs on an expanded tensor (its
+    # TensorIterator has no overlap check); other in-place ops refuse it there as here
+    got = {}
+    for dev in ("cpu", TPU):
+        base = torch.tensor([[1.0, -1.0, 0.2, 0.7, 0.3, 0.9]], device=dev)
+        F.threshold(base.expand(6, 6), 0.5, 0.5, inplace=True)
+        got[dev] = base.cpu()
+        with pytest.raises(RuntimeError, match="more than one element of the written-to tensor"):
+            base.expand(6, 6).relu_()
+    torch.testing.assert_close(got[TPU], got["cpu"])

@@ -138,9 +138,12 @@ def _extent(t):
     return lo, hi
 
 
-# Overloads that write one value everywhere and so may write an expanded view (PyTorch's fill_
-# turns TensorIterator's overlap check off: every element at one address gets the same value).
-_WRITE_EXPANDED = frozenset({torch.ops.aten.fill_.Scalar, torch.ops.aten.fill_.Tensor, torch.ops.aten.zero_.default})
+# Overloads that may write an expanded view: fill_ and zero_ write one value everywhere (PyTorch's
+# fill_ turns TensorIterator's overlap check off: every element at one address gets the same value).
+_WRITE_EXPANDED = frozenset({torch.ops.aten.fill_.Scalar, torch.ops.aten.fill_.Tensor, torch.ops.aten.zero_.default,
+                             # CPU's threshold kernel builds its TensorIterator without the overlap check
+                             # (ReLU's in-place use); applying it twice gives what once does
+                             torch.ops.aten.threshold_.default})
 
 # Overloads CPU still runs on an expanded self, with a deprecation warning: an element all of whose
 # aliases share one address is written when any alias is selected (the fill value is one value).
