@@ -623,3 +623,9 @@ def test_inplace_threshold_may_write_an_expanded_view_as_cpu():
         with pytest.raises(RuntimeError, match="more than one element of the written-to tensor"):
             base.expand(6, 6).relu_()
     torch.testing.assert_close(got[TPU], got["cpu"])
+
+
+@pytest.mark.parametrize("xs, ts", [((0,), (10,)), ((2, 0), (2, 0)), ((3, 4), (3, 5)), ((4,), (3,))])
+def test_multilabel_margin_loss_shape_errors_as_cpu(xs, ts):
+    # test_nn's test_MarginLoss_empty: an empty class dimension gave NaN on tpu; CPU refuses it
+    _same_error(lambda d: F.multilabel_margin_loss(torch.ones(xs, device=d), torch.zeros(ts, dtype=torch.long, device=d)))

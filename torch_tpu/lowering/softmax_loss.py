@@ -343,7 +343,19 @@ def _multilabel_pairs(b, x, target, cd, is_target=None):
 
 
 def _multilabel_forward_meta(x, target, reduction):
-    """CPU's result shapes (PyTorch's meta kernel gives a 1-D input's unreduced loss shape [1], CPU [])."""
+    """CPU's shape checks (LossMultiLabelMargin.cpp's multilabel_margin_loss_shape_check: an empty
+    class dimension gave NaN here) and result shapes (PyTorch's meta kernel gives a 1-D input's
+    unreduced loss shape [1], CPU [])."""
+    sizes = "[" + ", ".join(str(n) for n in x.shape) + "]"
+    if not ((x.dim() == 2 and x.shape[1] != 0) or (x.dim() == 1 and x.shape[0] != 0) or x.dim() == 0):
+        raise RuntimeError(f"Expected non-empty vector or matrix with optional 0-dim batch size, but got: {sizes}")
+    if x.dim() <= 1:
+        ok = target.dim() <= 1 and target.numel() == (x.shape[0] if x.dim() else 1)
+    else:
+        ok = target.dim() == 2 and tuple(target.shape) == tuple(x.shape)
+    if not ok:
+        tsizes = "[" + ", ".join(str(n) for n in target.shape) + "]"
+        raise RuntimeError(f"inconsistent target size: {tsizes} for input of size: {sizes}")
     out = (x.shape[0],) if reduction == _NONE and x.dim() == 2 else ()
     return x.new_empty(out), x.new_empty(x.shape)
 
