@@ -346,7 +346,7 @@ def _multilabel_forward_meta(x, target, reduction):
     """CPU's shape checks (LossMultiLabelMargin.cpp's multilabel_margin_loss_shape_check: an empty
     class dimension gave NaN here) and result shapes (PyTorch's meta kernel gives a 1-D input's
     unreduced loss shape [1], CPU [])."""
-    sizes = "[" + ", ".join(str(n) for n in x.shape) + "]"
+    sizes = str(list(x.shape))  # as c10 prints an IntArrayRef: [2, 0]
     if not ((x.dim() == 2 and x.shape[1] != 0) or (x.dim() == 1 and x.shape[0] != 0) or x.dim() == 0):
         raise RuntimeError(f"Expected non-empty vector or matrix with optional 0-dim batch size, but got: {sizes}")
     if x.dim() <= 1:
@@ -354,8 +354,7 @@ def _multilabel_forward_meta(x, target, reduction):
     else:
         ok = target.dim() == 2 and tuple(target.shape) == tuple(x.shape)
     if not ok:
-        tsizes = "[" + ", ".join(str(n) for n in target.shape) + "]"
-        raise RuntimeError(f"inconsistent target size: {tsizes} for input of size: {sizes}")
+        raise RuntimeError(f"inconsistent target size: {list(target.shape)} for input of size: {sizes}")
     out = (x.shape[0],) if reduction == _NONE and x.dim() == 2 else ()
     return x.new_empty(out), x.new_empty(x.shape)
 
