@@ -9,7 +9,7 @@ true sizes, passed at launch as one int32 operand. XLA's dynamic padder masks re
 contractions and softmax over the padding, so the valid region equals the per-shape program's.
 
 A tensor with symbolic sizes crosses the program's boundary *compact*: a 1-D buffer of the bucket's
-element count whose first numel elements are the tensor in its memory order (GraphProgram._relayout:
+element count whose first numel elements are the tensor in its memory order (relayout.py:
 a gather at indices computed from the true sizes). So a graph's outputs are ordinary tpu tensors of
 their true shapes (views of the front of a larger storage), and one graph's output feeds the next
 graph (forward -> backward) without a copy.
@@ -284,7 +284,7 @@ def memory_order(val, bk: "Bucketing") -> list[int]:
 def keeps_symbolic_dims(src, dst) -> bool:
     """Whether a reshape from sizes `src` to `dst` keeps each symbolic dimension whole and in place
     (the same expression, after dimensions of the same total size): then XLA's own reshape of the
-    padded layout is right; splitting or merging one needs a relayout (GraphProgram._relayout)."""
+    padded layout is right; splitting or merging one needs a relayout (relayout.py)."""
     def marks(shape):
         out, before = [], sympy.Integer(1)
         for s in shape:

@@ -43,7 +43,7 @@ from ..lowering.precision import matmul_precision
 from ..lowering.registry import LoweringContext, bounds_status, fit, lower_arguments, rng_draws
 from ..lowering.results import ProgramResults
 from ..lowering.strided import dense_order
-from . import buckets, collectives
+from . import buckets, collectives, relayout
 from .host_part import HostPart
 
 log = logging.getLogger("torch_tpu.dynamo")
@@ -611,9 +611,8 @@ class GraphProgram:
         perm = buckets.memory_order(val, bk)
         self.ph_flat[i] = (cap, perm)
         sizes = self._sizes(val)
-        v = self._relayout(a, [bk.size_value(b, val.numel())], [sizes[p] for p in perm],
-                           tuple(shape[p] for p in perm))
-        v = b.transpose(v, _inverse(perm))
+        v = b.transpose(relayout.to_padded(b, a, [sizes[p] for p in perm], tuple(shape[p] for p in perm)),
+                        _inverse(perm))
         for d, n in enumerate(sizes):
             if n is not None:
                 v = b.set_dimension_size(v, n, d)
@@ -629,50 +628,23 @@ class GraphProgram:
         cap = v.type.numel
         perm = buckets.memory_order(val, bk)
         sizes = self._sizes(val)
-        flat = self._relayout(b.transpose(v, perm), [sizes[p] for p in perm],
-                              [bk.size_value(b, val.numel())], (cap,), mark=False)
+        flat = relayout.to_compact(b, b.transpose(v, perm), [sizes[p] for p in perm], cap)
         self.results.fresh(flat)
         self.prog_to_cpu.append(False)
         return ("compact", len(self.results.values) - 1, tuple(buckets.expr_of(s) for s in val.shape), perm)
 
-    def _relayout(self, x, src_sizes, dst_sizes, dst_shape, mark=True):
-        """x (padded to its type's shape, true sizes `src_sizes`: int32 Values or None where static)
-        laid out again as `dst_shape` holding the same elements in row-major order at the true sizes
-        `dst_sizes`: element p of the result is element L(p) = sum_d p_d * (product of dst's true sizes
-        after d) of x's row-major order, read by a gather at indices computed from the sizes operand.
-        Used wherever a symbolic dimension is split, merged or crosses the program's boundary: XLA's
-        own reshape of a dynamic dimension keeps the padded layout (a compact buffer is misread) and
-        scrambles rows when it splits one; and a gather of slice size 1 gives a static result (XLA:CPU
-        writes a dynamic program output with its sizes appended, a buffer no other program accepts).
-        `mark`: re-mark the result's symbolic dimensions (set_dimension_size); False for an output."""
-        b = self.b
-        src_shape, dst_shape = x.shape, tuple(dst_shape)
-        idx_shape = dst_shape + (1,)
-
-        def size(sizes, shape, d):
-            return sizes[d] if sizes[d] is not None else b.constant(shape[d], torch.int32)
-
-        lin, stride = b.constant(0, torch.int32, idx_shape), b.constant(1, torch.int32)
-        for d in reversed(range(len(dst_shape))):
-            lin = b.add(lin, b.multiply(b.iota(idx_shape, d, torch.int32), b.broadcast_to(stride, idx_shape)))
-            stride = b.multiply(stride, size(dst_sizes, dst_shape, d))
-        parts = []
-        for d in reversed(range(len(src_shape))):  # unravel by the source's true sizes
-            n = b.broadcast_to(size(src_sizes, src_shape, d), idx_shape)
-            parts.append(b.remainder(lin, n))
-            lin = b.divide(lin, n)
-        idx = b.concatenate(parts[::-1], len(dst_shape)) if parts else b.constant(0, torch.int32, dst_shape + (0,))
-        r = len(src_shape)
-        v = b.gather(x, idx, [], list(range(r)), list(range(r)), len(dst_shape), [1] * r, dst_shape)
-        for d, n in enumerate(dst_sizes if mark else ()):
+    def _reshaped(self, x, src, dst):
+        """A view or reshape node that splits or merges a symbolic dimension (buckets.keeps_symbolic_dims):
+        through the compact layout (relayout.py; XLA's own reshape of a dynamic dimension keeps the
+        padded layout, so splitting one scrambles rows)."""
+        b, bk = self.b, self.bucketing
+        shape, sizes = _shape(dst, bk), self._sizes(dst)
+        cap = max(x.type.numel, math.prod(shape))
+        v = relayout.to_padded(b, relayout.to_compact(b, x, list(x.sizes or self._sizes(src)), cap), sizes, shape)
+        for d, n in enumerate(sizes):
             if n is not None:
                 v = b.set_dimension_size(v, n, d)
-        return v
-
-    def _reshaped(self, x, src, dst):
-        """A view or reshape node that splits or merges a symbolic dimension (buckets.keeps_symbolic_dims)."""
-        v = self._relayout(x, list(x.sizes or self._sizes(src)), self._sizes(dst), _shape(dst, self.bucketing))
-        return Value(v.name, v.type, _meta(dst, self.bucketing), self._sizes(dst))
+        return Value(v.name, v.type, _meta(dst, bk), sizes)
 
     def _mask_padding(self, node, r, args):
         """Ops whose lowering would write the padding of a symbolic dimension where PyTorch's result has
