@@ -14,7 +14,8 @@ temporaries, peak memory (ours: the busiest program plus what is alive across pr
 program's peak) and libtpu's time estimate where its cost model has one, and ours/JAX for each.
 Cases: the MLP step (Linear 256-512-512-10, batch 64), the GPT-style decoder block's forward and
 training step (examples/tiny_models.py's TinyGPT, 64 wide, 16 x 32 tokens), the digits CNN's training
-step (examples/train_digits.py). --gpt2: also times aot.compile of a GPT-2-small training step (124M
+step (examples/train_digits.py); and ours against ours, the GPT block's step with its length
+bucketed against static (--case bucketed: what a bucketed program's relayouts cost). --gpt2: also times aot.compile of a GPT-2-small training step (124M
 parameters, batch 8 x 1024, AdamW) built on the meta device, and prints its report.
 
 Both sides compute float32 matmuls at the same precision, --precision (PyTorch's name): `highest`
@@ -148,6 +149,32 @@ def compare(name, case, topo):
               f"{'ours' if ours_est is None else 'JAX'})")
 
 
+def bucketed(topo):
+    """The GPT block's training step at length 64, static against bucketed (the length marked dynamic
+    over 33..64: one bucket, 64), ours against ours: what a bucketed program's relayouts cost
+    (dynamo/relayout.py), per program."""
+    torch.manual_seed(0)
+    step = _train(TinyGPT(vocab=256, dim=64, ctx=64).to("meta"), lambda m, i, t: F.cross_entropy(m(i).flatten(0, 1), t.flatten()))
+    got = {}
+    for marked in (False, True):
+        torch._dynamo.reset()
+        torch._dynamo.config.trace_autograd_ops = False
+        idx, tgt = torch.randint(0, 256, (16, 64), device="meta"), torch.randint(0, 256, (16, 64), device="meta")
+        if marked:
+            for t in (idx, tgt):
+                torch._dynamo.mark_dynamic(t, 1, min=33, max=64)
+        report = aot.compile(step, idx, tgt, topology=topo)
+        if not report.ok:
+            print(report)
+            return
+        got[marked] = [p for p in report.programs if p.flops]
+    print("\nGPT block training step, length 64: bucketed (<= 64) / static, per program")
+    print(f"  {'program':24}{'bytes':>10}{'temp':>10}{'peak':>10}")
+    for s, d in zip(got[False], got[True]):
+        print(f"  {s.name:24}{_ratio(d.bytes_accessed, s.bytes_accessed):>10}"
+              f"{_ratio(d.temp_bytes, s.temp_bytes):>10}{_ratio(d.peak_bytes, s.peak_bytes):>10}")
+
+
 def gpt2_small(topo):
     from transformers import GPT2Config, GPT2LMHeadModel
     with torch.device("meta"):
@@ -176,7 +203,7 @@ def main():
     ap.add_argument("--gpt2", action="store_true")
     ap.add_argument("--precision", choices=sorted(_JAX_PRECISION), default="highest",
                     help="float32 matmul precision of both sides (PyTorch's names)")
-    ap.add_argument("--case", choices=[*CASES, "gpt2"], help="run only this case")
+    ap.add_argument("--case", choices=[*CASES, "gpt2", "bucketed"], help="run only this case")
     ap.add_argument("--backward", choices=["default", "traced", "both"], default="both",
                     help="whether Dynamo traces loss.backward() (BACKWARD); both: each step case twice")
     a = ap.parse_args()
@@ -191,6 +218,9 @@ def main():
             gpt2_small(topo)
         return
     print(f"programs compiled by libtpu for {topo!r}, float32 matmuls at {a.precision!r} on both sides")
+    if a.case == "bucketed":
+        bucketed(topo)
+        return
     # In this process: libtpu compiles in aot's worker processes, so a libtpu crash fails one program
     # (reported in its case's table), not the run.
     for key, case in CASES.items():
@@ -198,6 +228,8 @@ def main():
             continue
         for BACKWARD in forms if "step" in case[0] else forms[:1]:
             compare(*case, topo)
+    if not a.case:
+        bucketed(topo)
     if a.gpt2:
         for BACKWARD in forms:
             gpt2_small(topo)
