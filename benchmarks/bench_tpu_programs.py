@@ -15,8 +15,9 @@ program's peak) and libtpu's time estimate where its cost model has one, and our
 Cases: the MLP step (Linear 256-512-512-10, batch 64), the GPT-style decoder block's forward and
 training step (examples/tiny_models.py's TinyGPT, 64 wide, 16 x 32 tokens), the digits CNN's training
 step (examples/train_digits.py); and ours against ours, the GPT block's step with its length
-bucketed against static (--case bucketed: what a bucketed program's relayouts cost). --gpt2: also times aot.compile of a GPT-2-small training step (124M
-parameters, batch 8 x 1024, AdamW) built on the meta device, and prints its report.
+bucketed against static (--case bucketed: what a bucketed program's relayouts cost). --gpt2: also
+times aot.compile of a GPT-2-small training step (124M parameters, batch 8 x 1024, AdamW) built on
+the meta device, and prints its report.
 
 Both sides compute float32 matmuls at the same precision, --precision (PyTorch's name): `highest`
 (PyTorch's default; HIGHEST, full float32), `high` (HIGH, bfloat16 three-pass) or `medium` (DEFAULT,
