@@ -91,3 +91,29 @@ def test_an_entry_describes_its_fresh_results_as_fresh_specs(monkeypatch):
     assert isinstance(spec, _C.eager.FreshSpec)
     assert (spec.sizes, spec.dtype, spec.strides) == (tuple(y.shape), torch.float32, y.stride()) == \
         ((2, 4, 3), torch.float32, (12, 1, 4))  # CPU's: the input's permuted layout kept
+
+
+@pytest.mark.parametrize("mode", ["strict", "debug", "fused"])
+def test_a_refused_key_runs_on_the_cpu_fallback_from_cpp(monkeypatch, mode):
+    """A call a lowering refuses (NotLowered: bilinear upsampling of uint8 runs CPU's kernel) is kept
+    in the plan cache as a host plan: that call and every later one with its key run PyTorch's CPU
+    kernel from C++ (csrc/aten/fallback.h's run_on_cpu), counted, and Python sees only the first."""
+    import torch.nn.functional as F
+    misses = []
+    real = Kernel._slow
+    monkeypatch.setattr(Kernel, "_slow", lambda self, *a: misses.append(self.name) or real(self, *a))
+    x = torch.randint(0, 255, (1, 3, 5, 7), dtype=torch.uint8)
+    want = F.interpolate(x, scale_factor=2, mode="bilinear")
+    _C.eager.plan_cache_clear()
+    torch_tpu.metrics.reset()
+    with torch_tpu.eager_mode(mode):
+        xt = x.to(TPU)
+        got = [F.interpolate(xt, scale_factor=2, mode="bilinear") for _ in range(3)]
+        out = torch.zeros(1, 3, 10, 14, dtype=torch.uint8, device=TPU)
+        for _ in range(2):
+            torch._C._nn.upsample_bilinear2d(xt, [10, 14], False, out=out)  # written in place, as CPU writes it
+    for g in got + [out]:
+        assert g.device.type == "tpu" and torch.equal(g.cpu(), want)
+    assert misses.count("aten::upsample_bilinear2d") == 1 and misses.count("aten::upsample_bilinear2d.out") == 1
+    counts = torch_tpu.metrics.fallback_counts()
+    assert counts["aten::upsample_bilinear2d"] == 3 and counts["aten::upsample_bilinear2d.out"] == 2

@@ -24,17 +24,17 @@ bool fallback_enabled() {
   return settings::enabled("TORCH_TPU_CPU_FALLBACK");
 }
 
-void tpu_cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&run_on_cpu>());
+}
+
+}  // namespace
+
+void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& name = op.schema().operator_name();
   note_fallback(name.name + (name.overload_name.empty() ? "" : "." + name.overload_name));
   at::native::cpu_fallback(op, stack);
 }
-
-TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<&tpu_cpu_fallback>());
-}
-
-}  // namespace
 
 void note_fallback(const std::string& full) {
   TORCH_CHECK_NOT_IMPLEMENTED(fallback_enabled(), "The operator '", full,

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "aten/fallback.h"
 #include "eager/mode.h"
 
 namespace torch_tpu::eager {
@@ -26,6 +27,7 @@ void OpKernel::run(torch::jit::Stack* stack, bool entered) {
   Call call;
   describe_call(id_, sig, facts_.name, args, false, call);
   std::shared_ptr<Plan> plan = call.cacheable ? plan_cache().find(call.key) : nullptr;
+  if (plan && plan->host) return aten::run_on_cpu(op_, stack);
   if (plan && plan->fast) {
     auto m = mode();
     if (m == Mode::kStrict && plan->exe) {
@@ -57,6 +59,7 @@ void OpKernel::slow(torch::jit::Stack* stack, const Call& hashed, std::shared_pt
     if (again && again->exe) plan_cache().put(hashed.key, again, plan_bytes(*again));
   }
   if (built.returned) return;
+  if (built.run && built.run->host) return aten::run_on_cpu(op_, stack);
   auto m = mode();
   TORCH_CHECK(built.run && (m == Mode::kFused || built.run->exe), facts_.name,
               ": the tpu kernel returned an entry with no executable to run");

@@ -45,6 +45,7 @@ struct Plan {
   uint64_t uid = 0;                             // the program's identity in fused runs (stable per entry)
   std::string name;                             // the op, for error messages
   bool fast = false;                            // runs (strict, with exe) or records (fused) here, no Python
+  bool host = false;                            // runs on the CPU fallback (a key the lowering refused)
   std::shared_ptr<void> entry;                  // the front-end's own description (a Python object)
 };
 

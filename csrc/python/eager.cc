@@ -125,12 +125,16 @@ std::shared_ptr<void> hold(py::object o) {
 
 std::atomic<uint64_t> g_next_uid{1};
 
-// The plan of a front-end entry (kernel.py's _Entry, or the CPU-fallback marker). written: the op
-// returns its written arguments; has_check: a per-call check must run in Python first.
+// The plan of a front-end entry (kernel.py's _Entry, or ON_HOST: a key the lowering refused, run on
+// the CPU fallback). written: the op returns its written arguments; has_check: a per-call check must
+// run in Python first.
 std::shared_ptr<Plan> plan_of_entry(const py::object& entry, bool written, bool has_check) {
   auto p = std::make_shared<Plan>();
   p->entry = hold(entry);
-  if (!py::hasattr(entry, "exe")) return p;  // the CPU-fallback marker
+  if (!py::hasattr(entry, "exe")) {  // ON_HOST
+    p->host = true;
+    return p;
+  }
   py::object uid = entry.attr("uid");
   if (uid.is_none()) {
     uid = py::int_(g_next_uid++);

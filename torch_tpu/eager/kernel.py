@@ -76,8 +76,9 @@ class _Entry:
     uid: int | None = None
 
 
-# Marks a key whose lowering raised NotLowered: the op runs through the counted CPU fallback.
-_ON_HOST = object()
+# Marks a key whose lowering raised NotLowered: C++ runs the op on the counted CPU fallback, this
+# call and every later one with the key (csrc/aten/fallback.h's run_on_cpu; no Python per call).
+ON_HOST = object()
 
 
 def _note_program(name: str, vals) -> None:
@@ -85,22 +86,6 @@ def _note_program(name: str, vals) -> None:
     ts = list(_tensors(vals))
     recompiles.note(name, tuple(t.dtype for t in ts), tuple(tuple(t.shape) for t in ts),
                     tuple(recompiles.layout_of(t) for t in ts), stacklevel=3)  # the user's line: before _slow
-
-
-def _map_tensors(v, fn):
-    if isinstance(v, torch.Tensor):
-        return fn(v)
-    if isinstance(v, (list, tuple)):
-        return type(v)(_map_tensors(x, fn) for x in v)
-    return v
-
-
-def _map_pairs(dev, host, fn):
-    if isinstance(dev, torch.Tensor):
-        fn(dev, host)
-    elif isinstance(dev, (list, tuple)):
-        for d, h in zip(dev, host):
-            _map_pairs(d, h, fn)
 
 
 class _Call:
@@ -501,9 +486,10 @@ class Kernel:
         """A call the C++ fast path does not take: a cache miss (entry None: meta, lowering, compile),
         debug eager, a per-call check, the CPU fallback. Returns (result, the new entry for the plan
         cache or None, the entry C++ runs or None). C++ runs every op program (strict, debug and
-        fused alike, csrc/eager/op_kernel.cc's OpKernel::slow); Python returns a result itself only
-        for the CPU fallback, an expanded fill and an out= resize. key_words: the key after the op's
-        id, as bytes (None for a call the plan cache does not keep), which keys the meta memo."""
+        fused alike, csrc/eager/op_kernel.cc's OpKernel::slow, and the CPU fallback for a key the
+        lowering refuses: ON_HOST); Python returns a result itself only for an expanded fill and an
+        out= resize. key_words: the key after the op's id, as bytes (None for a call the plan cache
+        does not keep), which keys the meta memo."""
         vals = self.sig.bind(args, kwargs)
         if self.sig.overload in _FILL_EXPANDED and _expanded_dims(vals[0]):
             done = _fill_expanded(self.sig.overload, vals)
@@ -517,7 +503,7 @@ class Kernel:
                 if not entry.resize:
                     _note_program(self.name, vals)
             except NotLowered:
-                entry = _ON_HOST
+                entry = ON_HOST
             except RuntimeError as e:
                 # PyTorch's Python meta / reference kernels refuse some dtypes with a RuntimeError
                 # ("torch.bool not supported for floor_divide") where CPU's kernel raises
@@ -530,10 +516,10 @@ class Kernel:
                     src, dst = (scalar_type_name(getattr(torch, n)) for n in unsafe.groups())
                     raise RuntimeError(f"result type {src} can't be cast to the desired output type {dst}") from None
                 raise
-            if entry is _ON_HOST or not entry.resize:
+            if entry is ON_HOST or not entry.resize:
                 store = entry
-        if entry is _ON_HOST:
-            return self._run_on_host(vals), store, None
+        if entry is ON_HOST:
+            return None, store, ON_HOST
         if entry.resize:  # out= tensors of the wrong shape: resize (as PyTorch does), then run anew
             for i, shape, strides in entry.resize:
                 vals[i].resize_(shape)
@@ -573,21 +559,6 @@ class Kernel:
         """Debug eager, after C++ queued this op's program: waits for it (operands: the call's, for the
         error message)."""
         debug_synchronize(self.name, operands, device)
-
-    def _run_on_host(self, vals):
-        """The counted CPU fallback, for arguments the lowering refused (NotLowered): the op runs on
-        CPU copies; results come back to the device, written arguments are updated in place."""
-        op = self.sig.overload
-        _C.device.note_fallback(op._schema.name + ("" if op._overloadname == "default" else "." + op._overloadname))
-        dev = next(t.device for t in _tensors(vals) if t.device.type != "cpu")
-        host = [_map_tensors(v, lambda t: t.cpu() if t.device.type != "cpu" else t) for v in vals]
-        out = self.sig.invoke(host)
-        for i in self.sig.written:
-            _map_pairs(vals[i], host[i], lambda d, h: d.copy_(h))
-        if self.sig.written:
-            outs = [vals[i] for i in self.sig.written]
-            return None if self.sig.num_returns == 0 else outs[0] if self.sig.num_returns == 1 else tuple(outs)
-        return _map_tensors(out, lambda t: t.to(dev))
 
     def _bounds_status(self, b, f_vals, lowered, status):
         """(this op's failure flag, the device's new status) for the lowering's index bounds."""
