@@ -116,7 +116,7 @@ def test_llama_generate_under_default_dynamic():
     tpu = copy.deepcopy(cpu).to(TPU)
     tpu.forward = torch.compile(tpu.forward, backend="tpu")
     g = torch.Generator().manual_seed(1)
-    torch_tpu.eager.recompiles.reset()
+    torch_tpu.recompiles.reset()
     for k, n in enumerate((5, 9, 12, 7)):
         if k == 2:  # from the second prompt on, prefill and decode are symbolic in the length: bucket 16
             graphs = torch_tpu.metrics.counters()["compiled_graphs"]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import torch_tpu
-from torch_tpu.eager import recompiles
+from torch_tpu import recompiles
 
 TPU = torch.device("tpu")
 

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import torch_tpu
 from torch_tpu.dynamo import buckets
-from torch_tpu.eager import recompiles
+from torch_tpu import recompiles
 
 TPU = torch.device("tpu")
 

@@ -71,10 +71,11 @@ torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module
                                                      for_packed_sequence=True)
 
 from . import lowering as _lowering  # noqa: E402,F401  (fills the registry)
-from .eager import register as _register  # noqa: E402
+from .eager import executables as _executables, register as _register  # noqa: E402
 
 _register.register_lowerings()
 _register.register_decompositions()
+_executables.install_fused()
 
 from . import _printing  # noqa: E402,F401
 from .eager import eager_mode, get_eager_mode, set_eager_mode  # noqa: E402,F401

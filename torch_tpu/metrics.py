@@ -1,9 +1,18 @@
 """Counters of what the tpu device did: compiles, cache hits, executions, transfers, fallbacks."""
 from __future__ import annotations
 
-from . import _C
-from .eager import recompiles
-from .eager import state as _state
+import collections
+
+from . import _C, recompiles
+
+# Counters Python keeps (torch.compile's graphs: compiled_graphs, graph_executions, ...); the runtime's
+# and eager's own counters live in C++ (_C.runtime.counters, _C.eager.plan_cache_stats).
+_counts: collections.Counter = collections.Counter()
+
+
+def count(name: str, n: int = 1) -> None:
+    """Adds n to the Python-side counter `name` (reported by counters())."""
+    _counts[name] += n
 
 
 def fallback_counts() -> dict:
@@ -28,7 +37,7 @@ def counters() -> dict:
         d["program_cache_" + k] = v
     d.update(_C.eager.fused_stats())  # fused eager: ops recorded, runs flushed, fused programs built
     for k in ("compiled_graphs", "graph_executions", "graph_eager_fallbacks", "bucket_input_copies"):  # torch.compile
-        d[k] = _state.counts[k]
+        d[k] = _counts[k]
     return d
 
 
@@ -36,7 +45,7 @@ def program_causes() -> dict:
     """Per op overload (eager) or graph (torch.compile, a graph with symbolic shapes, named by its
     kind and Dynamo's compile id: "forward graph [0/1]"): how many programs it made, by cause:
     "first", "new shape", "new bucket" (a bucketed graph's next bucket), "new dtype", "new layout",
-    "new arguments" (torch_tpu/eager/recompiles.py). E.g. {"aten::mm": {"first": 1, "new shape": 11}}."""
+    "new arguments" (torch_tpu/recompiles.py). E.g. {"aten::mm": {"first": 1, "new shape": 11}}."""
     with recompiles._lock:
         return {name: dict(c) for name, c in recompiles.causes.items()}
 
@@ -84,4 +93,4 @@ def reset() -> None:
     _C.runtime.reset_host_cache_stats()
     _C.eager.fused_reset_stats()
     recompiles.reset()
-    _state.counts.clear()
+    _counts.clear()

@@ -35,8 +35,7 @@ from torch._functorch.partitioners import min_cut_rematerialization_partition
 from torch._guards import CompileContext
 
 from .. import _C, settings
-from ..eager import recompiles
-from ..eager import state as _state
+from .. import metrics, recompiles
 from ..lowering.overloads import resolve
 from . import buckets, collectives
 from .lower_graph import GraphProgram, Unsupported, log
@@ -80,7 +79,7 @@ def _is_dynamic(gm) -> bool:
 def _eager(gm, error: Exception, fullgraph: bool, name: str):
     if fullgraph:
         raise error
-    _state.count("graph_eager_fallbacks")
+    metrics.count("graph_eager_fallbacks")
     warnings.warn(f"{error}\ntorch.compile(backend='tpu'): this {name} graph runs eagerly on tpu instead "
                   f"(fullgraph=True makes this an error).", stacklevel=2)
     return make_boxed_func(gm.forward)
@@ -283,7 +282,7 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     if mode is not None and mode not in MODES:
         raise ValueError(f"torch.compile(backend='tpu'): unrecognized mode={mode!r}; the modes are {', '.join(MODES)}")
     fullgraph = _fullgraph_requested()
-    _state.count("dynamo_graphs")
+    metrics.count("dynamo_graphs")
     compiler = aot_autograd(
         fw_compiler=functools.partial(_fw, fullgraph=fullgraph),
         bw_compiler=functools.partial(_bw, fullgraph=fullgraph),

@@ -34,8 +34,7 @@ import torch
 from torch._guards import CompileContext
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from .. import _C, runtime
-from ..eager import state as _state
+from .. import _C, metrics, runtime
 from ..lowering.signature import Signature, cpu_dtype_probe
 from ..lowering.builder import Builder, TensorType, Value
 from ..lowering.overloads import overload_name, resolve
@@ -192,7 +191,7 @@ class GraphProgram:
                                               int(replicas.timeout.total_seconds() * 1000))
         self.runner = _C.graph.GraphRunner(self.exe, self.run_plan, sorted(self.donated), self.sink_plan,
                                            self.prog_specs, f"compiled {self.label}", self.rng_draws, meet)
-        _state.count("compiled_graphs")
+        metrics.count("compiled_graphs")
         log.info("compiled %s graph: %d nodes, %d program inputs, %d outputs", name, self.num_nodes,
                  len(self.arg_plan), len(self.prog_specs))
 
@@ -770,17 +769,17 @@ class GraphProgram:
         # CPU tensors of the graph: PyTorch's CPU kernels, before the launch.
         host = self.host.run(real)
         packs = [host[k] for k in self.host_packs]
-        if _state.eager_mode() == "fused":  # ops it recorded run first: they may produce this graph's inputs
-            from ..eager import fused
-            fused.flush()
+        mode = _C.eager.mode()
+        if mode == _C.eager.Mode.fused:  # ops it recorded run first: they may produce this graph's inputs
+            _C.eager.fused_flush()
         produced, copied = self.runner(launch, packs)
-        if _state.eager_mode() == "debug":
+        if mode == _C.eager.Mode.debug:
             try:
                 _C.runtime.synchronize(-1, index_errors=False)
             except RuntimeError as e:
                 raise RuntimeError(f"tpu: compiled {self.name} graph failed: {e}") from None
             _C.eager.raise_index_errors(-1)  # CPU's own error type and message, naming the op
-        _state.count("graph_executions")
+        metrics.count("graph_executions")
         for i, k in self.mutations if copied else self.host_side_mutations:
             if produced[k] is not launch[i]:  # a copied input, or one on the host: write back
                 launch[i].copy_(produced[k].view(launch[i].shape))
@@ -835,7 +834,7 @@ def _compact(t: torch.Tensor, cap: int, perm) -> torch.Tensor:
         return t.as_strided((cap,), (1,), 0)
     buf = torch.empty(cap, dtype=t.dtype, device=t.device)
     buf[:t.numel()].copy_(m.reshape(-1))
-    _state.count("bucket_input_copies")
+    metrics.count("bucket_input_copies")
     return buf
 
 

@@ -5,7 +5,7 @@ fused recorder; csrc/eager/op_kernel.h: the dispatcher's entry, which calls in h
 - state.py: process-wide counters, the calling thread's mode, run_as_is;
 - kernel.py: one Kernel per lowered overload: a cache miss's meta, lowering and program assembly;
 - meta_memo.py: result types remembered across processes, so a warm process runs no meta kernel;
-- launch.py: an entry's executable and debug eager's wait;
+- executables.py: an entry's executable, debug eager's wait, fused eager's hooks (install_fused);
 - fused.py: fused eager's program text;
 - register.py: every lowering, host kernel and the fallback chain registered with the dispatcher.
 

@@ -34,8 +34,9 @@ from ..lowering.results import ProgramResults
 from ..lowering.signature import ArgKind, Signature, cpu_dtype_probe, cpu_out_dtype_refusal
 from ..lowering.signature import tensors_of as _tensors
 from ..lowering.strided import dense_order, is_whole, read_view, write_view
-from . import meta_memo, plan_memo, recompiles
-from .launch import compile_entry_text, debug_synchronize, executable
+from .. import recompiles
+from . import meta_memo, plan_memo
+from .executables import compile_entry_text, debug_synchronize, executable
 
 KeyPartKind = _C.eager.KeyPartKind
 
@@ -82,7 +83,7 @@ ON_HOST = object()
 
 
 def _note_program(name: str, vals) -> None:
-    """Counts a new program of op `name` by its cause (recompiles.py), from the call's tensors."""
+    """Counts a new program of op `name` by its cause (torch_tpu/recompiles.py), from the call's tensors."""
     ts = list(_tensors(vals))
     recompiles.note(name, tuple(t.dtype for t in ts), tuple(tuple(t.shape) for t in ts),
                     tuple(recompiles.layout_of(t) for t in ts), stacklevel=3)  # the user's line: before _slow

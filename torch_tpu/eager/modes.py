@@ -9,7 +9,7 @@ mode, for its body (and the backward passes it starts: autograd's threads run th
 
 Environment (read at import): TORCH_TPU_EAGER_MODE=debug|strict|fused; the switches of Google's
 TorchTPU are honoured too: TPU_LAUNCH_BLOCKING=1 means debug, TORCH_TPU_DEFER_AND_FUSE=1 fused.
-See torch_tpu/eager/launch.py for what each mode does.
+See torch_tpu/eager/executables.py for what each mode does.
 """
 from __future__ import annotations
 
@@ -72,5 +72,6 @@ def _mode_from_env() -> str:
 
 
 _C.eager.set_default_mode(_code(_mode_from_env()))
-# eager/launch.py installs fused eager's program builder and the runtime's host-read hook: every host
-# read (download, synchronize, the CPU fallback) first runs what fused mode recorded.
+# eager/executables.py's install_fused (at torch_tpu's import) installs fused eager's program builder
+# and the runtime's host-read hook: every host read (download, synchronize, the CPU fallback) first
+# runs what fused mode recorded.

@@ -1,11 +1,9 @@
-"""Process-wide eager state: counters for torch_tpu.metrics, and the calling thread's eager mode."""
+"""Process-wide eager state: the last op program built (tests read it), the calling thread's eager
+mode, run_as_is."""
 from __future__ import annotations
-
-import collections
 
 from .. import _C
 
-counts: collections.Counter = collections.Counter()
 last_program_text: str | None = None
 
 # The eager modes' names (csrc/eager/mode.h's, through the _C.eager.Mode enum).
@@ -15,10 +13,6 @@ MODES = tuple(_C.eager.Mode.__members__)
 def eager_mode() -> str:
     """The calling thread's eager mode: "debug", "strict" or "fused" (eager/modes.py)."""
     return _C.eager.mode().name
-
-
-def count(name: str, n: int = 1) -> None:
-    counts[name] += n
 
 
 def run_as_is(*fns) -> None:

@@ -67,7 +67,9 @@ def debug_synchronize(name: str, operands, device: int) -> None:
         raise kind(f"tpu op {name} failed (inputs: {shapes}) at {_user_line()}:\n{e}") from None
 
 
-# Fused eager builds new run signatures with fused.py and, if such a program cannot be built,
-# replays the run op by op with each op's own executable.
-_C.eager.fused_install(fused._build, executable)
-_state.run_as_is(fused._build, executable)  # called by the C++ flush
+def install_fused() -> None:
+    """Hands C++'s fused recorder what it calls at a flush (torch_tpu's import calls this once):
+    fused.py's builder of a new run's program and, where such a program cannot be built, each op's
+    own executable to replay the run op by op. Neither is ever traced by Dynamo (run_as_is)."""
+    _C.eager.fused_install(fused._build, executable)
+    _state.run_as_is(fused._build, executable)

@@ -15,7 +15,7 @@ import collections
 import threading
 import warnings
 
-from .. import settings
+from . import settings
 
 _lock = threading.Lock()
 # op or graph name -> Counter of causes
