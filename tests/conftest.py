@@ -24,6 +24,20 @@ torch_tpu.runtime.configure_cache()
 
 warnings.filterwarnings("ignore", message="No TPU here")
 
+# Tests by kind, so a developer can run the fast part alone (docs/development.md); the README's
+# command and CI run every test.
+MARKERS = {
+    "slow": "takes 5 s or more on a 2-core machine (measured with --durations)",
+    "multiprocess": "starts processes: a fresh interpreter, a cold cache, torchrun ranks, a subprocess build",
+    "tsan": "builds the C++ core under ThreadSanitizer and runs its GoogleTests (minutes)",
+    "libtpu": "compiles for a TPU topology with libtpu (skipped without it)",
+}
+
+
+def pytest_configure(config):
+    for name, what in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {what}")
+
 
 @pytest.fixture(autouse=True)
 def _seeded(request):

@@ -20,7 +20,8 @@ from torch_tpu.lowering import target
 
 from tests.helpers import strict_env
 
-pytestmark = pytest.mark.skipif(not runtime._tpu_plugin(), reason="libtpu is not installed (pip install 'torch_tpu[tpu]')")
+pytestmark = [pytest.mark.libtpu,
+              pytest.mark.skipif(not runtime._tpu_plugin(), reason="libtpu is not installed (pip install 'torch_tpu[tpu]')")]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -70,6 +71,7 @@ def test_unknown_topology_is_a_value_error_naming_it():
 
 
 # -- compiling a step -------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_meta_training_step_compiles_every_graph_and_runs_nothing():
     model = _mlp("meta")
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -136,6 +138,7 @@ def test_tpu_training_step_writes_nothing():
         assert torch.equal(b, p.detach().cpu())
 
 
+@pytest.mark.slow
 def test_a_model_that_does_not_fit_says_so():
     # 1.6e9 float32 parameters (6.4 GB) and their gradients and AdamW's two moments: 25.6 GB > 16.9 GB.
     with torch.device("meta"):
@@ -249,6 +252,7 @@ def test_a_libtpu_crash_costs_one_program_not_the_process():
 
 
 # -- a TPU job that starts warm ----------------------------------------------------------------------
+@pytest.mark.slow
 def test_runtime_key_for_a_tpu_is_the_key_aot_writes(tmp_path):
     topo = aot.topology("v5e:1x1")
     # A TPU VM's runtime: platform "tpu", libtpu's version string for its client, its own install path.
@@ -294,6 +298,7 @@ def _attention_step(model):
     return step
 
 
+@pytest.mark.slow
 def test_a_marked_length_compiles_every_bucket_of_its_range(tmp_path):
     """mark_dynamic(x, 1, min=2, max=64): the forward and the backward are compiled for the buckets 16,
     32 and 64 of the length, and the runtime's bucketed programs for lengths across that range (the
@@ -530,6 +535,7 @@ def test_a_pipeline_stages_graph_spans_its_stages_ranks(fake_world):
     assert "replica_groups = dense<[[0, 1]]>" in prog.text
 
 
+@pytest.mark.slow
 def test_tensor_parallel_training_step_compiles_for_tpu(fake_world):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
@@ -565,6 +571,8 @@ def _shadow_job(tmp_path, source: str):
     return out.stdout, log
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_shadow_mode_compiles_every_program_for_tpu(tmp_path):
     stdout, log = _shadow_job(
         tmp_path,
@@ -587,6 +595,8 @@ def test_shadow_mode_compiles_every_program_for_tpu(tmp_path):
     assert total.compiled == int(lines["COMPILED"]) and len(total.refused) == 1
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_programs_queued_at_exit_are_compiled_by_summarize(tmp_path):
     # The job exits while its shadow compiles are queued (each made slow here): exit does not wait;
     # the queued programs are left in <report>.pending/ and `python -m torch_tpu.aot` compiles them.

@@ -162,6 +162,8 @@ def test_math_backend_when_asked_and_a_clear_error_when_nothing_applies():
 
 
 @pytest.mark.skipif(not runtime._tpu_plugin(), reason="libtpu is not installed (pip install 'torch_tpu[tpu]')")
+@pytest.mark.libtpu
+@pytest.mark.slow
 def test_a_compiled_attention_step_saves_no_probabilities_for_backward():
     from torch_tpu import aot
     b, h, n, e = 1, 2, 512, 16

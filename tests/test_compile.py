@@ -80,6 +80,7 @@ def test_outputs_and_gradients_match_eager(name):
 
 
 @pytest.mark.parametrize("name", ["mlp", "digits_cnn", "gpt_block"])
+@pytest.mark.slow
 def test_compiled_training_follows_eager(name):
     """Forward, backward and optimizer.step() all inside the compiled function."""
     make, make_input, loss_fn = CASES[name]
@@ -437,6 +438,8 @@ print(json.dumps({"out": out.sum().item(), **torch_tpu.runtime.cache_stats(),
 """
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_second_process_loads_graphs_from_disk_cache(tmp_path):
     def run():
         env = {**os.environ, "TORCH_TPU_CACHE_DIR": str(tmp_path)}
@@ -456,6 +459,7 @@ def test_backend_is_registered():
     assert torch._dynamo.lookup_backend("tpu") is torch_tpu.dynamo.tpu_backend
 
 
+@pytest.mark.multiprocess
 def test_entry_points_resolve_backend_without_import(tmp_path):
     """As installed: torch's device autoload and Dynamo's backend entry point (pyproject.toml) make
     backend="tpu" work after `import torch` alone."""

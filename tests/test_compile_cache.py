@@ -39,6 +39,8 @@ def entries(d):
     return sorted(p for p in os.listdir(d) if p.endswith(".xla")) if os.path.isdir(d) else []
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_second_process_loads_from_disk(tmp_path):
     first, _ = run(tmp_path)
     assert first["ok"] and first["misses"] > 0 and first["disk_hits"] == 0
@@ -48,6 +50,8 @@ def test_second_process_loads_from_disk(tmp_path):
     assert second["compile_seconds_saved"] > 0
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_xla_flags_are_part_of_the_key(tmp_path):
     # The plugin compiles under XLA_FLAGS' DebugOptions: an executable built under other flags
     # must not be reused.
@@ -60,6 +64,8 @@ def test_xla_flags_are_part_of_the_key(tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "flip"])
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_corrupt_or_foreign_entry_is_rebuilt(tmp_path, damage):
     first, _ = run(tmp_path)
     victim = os.path.join(tmp_path, entries(tmp_path)[0])
@@ -95,6 +101,8 @@ def _limited(cache_dir, program, limit=1000):
                           preexec_fn=_file_size_limit(limit))
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_a_writer_killed_mid_entry_leaves_nothing_that_is_used(tmp_path):
     # SIGXFSZ kills the writer once its first entry passes 1000 bytes (entries are ~3.5 KB): the
     # partial file is a temporary one, never read; the next process compiles, and removes it (its
@@ -115,6 +123,8 @@ def test_a_writer_killed_mid_entry_leaves_nothing_that_is_used(tmp_path):
     assert sorted(n for n in os.listdir(tmp_path) if ".tmp." in n) == [fresh.name]
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_a_full_disk_stops_writing_with_one_warning(tmp_path):
     # EFBIG past the file size limit stands in for ENOSPC (the same failed write): one warning, no
     # entry and no temporary file left, the job goes on; the next process compiles and writes.
@@ -131,6 +141,8 @@ def test_a_full_disk_stops_writing_with_one_warning(tmp_path):
     assert again["ok"] and again["disk_writes"] == again["misses"] == stats["misses"]
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_concurrent_writers(tmp_path):
     env = strict_env({**os.environ, "TORCH_TPU_CACHE_DIR": str(tmp_path)})
     procs = [subprocess.Popen([sys.executable, "-c", PROGRAM], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -144,12 +156,14 @@ def test_concurrent_writers(tmp_path):
     assert again["misses"] == 0 and again["disk_rejected"] == 0
 
 
+@pytest.mark.multiprocess
 def test_size_cap_evicts(tmp_path):
     stats, _ = run(tmp_path, {"TORCH_TPU_CACHE_MAX_BYTES": "1"})
     assert stats["ok"] and stats["evictions"] > 0
     assert len(entries(tmp_path)) <= 1
 
 
+@pytest.mark.multiprocess
 def test_size_cap_counts_what_other_processes_wrote(tmp_path):
     # The tier is listed at a process's first write (not at every write: that made each compile wait
     # on a listing of the whole directory), so entries others wrote past the cap go then, oldest first.
@@ -166,6 +180,7 @@ def test_size_cap_counts_what_other_processes_wrote(tmp_path):
     assert fakes == [f"{i:064x}.xla" for i in range(40 - len(fakes), 40)]  # the newest of them stay
 
 
+@pytest.mark.multiprocess
 def test_disk_tier_off(tmp_path):
     stats, _ = run(tmp_path, {"TORCH_TPU_DISK_CACHE": "0"})
     assert stats["ok"] and stats["disk_writes"] == 0 and entries(tmp_path) == []
@@ -174,6 +189,8 @@ def test_disk_tier_off(tmp_path):
 # -- tier 2 (per host) and tier 3 (shared): TORCH_TPU_TIER2_COMPILATION_CACHE,
 #    TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_tier3_serves_another_host_and_is_promoted_into_its_disk(tmp_path):
     shared = tmp_path / "shared"
     env = {"TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT": str(shared)}
@@ -190,6 +207,8 @@ def test_tier3_serves_another_host_and_is_promoted_into_its_disk(tmp_path):
     assert third["ok"] and third["disk_hits"] == n and third["tier3_hits"] == 0 and third["misses"] == 0
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_tier2_path_is_searched_before_the_disk_directory(tmp_path):
     tier2 = tmp_path / "shm" / "cache"
     env = {"TORCH_TPU_TIER2_COMPILATION_CACHE": str(tier2)}
@@ -209,6 +228,8 @@ def test_tier2_path_is_searched_before_the_disk_directory(tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip"])
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_corrupt_tier3_entry_is_a_miss_and_rewritten(tmp_path, damage):
     shared = tmp_path / "shared"
     env = {"TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT": str(shared)}
@@ -230,6 +251,8 @@ def test_corrupt_tier3_entry_is_a_miss_and_rewritten(tmp_path, damage):
     assert third["tier3_hits"] == first["misses"]
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_tier3_that_others_can_write_is_off_unless_trusted(tmp_path):
     # Whoever can write a shared root decides what this process loads and runs: group- or
     # world-writable, tier 3 is off with one warning; TORCH_TPU_TIER3_TRUSTED=1 uses it anyway.
@@ -247,6 +270,7 @@ def test_tier3_that_others_can_write_is_off_unless_trusted(tmp_path):
     assert stats["ok"] and stats["tier3_hits"] > 0
 
 
+@pytest.mark.multiprocess
 def test_unusable_tier_directory_is_off_with_one_warning(tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("not a directory")
@@ -270,6 +294,8 @@ print(json.dumps({"ok": torch.equal(y, torch.arange(4.0) * 3), **torch_tpu.runti
 """
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_private_tier_writable_by_others_is_not_used(tmp_path):
     # What guards /dev/shm/torch_tpu_cache-<user>: a directory others can write to may hold
     # planted entries.
@@ -308,6 +334,8 @@ def test_object_store_tier3_root_is_refused_with_a_warning():
         torch_tpu.runtime.configure_cache()
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_one_op_programs_compile_at_their_own_level(tmp_path):
     """TORCH_TPU_OP_OPT_LEVEL reaches XLA's compiler for eager op programs (CompileOptionsProto's
     env_option_overrides): the same programs compiled at level 0 and at level 3 are different

@@ -97,6 +97,7 @@ def test_pool_threads_are_named():
     assert "tpu-compile" in names, names
 
 
+@pytest.mark.multiprocess
 def test_a_failed_launch_leaves_the_index_status_usable():
     """The device's index-error status (read and written by every op that checks indices) has a value
     from its start: a failed launch that was to write it (here, a program that did not compile) must

@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 import device_conformance  # noqa: E402
@@ -45,6 +47,8 @@ def test_names_and_kinds():
     assert kind("ValueError: 3 elements at 0x7f01\nmore") == kind("ValueError: 12 elements at 0x7f00")
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_a_file_on_tpu_and_cpu(tmp_path):
     (tmp_path / "test_sample.py").write_text(SAMPLE)
     out = tmp_path / "report.json"

@@ -36,6 +36,8 @@ def test_device_index_and_guard():
     torch.testing.assert_close(y.cpu(), torch.ones(2))
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_cpu_plugin_device_count():
     """The CPU plugin exposes the usable cores clamped to [2, 4] devices unless
     TORCH_TPU_CPU_DEVICE_COUNT says otherwise; a bad value raises on first use, naming the variable."""
@@ -54,6 +56,7 @@ def test_cpu_plugin_device_count():
         run_python(bad, TORCH_TPU_CPU_DEVICE_COUNT="two")
 
 
+@pytest.mark.multiprocess
 def test_cpu_only_program_does_not_start_the_runtime():
     """The autograd engine asks every backend for its device count on the first backward(); with
     the CPU plugin that count is the configured one, so a CPU-only program (torch_tpu imported, or
@@ -108,6 +111,8 @@ def _run(code, env):
                           timeout=120)
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_lazy_start_and_plugin_errors(tmp_path):
     r = _run("import torch, torch_tpu; from torch_tpu import _C; print(_C.runtime.started())", {})
     assert r.returncode == 0 and r.stdout.strip() == "False", r.stderr
@@ -143,6 +148,7 @@ def _shared_library(tmp_path, name, source):
 
 
 @pytest.mark.parametrize("kind", ["truncated", "no_entry_point", "foreign_version"])
+@pytest.mark.multiprocess
 def test_corrupt_or_foreign_plugin_is_a_clear_error(tmp_path, kind):
     """A damaged copy of the real plugin, a library that is not a PJRT plugin and a plugin of an
     unknown C API version: tpu is unavailable, and using it raises an error naming the file, what is
@@ -165,6 +171,7 @@ def test_corrupt_or_foreign_plugin_is_a_clear_error(tmp_path, kind):
     assert expected in r.stderr and str(plugin) in r.stderr and "TORCH_TPU_PJRT_PLUGIN" in r.stderr, r.stderr[-2000:]
 
 
+@pytest.mark.multiprocess
 def test_cpu_platform_warning_once():
     r = _run("import warnings, torch, torch_tpu\n"
              "with warnings.catch_warnings(record=True) as w:\n"
@@ -176,6 +183,8 @@ def test_cpu_platform_warning_once():
 
 @pytest.mark.parametrize("first", ["torch.tpu.get_device_name()", "torch.tpu.get_device_properties(0)",
                                    "torch.tpu.memory_stats()", "torch.ones(1, device='tpu')"])
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_cpu_platform_warning_is_a_python_warning_whatever_starts_the_client(first):
     """However the client starts (a device query or a tensor), the platform warning is one Python
     UserWarning, which Python's filters silence (c10's own stderr line ignored them)."""
@@ -186,6 +195,8 @@ def test_cpu_platform_warning_is_a_python_warning_whatever_starts_the_client(fir
     assert r.returncode == 0 and "No TPU here" not in r.stderr, r.stderr
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_plugin_start_prints_no_info_logs_and_other_ranks_no_platform_warning():
     # The CPU plugin logs at INFO while its client starts ("I0000 ... cpu_device_count set via
     # create_options") after absl's notice that logging is not initialised: both left out. The
@@ -271,6 +282,8 @@ def test_launch_errors_surface_at_the_next_host_read():
     assert names.count("tpu-launcher") == 1
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_launches_on_the_calling_thread():
     """TORCH_TPU_ASYNC_LAUNCH=0: launches are issued by the caller, and their errors raised there."""
     prog = ("import warnings; warnings.filterwarnings('ignore'); import torch, torch_tpu\n"
@@ -286,6 +299,7 @@ def test_launches_on_the_calling_thread():
     assert out.strip().splitlines() == ["16.0", "raised by the launch: True"]
 
 
+@pytest.mark.multiprocess
 def test_a_child_forked_after_start_gets_an_error_not_a_hang():
     """PJRT's client and threads do not survive fork(): a child forked after the runtime started
     raises RuntimeError (naming the 'spawn' start method) where it would otherwise wait forever, and
@@ -310,6 +324,9 @@ def test_a_child_forked_after_start_gets_an_error_not_a_hang():
     assert out == ["child bad fork True True"] + ["child error True"] * 4 + ["parent 0 [2.0, 4.0, 6.0]"]
 
 
+@pytest.mark.libtpu
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_a_child_forked_after_libtpu_loaded_exits_with_its_status():
     """libtpu's exit handler flushes its log sink through a logger thread that a forked child does not
     have, and hung the child forever (torch_tpu.aot or shadow mode loads libtpu in the parent): the

@@ -291,6 +291,7 @@ print("OK")
 """
 
 
+@pytest.mark.multiprocess
 def test_four_devices_in_rank_order():
     env = dict(os.environ, TORCH_TPU_CPU_DEVICE_COUNT="4")
     p = subprocess.run([sys.executable, "-c", _FOUR], env=env, capture_output=True, text=True, timeout=240)

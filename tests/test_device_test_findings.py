@@ -288,6 +288,7 @@ def test_randperm_of_more_than_its_dtype_holds_raises_cpus_error(dtype, n):
         assert torch.equal(small.cpu().long().sort().values, torch.arange(n - 1))
 
 
+@pytest.mark.slow
 def test_cat_into_an_out_of_a_narrower_kind_raises_cpus_type_error():
     """test_type_promotion's test_cat_out_different_dtypes: CPU's TypeError "torch.cat(): input types
     can't be cast to the desired output type Byte" (the refs' RuntimeError before), every dtype triple."""

@@ -61,6 +61,7 @@ def test_multihead_attention_trains_under_default_dynamic():
             torch.testing.assert_close(pt.grad.cpu(), pc.grad, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_gpt2_loss_under_default_dynamic_with_changing_lengths():
     transformers = pytest.importorskip("transformers")
     from models import zoo  # noqa: F401  (imports torchvision the way transformers can load it)
@@ -78,6 +79,7 @@ def test_gpt2_loss_under_default_dynamic_with_changing_lengths():
 
 
 @pytest.mark.parametrize("name,buckets", [("bert", "pow2"), ("llama", "pow2"), ("mixtral", "pow2"), ("gpt2", "off")])
+@pytest.mark.slow
 def test_hf_training_step_under_default_dynamic(name, buckets, monkeypatch):
     """Forward and backward of the zoo's BERT, Llama and Mixtral (MoE: a topk router over the experts
     of a symbolic number of tokens, data-dependent expert batches) with a length that changes every
@@ -106,6 +108,7 @@ def test_hf_training_step_under_default_dynamic(name, buckets, monkeypatch):
             pc.grad = pt.grad = None
 
 
+@pytest.mark.slow
 def test_llama_generate_under_default_dynamic():
     """Hugging Face generate() with a compiled forward, prompts of several lengths: CPU's tokens, and
     programs per bucket, not per prompt and cache length."""

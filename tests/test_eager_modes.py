@@ -25,6 +25,7 @@ def test_select_modes():
                                       ({"TORCH_TPU_DEFER_AND_FUSE": "1"}, "fused"),
                                       ({"TORCH_TPU_EAGER_MODE": "fused"}, "fused"),
                                       ({}, "strict")])
+@pytest.mark.multiprocess
 def test_mode_from_environment(env, mode):
     clean = {k: v for k, v in os.environ.items()
              if k not in ("TPU_LAUNCH_BLOCKING", "TORCH_TPU_DEFER_AND_FUSE", "TORCH_TPU_EAGER_MODE")}

@@ -66,6 +66,7 @@ def _broken(tmp_path, kind):
 
 
 @pytest.mark.parametrize("kind", sorted(BROKEN))
+@pytest.mark.multiprocess
 def test_broken_torch_tpu_leaves_import_torch_working(tmp_path, kind):
     _broken(tmp_path, kind)
     r = _run("import torch\nprint((torch.ones(2) + 1).tolist())\n", tmp_path)
@@ -77,6 +78,7 @@ def test_broken_torch_tpu_leaves_import_torch_working(tmp_path, kind):
     assert cause in r.stderr and "TORCH_DEVICE_BACKEND_AUTOLOAD=0" in r.stderr and "reinstall" in r.stderr
 
 
+@pytest.mark.multiprocess
 def test_broken_torch_tpu_imported_first_raises_its_own_error(tmp_path):
     """`import torch_tpu` first: torch's autoload finds the partial torch_tpu and leaves it alone (no
     recursion, no second warning); the user's own import then raises torch_tpu's real error."""
@@ -88,6 +90,7 @@ def test_broken_torch_tpu_imported_first_raises_its_own_error(tmp_path):
     assert AUTOLOAD_WARNING not in r.stderr
 
 
+@pytest.mark.multiprocess
 def test_an_import_that_failed_part_way_is_named_on_the_next_import():
     """This checkout's torch_tpu failing past the device's registration (a bad TORCH_TPU_EAGER_MODE):
     importing it again raises an ImportError that points at the first error, not PyTorch's "already
@@ -103,6 +106,7 @@ def test_an_import_that_failed_part_way_is_named_on_the_next_import():
 
 
 @pytest.mark.parametrize("first", ["torch", "torch_tpu"])
+@pytest.mark.multiprocess
 def test_import_torch_autoloads_torch_tpu(tmp_path, first):
     """Either import order gives a usable tpu device, through this checkout's entry point."""
     _metadata(tmp_path)
@@ -117,6 +121,8 @@ def test_import_torch_autoloads_torch_tpu(tmp_path, first):
     assert AUTOLOAD_WARNING not in r.stderr
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_the_model_libraries_import_as_a_user_imports_them():
     """A user's script, with nothing of the tests' around it: `import torch` loads torch_tpu, whose
     torchvision integration lets torchvision's Python modules import where its compiled ops cannot

@@ -12,6 +12,8 @@ EXAMPLES = ["pallas_matmul", "flash_attention", "tokamax_layer_norm", "helion_ke
 
 
 @pytest.mark.parametrize("name", EXAMPLES)
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_kernel_example(name):
     if name == "tokamax_layer_norm":
         pytest.importorskip("tokamax")

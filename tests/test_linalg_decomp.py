@@ -66,6 +66,7 @@ def test_triangular():
     check(lambda y, x: torch.triangular_solve(y, x, upper=False, transpose=True), bb, a, grad=False)
 
 
+@pytest.mark.slow
 def test_lu_family():
     dtype = torch.float64
     a = rand(2, 4, 4, dtype=dtype, grad=True)

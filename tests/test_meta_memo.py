@@ -54,6 +54,8 @@ def memo_files(d):
     return [os.path.join(d, n) for n in os.listdir(d) if n.startswith("meta-") and n.endswith(".jsonl")]
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_warm_process_runs_no_python_meta_kernel(tmp_path):
     cold = run(tmp_path)
     assert cold["ok"] and "torch.fx.experimental.symbolic_shapes" in cold["heavy"]  # embedding's meta is Python
@@ -67,6 +69,8 @@ def test_warm_process_runs_no_python_meta_kernel(tmp_path):
     assert open(memo).read().splitlines() == lines  # nothing new to keep
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_damaged_memo_lines_are_skipped(tmp_path):
     run(tmp_path)
     (memo,) = memo_files(tmp_path)
@@ -82,6 +86,7 @@ def test_damaged_memo_lines_are_skipped(tmp_path):
     assert again["ok"] and again["err"] is not None
 
 
+@pytest.mark.multiprocess
 def test_memo_off_with_the_disk_tier(tmp_path):
     out = run(tmp_path, {"TORCH_TPU_DISK_CACHE": "0"})
     assert out["ok"] and not (os.path.isdir(tmp_path) and memo_files(tmp_path))

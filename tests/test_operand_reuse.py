@@ -81,6 +81,7 @@ def test_compiled_step_reads_weights_its_previous_call_donated():
         assert _rel(step(gt, wt).cpu(), g @ (w0 + 0.5 * i)) < 1e-5, f"call {i} read a stale w"
 
 
+@pytest.mark.multiprocess
 def test_xnnpack_is_off_for_the_cpu_plugin_and_a_users_setting_is_kept():
     torch.zeros(1, device=TPU).cpu()  # the runtime is configured
     if runtime._C.runtime.platform_name() != "cpu":

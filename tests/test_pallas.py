@@ -153,6 +153,7 @@ def test_errors_are_clear_and_change_nothing():
     torch.testing.assert_close(a.cpu(), torch.zeros(4, dtype=torch.float16))
 
 
+@pytest.mark.multiprocess
 def test_import_torch_tpu_does_not_import_jax_and_missing_jax_says_what_to_install():
     prog = ("import sys, torch, torch_tpu; assert 'jax' not in sys.modules, 'jax imported';"
             "sys.modules['jax'] = None\n"

@@ -45,6 +45,7 @@ def _run(exe, expect_passed, env=None):
 
 
 @needs_gtest
+@pytest.mark.multiprocess
 def test_pjrt_layer_googletest(tmp_path):
     pkg = _plugin_dir()
     exe = tmp_path / "pjrt_test"
@@ -56,6 +57,9 @@ def test_pjrt_layer_googletest(tmp_path):
 
 
 @needs_gtest
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.tsan
 def test_runtime_googletest_under_thread_sanitizer(tmp_path):
     """The runtime's shared state (cells, launch queue, caches, profiler records, scalar buffers) used from
     4 threads."""

@@ -68,6 +68,8 @@ def memo_files(d):
     return [os.path.join(d, n) for n in os.listdir(d) if n.startswith("plans-") and n.endswith(".jsonl")]
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_warm_process_builds_only_what_warned_or_failed(tmp_path):
     cold = run(tmp_path)
     assert cold["ok"] and cold["builds"] > 20 and cold["err"] and cold["warned"]
@@ -81,6 +83,8 @@ def test_warm_process_builds_only_what_warned_or_failed(tmp_path):
     assert open(memo).read().splitlines() == lines  # nothing new to keep
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_damaged_or_cut_memo_costs_only_builds(tmp_path):
     cold = run(tmp_path)
     (memo,) = memo_files(tmp_path)
@@ -97,6 +101,7 @@ def test_damaged_or_cut_memo_costs_only_builds(tmp_path):
     assert third["ok"] and third["builds"] == 2
 
 
+@pytest.mark.multiprocess
 def test_memo_off_with_the_disk_tier(tmp_path):
     out = run(tmp_path, {"TORCH_TPU_DISK_CACHE": "0"})
     assert out["ok"] and not (os.path.isdir(tmp_path) and memo_files(tmp_path))

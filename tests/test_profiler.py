@@ -236,6 +236,8 @@ print(json.dumps({"cpu": [a.key for a in p.key_averages() if a.device_type.name 
 """
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_disk_cache_hit_is_a_load_span(tmp_path):
     def names():
         # The load asked for by the op (a warm start would load it before the profiler starts).

@@ -90,6 +90,8 @@ def test_every_snippet_is_found():
 
 
 @pytest.mark.parametrize("name,program", RUNS, ids=[r[0] for r in RUNS])
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_snippet_runs(name, program, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "MASTER_", "LOCAL_"))}
     r = subprocess.run([sys.executable, "-c", program], cwd=tmp_path, env=env, capture_output=True, text=True,

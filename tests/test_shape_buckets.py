@@ -129,6 +129,7 @@ def test_ordering_along_a_static_dimension(name, fn):
     assert graphs() - before == 1
 
 
+@pytest.mark.slow
 def test_gpt2_training_step_one_program_per_bucket():
     transformers = pytest.importorskip("transformers")
     from models import zoo  # noqa: F401  (imports torchvision the way transformers can load it)
@@ -155,6 +156,7 @@ def test_gpt2_training_step_one_program_per_bucket():
     assert torch_tpu.metrics.bucket_refusals() == {}
 
 
+@pytest.mark.slow
 def test_bert_with_a_padding_mask_one_program_per_bucket():
     """A classifier on batches padded to their longest row (DataCollatorWithPadding): Hugging Face's
     mask functions index the padding mask with aranges over the batch and the length

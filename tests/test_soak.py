@@ -42,6 +42,7 @@ def cycling_training(steps: int, shapes: int, mode: str = "strict", seed: int = 
 
 
 @pytest.mark.parametrize("mode", ["strict", "fused"])
+@pytest.mark.slow
 def test_cycling_batch_shapes_keep_host_and_device_memory_flat(mode):
     marks = cycling_training(steps=6 * 8, shapes=8, mode=mode)
     (rss0, dev0), (rss1, dev1) = marks[0], marks[-1]

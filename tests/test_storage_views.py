@@ -227,6 +227,7 @@ def test_inplace_update_of_a_busy_buffer_does_not_wait():
     assert kept > 0
 
 
+@pytest.mark.multiprocess
 def test_busy_buffers_are_donated_past_the_byte_limit():
     """TORCH_TPU_KEEP_BUSY_BYTES=0: busy inputs are donated (the launch waits), with the same values."""
     prog = ("import warnings; warnings.filterwarnings('ignore'); import torch, torch_tpu\n"

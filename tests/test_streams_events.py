@@ -22,6 +22,7 @@ def test_device_module_and_properties():
     assert torch.tpu.is_bf16_supported()
 
 
+@pytest.mark.slow
 def test_streams_have_identity_and_a_current_one_per_thread():
     default = torch.tpu.current_stream()
     assert default == torch.tpu.default_stream() and default.stream_id == 0

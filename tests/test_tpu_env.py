@@ -103,6 +103,7 @@ def test_single_process_and_user_bounds_are_left_alone():
 
 
 @pytest.mark.skipif(not runtime._tpu_plugin(), reason="libtpu is not installed (pip install 'torch_tpu[tpu]')")
+@pytest.mark.multiprocess
 def test_torch_tpu_sets_them_before_libtpu_starts():
     # libtpu as the running plugin, under torchrun's variables: importing torch_tpu sets the process's
     # environment (nothing starts: there is no chip here).

@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 PROGRAM = r"""
 import json, sys, warnings
 warnings.filterwarnings("ignore", message="No TPU here")
@@ -40,6 +42,8 @@ def manifests(cache_dir):
     return sorted(p for p in os.listdir(cache_dir) if p.startswith("warm-") and p.endswith(".keys"))
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_a_warm_process_loads_its_programs_before_its_ops_ask(tmp_path):
     cold = run(tmp_path)
     assert cold["ok"] and cold["prefetched"] == 0 and cold["compiles"] == len(cold["used"]) > 0
@@ -55,6 +59,8 @@ def test_a_warm_process_loads_its_programs_before_its_ops_ask(tmp_path):
     assert warm["memory_hits"] == len(cold["used"])
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_another_command_line_prefetches_nothing(tmp_path):
     run(tmp_path)
     other = run(tmp_path, program=PROGRAM + "\n# another script\n")
@@ -63,6 +69,8 @@ def test_another_command_line_prefetches_nothing(tmp_path):
     assert len(manifests(tmp_path)) == 2
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_off_writes_and_reads_no_manifest(tmp_path):
     run(tmp_path, TORCH_TPU_WARM_START="0")
     assert manifests(tmp_path) == []
@@ -71,6 +79,8 @@ def test_off_writes_and_reads_no_manifest(tmp_path):
     assert off["ok"] and off["prefetched"] == 0 and off["disk_hits"] == len(off["used"])
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_a_damaged_manifest_prefetches_nothing_and_is_rewritten(tmp_path):
     cold = run(tmp_path)
     [name] = manifests(tmp_path)
@@ -82,6 +92,8 @@ def test_a_damaged_manifest_prefetches_nothing_and_is_rewritten(tmp_path):
     assert path.read_text().splitlines() == lines
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_programs_gone_from_disk_are_compiled_when_asked_for(tmp_path):
     cold = run(tmp_path)
     gone = cold["used"][0]

@@ -11,7 +11,10 @@ from .runner import run_torchrun
 accelerate = pytest.importorskip("accelerate")
 from .accelerate_ranks import train  # noqa: E402
 
+pytestmark = pytest.mark.multiprocess  # every test here starts processes
 
+
+@pytest.mark.slow
 def test_a_two_process_launch_trains_ddp_on_tpu_as_one_process_on_the_whole_batch():
     # torchrun --nproc_per_node 2 of an unchanged accelerate script: each rank on its own tpu device,
     # the model wrapped in DDP over tpu_dist, batches sharded; the weights equal one process's

@@ -12,6 +12,8 @@ import torch.distributed as dist
 
 from .runner import run_world, scenario
 
+pytestmark = pytest.mark.multiprocess  # every test here starts processes
+
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int32, torch.int64, torch.uint8,
           torch.bool]
 FLOAT_OPS = [dist.ReduceOp.SUM, dist.ReduceOp.PRODUCT, dist.ReduceOp.MIN, dist.ReduceOp.MAX]
@@ -325,15 +327,18 @@ def test_init_process_group_variants(tmp_path):
     run_world(2, scenario(init_variants), tmp_path)
 
 
+@pytest.mark.slow
 def test_all_reduce_matches_gloo_for_every_dtype_and_op(tmp_path):
     run_world(2, scenario(all_reduce_every_dtype_and_op), tmp_path, timeout=240)
 
 
+@pytest.mark.slow
 def test_avg_async_work_and_futures(tmp_path):
     run_world(2, scenario(all_reduce_avg_and_async), tmp_path)
 
 
 @pytest.mark.parametrize("mode", ["strict", "fused"])
+@pytest.mark.slow
 def test_collectives_see_pending_writes_and_later_ops_see_results(tmp_path, mode):
     run_world(2, scenario(pending_writes_are_seen_and_results_are_seen), tmp_path,
               env={"TORCH_TPU_EAGER_MODE": mode})
@@ -348,10 +353,12 @@ def test_reduce_scatter_and_all_to_all_match_gloo(tmp_path):
 
 
 @pytest.mark.parametrize("mode", ["strict", "fused"])
+@pytest.mark.slow
 def test_coalesced_point_to_point_and_object_collectives(tmp_path, mode):
     run_world(2, scenario(coalesced_point_to_point_and_objects), tmp_path, env={"TORCH_TPU_EAGER_MODE": mode})
 
 
+@pytest.mark.slow
 def test_subgroups_and_device_mesh_on_four_processes(tmp_path):
     run_world(4, scenario(subgroups), tmp_path, timeout=180)
 

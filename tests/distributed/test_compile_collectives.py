@@ -3,6 +3,7 @@ FSDP2 emit under compile). One process per device on the CPU plugin: the graph i
 collectives, its compute compiled, its collectives run by the backend. Ranks as threads with
 tpu_dist's device path (what a TPU VM's processes run): the graph is one program over the ranks'
 devices. Nothing falls back to eager; the numbers are the same."""
+import pytest
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -11,6 +12,8 @@ import torch_tpu
 
 from .runner import run_world, scenario
 from .threads import run_threads
+
+pytestmark = pytest.mark.multiprocess  # every test here starts processes
 
 
 def _functional_collectives_steps():
@@ -68,10 +71,12 @@ def tensor_parallel_under_compile():
     assert torch_tpu.metrics.counters().get("graph_eager_fallbacks", 0) == 0
 
 
+@pytest.mark.slow
 def test_functional_collectives_in_a_compiled_graph(tmp_path):
     run_world(2, scenario(functional_collectives_in_a_graph), tmp_path, timeout=180)
 
 
+@pytest.mark.slow
 def test_tensor_parallel_module_under_compile(tmp_path):
     run_world(2, scenario(tensor_parallel_under_compile), tmp_path, timeout=180)
 
@@ -106,6 +111,7 @@ def _gather_forward_scatter_backward():
     torch.testing.assert_close(wt.grad.cpu(), x.T @ dy)
 
 
+@pytest.mark.slow
 def test_forward_and_backward_with_collectives_as_programs_over_the_ranks_devices():
     counters = run_threads(2, scenario(_gather_forward_scatter_backward))
     assert counters.get("compiled_graphs") == 4, counters  # per rank: forward and backward, nothing cut

@@ -7,9 +7,14 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from .runner import REPO, run_torchrun
 
+pytestmark = pytest.mark.multiprocess  # every test here starts processes
 
+
+@pytest.mark.slow
 def test_cuda_habit_ddp_script_runs_on_every_rank():
     out = run_torchrun(["--nproc_per_node", "2", "tests/distributed/cuda_habit_ddp.py"], timeout=180)
     assert "OK rank 0" in out and "OK rank 1" in out, out[-6000:]

@@ -9,12 +9,15 @@ import pytest
 
 from .runner import REPO, run_torchrun as _run_torchrun
 
+pytestmark = pytest.mark.multiprocess  # every test here starts processes
+
 pytest.importorskip("sklearn")
 sys.path.insert(0, os.path.join(REPO, "examples"))
 
 EPOCHS = 3  # the shortened run (the example's default is 10)
 
 
+@pytest.mark.slow
 def test_ddp_digits_follows_the_single_process_run():
     out = _run_torchrun(["--nproc_per_node", "2", "examples/train_digits_ddp.py", "--epochs", str(EPOCHS)],
                         timeout=300)
@@ -54,6 +57,7 @@ def _final_loss(out: str) -> float:
     return float(found[0])
 
 
+@pytest.mark.slow
 def test_gpt_fsdp_follows_the_single_process_run():
     steps = ["--steps", "8"]
     single = _final_loss(_run_single([os.path.join(REPO, "examples", "train_gpt_fsdp.py"), "--single", *steps]))

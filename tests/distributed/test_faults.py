@@ -15,6 +15,8 @@ import torch_tpu
 
 from .runner import run_world, scenario
 
+pytestmark = pytest.mark.multiprocess  # every test here starts processes
+
 
 def _expect_failure(fn, x, before, started, limit):
     with pytest.raises(dist.DistBackendError) as info:
@@ -145,6 +147,7 @@ def unwaited_async_at_exit():
 unwaited_async_at_exit.timeout = 20
 
 
+@pytest.mark.slow
 def test_an_unwaited_async_collective_finishes_at_exit_and_releases_its_tensor(tmp_path):
     out = run_world(2, scenario(unwaited_async_at_exit), tmp_path, timeout=90, no_leftovers=True)
     assert "rank 1 got [3.0, 3.0]" in out[1], out[1]
@@ -175,14 +178,17 @@ def launch_error_then_collective():
 launch_error_then_collective.timeout = 30
 
 
+@pytest.mark.slow
 def test_a_launch_error_is_raised_by_the_next_sync_not_by_a_collective(tmp_path):
     run_world(2, scenario(launch_error_then_collective), tmp_path, timeout=90)
 
 
+@pytest.mark.slow
 def test_a_rank_that_never_joins_makes_the_others_raise_within_the_timeout(tmp_path):
     run_world(2, scenario(absent_rank), tmp_path, timeout=90)
 
 
+@pytest.mark.slow
 def test_mismatched_shapes_raise(tmp_path):
     run_world(2, scenario(mismatched_shapes), tmp_path, timeout=90)
 

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import textwrap
 
+import pytest
 from torch_tpu import _C
 
 from .runner import run_torchrun
+
+pytestmark = pytest.mark.multiprocess  # every test here starts processes
 
 JOB = textwrap.dedent("""
     import os, torch, torch_tpu
@@ -34,6 +37,7 @@ JOB = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_torchrun_store_backs_the_clients_key_value_callbacks(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(JOB)

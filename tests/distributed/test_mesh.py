@@ -5,6 +5,7 @@ The CPU plugin reports no coordinates, so one scenario stands in a TPU's: each r
 description is replaced by a 2x2 grid point in a scrambled order, which every rank shares through
 all_gather_object; the mesh must then follow the coordinates, not rank order.
 """
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -12,6 +13,8 @@ from torch_tpu.distributed import mesh as tm
 from torch_tpu.distributed import topology_aware_device_mesh
 
 from .runner import run_world, scenario
+
+pytestmark = pytest.mark.multiprocess  # every test here starts processes
 
 # rank -> coords: ranks 0..3 sit at (1,1), (0,0), (1,0), (0,1) on a 2x2 chip grid
 _COORDS = [[1, 1, 0], [0, 0, 0], [1, 0, 0], [0, 1, 0]]
@@ -54,9 +57,11 @@ def follows_gathered_coordinates():
     _all_reduce_along(mesh, "dp")
 
 
+@pytest.mark.slow
 def test_rank_order_mesh_on_four_processes(tmp_path):
     run_world(4, scenario(rank_order_without_coordinates), tmp_path, timeout=180)
 
 
+@pytest.mark.slow
 def test_coordinate_mesh_on_four_processes(tmp_path):
     run_world(4, scenario(follows_gathered_coordinates), tmp_path, timeout=180)

@@ -12,6 +12,8 @@ import torch.nn.functional as F
 
 from .runner import run_world, scenario
 
+pytestmark = pytest.mark.multiprocess  # every test here starts processes
+
 STEPS = 10
 
 
@@ -315,22 +317,27 @@ def pipeline_and_mpmd():
 
 
 @pytest.mark.parametrize("mode", ["strict", "fused"])
+@pytest.mark.slow
 def test_ddp_matches_single_process(tmp_path, mode):
     run_world(2, scenario(ddp), tmp_path, env={"TORCH_TPU_EAGER_MODE": mode}, timeout=180)
 
 
+@pytest.mark.slow
 def test_fsdp2_meta_init_and_mixed_precision(tmp_path):
     run_world(2, scenario(fsdp2), tmp_path, timeout=180)
 
 
+@pytest.mark.slow
 def test_dtensor_and_tensor_parallel(tmp_path):
     run_world(2, scenario(dtensor_and_tensor_parallel), tmp_path, timeout=180)
 
 
+@pytest.mark.slow
 def test_fsdp_x_tp_on_a_2d_mesh(tmp_path):
     run_world(4, scenario(fsdp_x_tp), tmp_path, timeout=240)
 
 
+@pytest.mark.slow
 def test_checkpoint_save_then_load_in_a_fresh_job(tmp_path):
     env = {"CKPT": str(tmp_path / "ckpt")}
     save, load = tmp_path / "save", tmp_path / "load"
@@ -341,5 +348,6 @@ def test_checkpoint_save_then_load_in_a_fresh_job(tmp_path):
 
 
 @pytest.mark.parametrize("mode", ["strict", "fused"])
+@pytest.mark.slow
 def test_pipeline_and_mpmd(tmp_path, mode):
     run_world(2, scenario(pipeline_and_mpmd), tmp_path, env={"TORCH_TPU_EAGER_MODE": mode}, timeout=180)

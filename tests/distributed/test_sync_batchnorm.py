@@ -12,6 +12,8 @@ import torch.nn.functional as F
 
 from .runner import run_world, scenario
 
+pytestmark = pytest.mark.multiprocess  # every test here starts processes
+
 STEPS = 4
 PER_RANK = 3
 
@@ -69,5 +71,6 @@ def ddp_sync_batchnorm():
 
 
 @pytest.mark.parametrize("mode", ["strict", "fused"])
+@pytest.mark.slow
 def test_ddp_sync_batchnorm_matches_single_process_batchnorm(tmp_path, mode):
     run_world(2, scenario(ddp_sync_batchnorm), tmp_path, env={"TORCH_TPU_EAGER_MODE": mode}, timeout=180)

@@ -60,6 +60,7 @@ def test_found_compiled_programs_match_cpu(seed):
 
 @pytest.mark.parametrize("mode,first,count", [("strict", 10000, 240), ("fused", 20000, 120),
                                               ("compiled", 30000, 25)])
+@pytest.mark.slow
 def test_fuzz_budget(mode, first, count):
     torch._dynamo.reset()
     differ = {}
@@ -71,6 +72,7 @@ def test_fuzz_budget(mode, first, count):
 
 
 @pytest.mark.parametrize("mode,count", [("strict", 40), ("debug", 15), ("fused", 25), ("compiled", 12)])
+@pytest.mark.slow
 def test_reuse_budget(mode, count):
     """Operands updated in place (or through a view, out=, an optimizer step, a reallocation) and read
     again, at real layer sizes (tests/fuzz/reuse.py); with XLA:CPU's XNNPACK on, strict's budget finds

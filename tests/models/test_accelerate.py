@@ -77,6 +77,7 @@ def test_accelerate_picks_the_tpu_and_cpu_true_still_wins():
 
 
 @pytest.mark.parametrize("model,data", [(_gpt2, _Tokens), (_bert, _Labelled)], ids=["gpt2-lm", "bert-classifier"])
+@pytest.mark.slow
 def test_trainer_trains_on_tpu_with_the_cpu_runs_losses(tmp_path, model, data):
     tpu, device = _trainer_losses(tmp_path, use_cpu=False, model=model, data=data)
     cpu, cpu_device = _trainer_losses(tmp_path, use_cpu=True, model=model, data=data)
@@ -85,6 +86,7 @@ def test_trainer_trains_on_tpu_with_the_cpu_runs_losses(tmp_path, model, data):
     torch.testing.assert_close(torch.tensor(tpu), torch.tensor(cpu), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_accelerator_bf16_accumulation_and_clipping_on_tpu():
     acc = accelerate.Accelerator(mixed_precision="bf16", gradient_accumulation_steps=2)
     model = _gpt2()
@@ -111,6 +113,7 @@ def test_accelerator_bf16_accumulation_and_clipping_on_tpu():
     assert any(not torch.equal(b, p.detach().cpu()) for b, p in zip(before, model.parameters()))
 
 
+@pytest.mark.slow
 def test_find_executable_batch_size_shrinks_the_batch_on_a_tpu_out_of_memory():
     # A batch too large for the device raises torch.OutOfMemoryError worded as CUDA's (" out of
     # memory."), which accelerate recognises: it frees memory, shrinks the batch (by half, or by 10%

@@ -28,11 +28,14 @@ def _assert_pass(result):
 
 @pytest.mark.parametrize("name,mode", [("gpt2", "strict"), ("gpt2", "fused"), ("gpt2", "compiled"),
                                        ("llama", "strict"), ("resnet18", "strict")])
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_training_matches_cpu(name, mode):
     _assert_pass(runner.run(zoo.BY_NAME[name], mode, _reference(name), timed_steps=0))
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["kv_cache_eager", "static_cache_compiled"])
+@pytest.mark.multiprocess
 def test_generate_matches_cpu(compiled):
     base, inputs = _reference("gpt2")[:2]
     _assert_pass(runner.generate(zoo.BY_NAME["gpt2"], base, inputs, compiled))
