@@ -14,14 +14,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import torch_tpu
-from torch_tpu import aot, runtime
+from torch_tpu import aot, plugins, runtime
 from torch_tpu.distributed import mesh as tm
 from torch_tpu.lowering import target
 
 from tests.helpers import strict_env
 
 pytestmark = [pytest.mark.libtpu,
-              pytest.mark.skipif(not runtime._tpu_plugin(), reason="libtpu is not installed (pip install 'torch_tpu[tpu]')")]
+              pytest.mark.skipif(not plugins.TPU.find(), reason="libtpu is not installed (pip install 'torch_tpu[tpu]')")]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import torch_tpu
-from torch_tpu import runtime
+from torch_tpu import plugins
 
 OVERRIDEABLE = int(SDPBackend.OVERRIDEABLE)
 
@@ -161,7 +161,7 @@ def test_math_backend_when_asked_and_a_clear_error_when_nothing_applies():
     assert torch.ops.aten._fused_sdp_choice(qg, k, v) == int(SDPBackend.MATH)
 
 
-@pytest.mark.skipif(not runtime._tpu_plugin(), reason="libtpu is not installed (pip install 'torch_tpu[tpu]')")
+@pytest.mark.skipif(not plugins.TPU.find(), reason="libtpu is not installed (pip install 'torch_tpu[tpu]')")
 @pytest.mark.libtpu
 @pytest.mark.slow
 def test_a_compiled_attention_step_saves_no_probabilities_for_backward():

@@ -154,8 +154,8 @@ def test_corrupt_or_foreign_plugin_is_a_clear_error(tmp_path, kind):
     unknown C API version: tpu is unavailable, and using it raises an error naming the file, what is
     wrong and TORCH_TPU_PJRT_PLUGIN (no crash)."""
     if kind == "truncated":
-        from torch_tpu import runtime
-        real = open(runtime._cpu_plugin(), "rb").read()
+        from torch_tpu import plugins
+        real = open(plugins.CPU.find(), "rb").read()
         plugin = tmp_path / "damaged_plugin.so"
         plugin.write_bytes(real[: len(real) // 3])
         expected = "Cannot load"

@@ -3,7 +3,7 @@
 XLA:CPU's XNNPACK dot (xla-cpu-pjrt 0.0.1) packed a dot's right-hand parameter once and reused the
 packing while the parameter's buffer had the same address; torch_tpu writes a donated input's result
 where the input was, so `g @ w` after `w.add_(1)` returned the old product. torch_tpu turns XNNPACK
-off for the CPU plugin (runtime._own_xla_flag); these tests fail with it on."""
+off for the CPU plugin (plugins.own_xla_flag); these tests fail with it on."""
 import os
 
 import pytest
@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import torch_tpu
-from torch_tpu import runtime
+from torch_tpu import plugins, runtime
 
 from helpers import run_python
 
@@ -86,9 +86,9 @@ def test_xnnpack_is_off_for_the_cpu_plugin_and_a_users_setting_is_kept():
     torch.zeros(1, device=TPU).cpu()  # the runtime is configured
     if runtime._C.runtime.platform_name() != "cpu":
         pytest.skip("the flag is the CPU plugin's")
-    assert runtime._NO_XNNPACK in os.environ["XLA_FLAGS"].split()
+    assert plugins.NO_XNNPACK in os.environ["XLA_FLAGS"].split()
     # The key of a TPU program does not carry it (aot keys equal a TPU VM's).
-    assert "xnnpack" not in runtime._keyed_xla_flags()
+    assert "xnnpack" not in plugins.keyed_xla_flags()
     out = run_python("import os, torch, torch_tpu\ntorch.zeros(1, device='tpu').cpu()\nprint(os.environ['XLA_FLAGS'])",
                      XLA_FLAGS="--xla_cpu_use_xnnpack=true")
-    assert "--xla_cpu_use_xnnpack=true" in out and runtime._NO_XNNPACK not in out
+    assert "--xla_cpu_use_xnnpack=true" in out and plugins.NO_XNNPACK not in out

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from torch_tpu import runtime
+from torch_tpu import plugins
 from torch_tpu.distributed import tpu_env, tpu_process_env
 from torch_tpu.tpu_slices import chip_grid, parse_accelerator_type
 
@@ -102,7 +102,7 @@ def test_single_process_and_user_bounds_are_left_alone():
         assert env == before
 
 
-@pytest.mark.skipif(not runtime._tpu_plugin(), reason="libtpu is not installed (pip install 'torch_tpu[tpu]')")
+@pytest.mark.skipif(not plugins.TPU.find(), reason="libtpu is not installed (pip install 'torch_tpu[tpu]')")
 @pytest.mark.multiprocess
 def test_torch_tpu_sets_them_before_libtpu_starts():
     # libtpu as the running plugin, under torchrun's variables: importing torch_tpu sets the process's

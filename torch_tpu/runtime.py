@@ -1,18 +1,12 @@
-"""Which PJRT plugin runs the tpu device, and facts about it.
-
-`TORCH_TPU_PJRT_PLUGIN` chooses the plugin: `cpu` (OpenXLA's CPU plugin, package xla-cpu-pjrt),
-`cuda` (package jax-cuda13-pjrt), `tpu` (package libtpu), or the path of a plugin .so. Unset, it
-is: libtpu where a TPU is present, else the CUDA plugin where a GPU is present, else the CPU
-plugin. Choosing does not start the device: the PJRT client is created on first use.
-`TORCH_TPU_CPU_DEVICE_COUNT` sets how many devices the CPU plugin exposes (default: the usable
-cores, clamped to [2, 4]; see cpu_device_count).
+"""The running PJRT plugin and the compile entry: which plugin runs the tpu device (chosen and
+prepared by its kind's entry in torch_tpu/plugins.py, which TORCH_TPU_PJRT_PLUGIN names), facts
+about it once started, the platform programs are lowered for, the executable cache's configuration
+and key, and `compile`. Choosing does not start the device: the PJRT client is created on first use.
 """
 from __future__ import annotations
 
 import contextlib
-import glob
 import hashlib
-import importlib.util
 import os
 import pwd
 import re
@@ -20,99 +14,22 @@ import sys
 import warnings
 from typing import Sequence
 
-from . import _C, settings
-
-ENV = "TORCH_TPU_PJRT_PLUGIN"
-
-
-def _package_file(package: str, *names: str) -> str | None:
-    try:
-        spec = importlib.util.find_spec(package)
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for d in spec.submodule_search_locations:
-        for n in names:
-            p = os.path.join(d, n)
-            if os.path.exists(p):
-                return p
-    return None
-
-
-def _cpu_plugin():
-    return _package_file("xla_plugins.xla_cpu_pjrt", "xla_cpu_pjrt.so")
-
-
-def _cuda_plugin():
-    return (_package_file("jax_plugins.xla_cuda13", "xla_cuda_plugin.so")
-            or _package_file("jax_plugins.xla_cuda12", "xla_cuda_plugin.so"))
-
-
-def _tpu_plugin():
-    return settings.get("TPU_LIBRARY_PATH") or _package_file("libtpu", "libtpu.so")
-
-
-def _has_tpu() -> bool:
-    return bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
-
-
-def _has_gpu() -> bool:
-    return os.path.exists("/dev/nvidia0")
-
-
-def resolve_plugin() -> tuple[str, str]:
-    """(path, error): the plugin to load, or why there is none (raised on first use)."""
-    choice = (settings.get(ENV) or "").strip()
-    named = {"cpu": (_cpu_plugin, "xla-cpu-pjrt"), "cuda": (_cuda_plugin, "jax-cuda13-pjrt"),
-             "tpu": (_tpu_plugin, "libtpu")}
-    if choice in named:
-        find, package = named[choice]
-        path = find()
-        if path:
-            return path, ""
-        return "", (f"{ENV}={choice}, but its PJRT plugin is not installed: `pip install {package}`, "
-                    f"or set {ENV} to another plugin (cpu, cuda, tpu or a path to a plugin .so).")
-    if choice:
-        return os.path.abspath(os.path.expanduser(choice)), ""
-    if _has_tpu() and _tpu_plugin():
-        return _tpu_plugin(), ""
-    if _has_gpu() and _cuda_plugin():
-        return _cuda_plugin(), ""
-    if _cpu_plugin():
-        return _cpu_plugin(), ""
-    return "", (f"No PJRT plugin found for the tpu device: `pip install xla-cpu-pjrt` (CPU), libtpu (TPU) "
-                f"or jax-cuda13-pjrt (GPU), or set {ENV} to the path of a plugin .so.")
+from . import _C, plugins, settings
 
 
 _configured_plugin = ""  # the plugin configure() chose ("" : none)
 
 
 def configure() -> None:
-    """Tells the core which plugin to load when the device is first used (does not start it)."""
-    path, error = resolve_plugin()
+    """Tells the core which plugin to load when the device is first used (does not start it), after
+    its kind's preparation (plugins.Plugin.prepare: XLA flags, process environment, create options)."""
+    path, error = plugins.resolve()
     options = []
-    if "xla_cpu_pjrt" in os.path.basename(path):
-        _own_xla_flag(_NAN_MIN_MAX["cpu"])
-        _own_xla_flag(_NO_XNNPACK)
-        _take_local_share_of_cores()
+    kind = plugins.kind_of(path)
+    if kind is not None:
         try:
-            options.append(("cpu_device_count", cpu_device_count()))
+            options = kind.prepare()
         except ValueError as e:  # raised on first use, as a missing plugin is: importing still works
-            path, error = "", str(e)
-    elif path and path == _cuda_plugin():
-        _own_xla_flag(_NAN_MIN_MAX["cuda"])
-    elif path and path == _tpu_plugin():
-        if not _has_tpu():
-            # No TPU chips here: libtpu would ask the cloud metadata server for the VM's TPU before
-            # failing ("No jellyfish device found"), retrying for minutes where none answers.
-            os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
-        # A TPU VM: under torchrun, each process tells libtpu which chip it owns before the client
-        # starts (distributed/tpu_env.py).
-        from .distributed.tpu_env import configure_process
-        try:
-            configure_process()
-        except ValueError as e:
             path, error = "", str(e)
     global _configured_plugin
     _configured_plugin = path
@@ -121,41 +38,6 @@ def configure() -> None:
         _C.runtime.set_compile_threads(_compile_threads())
     except ValueError:
         pass  # raised by the first compile (compile() sets it again), which names the setting
-
-
-# The flags torch_tpu adds to XLA_FLAGS for the CPU and CUDA plugins (_own_xla_flag). They are
-# left out of executable keys (target_identity): a TPU key that torch_tpu.aot writes on a CPU host, or
-# in a process started by one (which inherits them), equals the key the TPU VM computes. What they
-# change in CPU and CUDA executables is covered by _CACHE_FORMAT instead.
-_NAN_MIN_MAX = {"cpu": "--xla_cpu_enable_fast_min_max=false", "cuda": "--xla_gpu_enable_fast_min_max=false"}
-_NO_XNNPACK = "--xla_cpu_use_xnnpack=false"
-_OWN_XLA_FLAGS = (*_NAN_MIN_MAX.values(), _NO_XNNPACK)
-
-
-def _keyed_xla_flags() -> str:
-    return " ".join(f for f in settings.get("XLA_FLAGS").split() if f not in _OWN_XLA_FLAGS)
-
-
-def _own_xla_flag(flag: str) -> None:
-    """Adds `flag` ("--name=value", one of _OWN_XLA_FLAGS) to XLA_FLAGS, which the plugin reads at its
-    first compile, unless the user set that flag's name themselves (their setting is kept).
-
-    Why each:
-    - fast_min_max=false: XLA's maximum / minimum propagate NaN (as torch.maximum, amax and max_pool
-      do, and as on TPU), but XLA:CPU's and XLA:GPU's default debug options make them return the
-      other operand (TensorFlow's old Eigen behaviour). JAX turns it off in its compile options; we do
-      here, so that lowerings emit the bare StableHLO op on every target.
-    - xla_cpu_use_xnnpack=false: XLA:CPU's XNNPACK dot (xla-cpu-pjrt 0.0.1) captures a dot's
-      right-hand operand by value when it is a parameter of the program: it packs the weights once and
-      reuses the packing while the parameter's buffer has the same address. torch_tpu updates buffers
-      in place (a donated input's result is written where the input was: optimizer steps, add_,
-      copy_) and the allocator reuses freed addresses, so `g @ w` after `w.add_(1)` returned the old
-      product (issue 50). XLA's own comment on that capture says the address is not a sound identity.
-      Eigen's dot is as fast here (benchmarks/bench_cpu_dot.py)."""
-    name = flag.split("=", 1)[0]
-    flags = settings.get("XLA_FLAGS")
-    if name not in flags:
-        os.environ["XLA_FLAGS"] = (flags + " " + flag).strip()
 
 
 def _torchrun_job_store() -> bool:
@@ -170,59 +52,6 @@ def _torchrun_job_store() -> bool:
         return False
     return (world > 1 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
             and bool(os.environ.get("MASTER_ADDR")) and bool(os.environ.get("MASTER_PORT")))
-
-
-def _local_world() -> tuple[int, int] | None:
-    """(LOCAL_RANK, LOCAL_WORLD_SIZE) when torchrun (or a launcher that sets the same variables)
-    runs several processes on this host, else None."""
-    try:
-        size, rank = int(os.environ["LOCAL_WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
-    except (KeyError, ValueError):
-        return None
-    return (rank, size) if size > 1 and 0 <= rank < size else None
-
-
-def _take_local_share_of_cores() -> None:
-    """With the CPU plugin and several processes per host, each process runs on its share of the
-    cores (LOCAL_RANK's slice of the affinity mask): the plugin sizes its compute thread pool from
-    the cores a process may use, and N processes each starting a pool of all the cores time-slice
-    N times as many threads as there are cores. Skipped when there are fewer cores than processes,
-    or when TORCH_TPU_CPU_PIN=0."""
-    local = _local_world()
-    if local is None or settings.get("TORCH_TPU_CPU_PIN") == "0" or not hasattr(os, "sched_setaffinity"):
-        return
-    rank, size = local
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) < size:
-        return
-    share = len(cores) // size
-    os.sched_setaffinity(0, cores[rank * share:(rank + 1) * share])
-
-
-def cpu_device_count() -> int:
-    """Devices the CPU plugin exposes: `TORCH_TPU_CPU_DEVICE_COUNT`, else 1 in each process of a
-    multi-process job on this host (torchrun's LOCAL_WORLD_SIZE > 1: one process per device, each
-    seeing its own as tpu:0), else the cores this process may run on, clamped to [2, 4] (4 is the
-    plugin's own default).
-
-    Why not always 4: the plugin's compute thread pool has one thread per device at least, so 4
-    devices on a 2-core machine time-slice 4 compute threads on 2 cores (measured on 2 cores: the
-    compiled GPT training step at width 64 was 1.13-1.16x of jax.jit with 4 devices, 1.01-1.05x with
-    2). At least 2, so that multi-device code (`tpu:1`) runs everywhere.
-    Raises ValueError when the variable is not a positive integer."""
-    value = (settings.get("TORCH_TPU_CPU_DEVICE_COUNT") or "").strip()
-    if value:
-        if not value.isdigit() or int(value) < 1:
-            raise ValueError(f"TORCH_TPU_CPU_DEVICE_COUNT must be a positive integer (the number of devices "
-                             f"the CPU plugin exposes), got {value!r}")
-        return int(value)
-    if _local_world() is not None:
-        return 1
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # no sched_getaffinity (macOS)
-        cores = os.cpu_count() or 1
-    return min(4, max(2, cores))
 
 
 def start() -> None:
@@ -271,7 +100,8 @@ def lowering_platform() -> str:
     if _lowering_platform is not None:
         return _lowering_platform
     name = platform().lower()
-    return "cuda" if name in ("cuda", "gpu") else name
+    kind = plugins.for_platform(name)
+    return kind.name if kind is not None else name
 
 
 @contextlib.contextmanager
@@ -379,7 +209,7 @@ def warm_manifest(cache_dir: str) -> str:
     client starts (csrc/runtime/warm_start.h). TORCH_TPU_WARM_START=0 turns it off."""
     if not cache_dir:
         return ""
-    line = "\0".join([*getattr(sys, "orig_argv", sys.argv), _configured_plugin, _keyed_xla_flags(),
+    line = "\0".join([*getattr(sys, "orig_argv", sys.argv), _configured_plugin, plugins.keyed_xla_flags(),
                       settings.get("LIBTPU_INIT_ARGS")])
     return os.path.join(cache_dir, "warm-" + hashlib.sha256(line.encode(errors="surrogateescape")).hexdigest()[:32] + ".keys")
 
@@ -395,9 +225,10 @@ def target_identity(platform_name: str, platform_version: str, api_version: tupl
     where libtpu is installed: the TPU VM's runtime then finds what torch_tpu.aot compiled on another
     host for the same libtpu. Other plugins are named by their file too (a serialized CPU or CUDA
     executable loads only on the build that wrote it, and their versions do not name the build)."""
-    where = "" if platform_name == "tpu" else plugin_path
+    kind = plugins.for_platform(platform_name)
+    where = plugin_path if kind is None or kind.keyed_by_path else ""
     return "\0".join([where, platform_name, platform_version, "%d.%d" % tuple(api_version), _CACHE_FORMAT,
-                       _keyed_xla_flags(), settings.get("LIBTPU_INIT_ARGS")])
+                       plugins.keyed_xla_flags(), settings.get("LIBTPU_INIT_ARGS")])
 
 
 def program_key(identity: str, program: str) -> str:

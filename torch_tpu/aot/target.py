@@ -20,7 +20,7 @@ import math
 import os
 import re
 
-from .. import _C, runtime
+from .. import _C, plugins, runtime
 from ..lowering import target as tpu_rules
 from ..tpu_slices import accelerator_type
 from .worker import Pool
@@ -30,7 +30,7 @@ PLUGIN_ENV = "TPU_LIBRARY_PATH"
 def libtpu_path() -> str:
     """The libtpu.so that compiles for TPU targets: TPU_LIBRARY_PATH, else the `libtpu` package's.
     Raises RuntimeError, saying what to install, when there is none."""
-    path = runtime._tpu_plugin()
+    path = plugins.TPU.find()
     if not path:
         raise RuntimeError("torch_tpu.aot compiles for TPU topologies with libtpu's compiler, which is not "
                            "installed: pip install 'torch_tpu[tpu]' (or set TPU_LIBRARY_PATH to a libtpu.so).")
@@ -41,7 +41,7 @@ def compile_only_environment(name: str = "v5e:1x1") -> None:
     """libtpu's environment for a host without a TPU (the module docstring lists it), for topology
     `name`; values the user set are kept; nothing on a TPU VM. Called before libtpu initializes:
     here, and by torch_tpu.pallas before JAX (which loads libtpu when installed) starts a backend."""
-    if runtime._has_tpu():
+    if plugins.has_tpu():
         return
     generation, _, dims = name.partition(":")
     chips = math.prod(int(d) for d in re.findall(r"\d+", dims)) or 1

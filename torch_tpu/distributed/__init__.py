@@ -84,11 +84,10 @@ def _check_one_device_per_process(group_size: int) -> None:
     """On a TPU, tpu_dist runs one process per device: a process of a multi-process group that sees
     several chips (TPU_VISIBLE_CHIPS unset or naming more than one) would drive chips another process
     also claims. Raises RuntimeError saying what to set."""
-    from .. import runtime
-    path = runtime.resolve_plugin()[0]
+    from .. import plugins
     # Only where libtpu is the plugin: elsewhere this must not start the client (a rank may never
     # use its tpu device).
-    if group_size > 1 and path and path == runtime._tpu_plugin() and _C.runtime.device_count() > 1:
+    if group_size > 1 and plugins.kind_of(plugins.resolve()[0]) is plugins.TPU and _C.runtime.device_count() > 1:
         raise RuntimeError(
             f"tpu_dist: this process sees {_C.runtime.device_count()} TPU devices, but tpu_dist runs one process per "
             "device. Under torchrun torch_tpu sets TPU_VISIBLE_CHIPS=LOCAL_RANK and the process bounds itself "

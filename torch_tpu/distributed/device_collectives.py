@@ -36,7 +36,7 @@ from typing import Sequence
 
 import torch
 
-from .. import _C, runtime, settings
+from .. import _C, plugins, runtime, settings
 from ..lowering import collectives as programs
 
 
@@ -164,8 +164,8 @@ def send_recv(inputs: Sequence[torch.Tensor], pairs: Sequence[tuple[int, int]]) 
 
 def _has_cross_process_collectives() -> bool:
     """libtpu (ICI/DCN), or the CUDA plugin started with a job's key-value store (NCCL across nodes)."""
-    path = runtime.resolve_plugin()[0]
-    if not path or path == runtime._cpu_plugin():  # decided without starting the client
+    path = plugins.resolve()[0]
+    if not path or plugins.kind_of(path) is plugins.CPU:  # decided without starting the client
         return False
     platform = _C.runtime.platform_name()
     return platform == "tpu" or (platform == "cuda" and _C.distributed.KeyValueCallbacks.of_runtime() is not None)

@@ -50,7 +50,7 @@ def reduce_sum(b, x, dims):
 
 def reduce_max(b, x, dims, is_max=True):
     """NaN-propagating max (or min) over dims: XLA's maximum/minimum propagate NaN (on TPU; the CPU
-    and CUDA plugins are told to, runtime._own_xla_flag), so the reduction body is the bare op —
+    and CUDA plugins are told to, plugins.own_xla_flag), so the reduction body is the bare op —
     an explicit is-NaN select there made libtpu 0.0.52's fusion pass crash on attention's softmax."""
     name = "maximum" if is_max else "minimum"
     init = b.constant(_lowest(x.dtype) if is_max else _highest(x.dtype), x.dtype)
@@ -458,7 +458,7 @@ def addbmm(ctx, self, x, y, beta=None, alpha=None):
 def _cum_extreme(is_max):
     """cummax/cummin with CPU's choice of index: the latest position holding the running extreme,
     and once a NaN is seen it is the extreme (the latest NaN's position). Two single-operand
-    reduce_windows: the running extreme (XLA's maximum / minimum propagate NaN, runtime._own_xla_flag),
+    reduce_windows: the running extreme (XLA's maximum / minimum propagate NaN, plugins.own_xla_flag),
     then the running latest position where x reaches it (x equals it, or x is NaN). A variadic
     reduce_window of (value, index) pairs failed XLA:CPU's compiler from about 100 x 100 elements
     (a RET_CHECK in its reduce-window rewrite)."""
