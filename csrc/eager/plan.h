@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "aten/launch_values.h"
 #include "eager/call.h"
 #include "pjrt/pjrt.h"
 #include "runtime/compile_cache.h"
@@ -19,11 +20,12 @@
 
 namespace torch_tpu::eager {
 
-// A fresh result tensor: row-major, or with `strides` (a dense permutation, e.g. channels_last).
-struct FreshSpec {
-  std::vector<int64_t> sizes, strides;  // strides empty: row-major
-  c10::ScalarType dtype = c10::ScalarType::Float;
-};
+// The launch values of ATen arguments and results (aten/launch_values.h), which graphs use too.
+using aten::FreshSpec;
+using aten::host_tensor_arg;
+using aten::new_tensor_of;
+using aten::rng_arg;
+using aten::scalar_arg;
 
 // Where one program output goes: fresh result tensor `index`, or the storage of operand `index`
 // (a written argument's).
@@ -75,13 +77,5 @@ std::atomic<int64_t>& plan_fast_runs();
 // queues it for the launcher (nothing waits; needs plan.exe), fused eager records it.
 void run_plan(const std::shared_ptr<Plan>& plan, const OpFacts& op, Call& call, torch::jit::Stack* stack, bool fused);
 
-// Launch arguments of host values: a CPU tensor (contiguous), a scalar of `dtype` (0-dim), an RNG
-// (seed, offset) state (1-D of 2 uint64, uploaded by the launcher). Raises for a scalar dtype programs
-// never take.
-runtime::LaunchArg host_tensor_arg(const at::Tensor& t, int device);
-// A new tpu tensor on `device` of a fresh result's spec (its buffer made by the program that writes it).
-at::Tensor new_tensor_of(const FreshSpec& spec, int device);
-runtime::LaunchArg scalar_arg(const c10::Scalar& v, c10::ScalarType dtype, int device);
-runtime::LaunchArg rng_arg(std::pair<uint64_t, uint64_t> state);
 
 }  // namespace torch_tpu::eager

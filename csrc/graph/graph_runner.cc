@@ -26,14 +26,14 @@ bool has_layout(const at::Tensor& t, const std::vector<int64_t>& strides) {
 // A constant or host operand: a tpu tensor's storage, or a CPU tensor uploaded to `device`.
 LaunchArg tensor_arg(const at::Tensor& t, int device) {
   if (!t.is_cpu()) return {aten::cell_of(t), nullptr};
-  return eager::host_tensor_arg(t, device);
+  return aten::host_tensor_arg(t, device);
 }
 
 }  // namespace
 
 GraphRunner::GraphRunner(std::shared_ptr<pjrt::Executable> exe, std::vector<GraphArg> plan,
                          const std::vector<int64_t>& donated, std::vector<std::pair<int64_t, int64_t>> sink_plan,
-                         std::vector<eager::FreshSpec> specs, std::string producer, uint64_t rng_draws,
+                         std::vector<aten::FreshSpec> specs, std::string producer, uint64_t rng_draws,
                          std::optional<Meet> meet)
     : exe_(std::move(exe)), plan_(std::move(plan)), sink_plan_(std::move(sink_plan)), specs_(std::move(specs)),
       producer_(std::move(producer)), rng_draws_(rng_draws), meet_(std::move(meet)) {
@@ -101,7 +101,7 @@ GraphResults GraphRunner::run(const std::vector<at::Tensor>& inputs, const std::
         break;
       }
       case ArgKind::kCpuInput: args.push_back(tensor_arg(input(a.index), device)); break;
-      case ArgKind::kRngState: args.push_back(eager::rng_arg(aten::generator_next(std::nullopt, rng_draws_))); break;
+      case ArgKind::kRngState: args.push_back(aten::rng_arg(aten::generator_next(std::nullopt, rng_draws_))); break;
       case ArgKind::kHostPack: args.push_back(tensor_arg(packs.at(a.index), device)); break;
       case ArgKind::kConstant: args.push_back(tensor_arg(a.constant, device)); break;
     }
@@ -117,7 +117,7 @@ GraphResults GraphRunner::run(const std::vector<at::Tensor>& inputs, const std::
   }
   for (size_t k = 0; k < sinks.size(); ++k) {
     if (sinks[k]) continue;
-    out.tensors[k] = eager::new_tensor_of(specs_[k], device);
+    out.tensors[k] = aten::new_tensor_of(specs_[k], device);
     sinks[k] = aten::cell_of(out.tensors[k]);
   }
   // The copies above are eager ops: in fused eager they are recorded, not yet run.

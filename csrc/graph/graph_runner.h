@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "eager/plan.h"
+#include "aten/launch_values.h"
 #include "pjrt/pjrt.h"
 #include "runtime/runtime.h"
 
@@ -57,7 +57,7 @@ class GraphRunner {
  public:
   // Raises c10::Error when a donated index is not an input or the specs do not match the outputs.
   GraphRunner(std::shared_ptr<pjrt::Executable> exe, std::vector<GraphArg> plan, const std::vector<int64_t>& donated,
-              std::vector<std::pair<int64_t, int64_t>> sink_plan, std::vector<eager::FreshSpec> specs,
+              std::vector<std::pair<int64_t, int64_t>> sink_plan, std::vector<aten::FreshSpec> specs,
               std::string producer, uint64_t rng_draws, std::optional<Meet> meet);
   // inputs: the graph's inputs (undefined where not a tensor); packs: the host packs' CPU tensors.
   // Raises c10::Error for too few inputs or a non-tensor where the plan reads one.
@@ -71,7 +71,7 @@ class GraphRunner {
   std::vector<GraphArg> plan_;
   std::vector<bool> donated_;
   std::vector<std::pair<int64_t, int64_t>> sink_plan_;
-  std::vector<eager::FreshSpec> specs_;  // per program output
+  std::vector<aten::FreshSpec> specs_;  // per program output
   std::string producer_;
   uint64_t rng_draws_;
   int64_t first_tpu_input_ = -1, num_inputs_ = 0;

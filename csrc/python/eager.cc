@@ -145,7 +145,7 @@ std::shared_ptr<Plan> plan_of_entry(const py::object& entry, bool written, bool 
   py::object exe = entry.attr("exe");
   if (!exe.is_none()) p->exe = exe.cast<std::shared_ptr<pjrt::Executable>>();
   for (auto h : entry.attr("plan")) p->order.push_back(h.cast<int>());
-  for (auto h : entry.attr("new_outputs")) p->fresh.push_back(h.cast<eager::FreshSpec>());
+  for (auto h : entry.attr("new_outputs")) p->fresh.push_back(h.cast<aten::FreshSpec>());
   for (auto h : entry.attr("sinks")) p->sinks.push_back(h.cast<eager::Sink>());
   p->structure = written ? Plan::kWritten : entry.attr("structure").cast<Plan::Structure>();
   for (auto h : entry.attr("fixed")) {
@@ -390,12 +390,12 @@ void bind_eager(py::module_& m) {
            py::arg("index"))
       .def_readonly("fresh", &eager::Sink::fresh)
       .def_readonly("index", &eager::Sink::index);
-  py::class_<eager::FreshSpec>(m, "FreshSpec",
+  py::class_<aten::FreshSpec>(m, "FreshSpec",
                                "A fresh result tensor an eager op or a compiled graph makes: its sizes, dtype "
                                "and strides (None: row-major; else a dense permutation, e.g. channels_last) "
                                "(csrc/eager/plan.h).")
       .def(py::init([](std::vector<int64_t> sizes, py::handle dtype, std::optional<std::vector<int64_t>> strides) {
-             eager::FreshSpec s;
+             aten::FreshSpec s;
              s.sizes = std::move(sizes);
              s.dtype = python::dtype_of(dtype);
              if (strides) {
@@ -406,13 +406,13 @@ void bind_eager(py::module_& m) {
              return s;
            }),
            py::arg("sizes"), py::arg("dtype"), py::arg("strides") = py::none())
-      .def_property_readonly("sizes", [](const eager::FreshSpec& s) { return ints(s.sizes); })
-      .def_property_readonly("dtype", [](const eager::FreshSpec& s) { return dtype_obj(s.dtype); })
-      .def_property_readonly("strides", [](const eager::FreshSpec& s) -> py::object {
+      .def_property_readonly("sizes", [](const aten::FreshSpec& s) { return ints(s.sizes); })
+      .def_property_readonly("dtype", [](const aten::FreshSpec& s) { return dtype_obj(s.dtype); })
+      .def_property_readonly("strides", [](const aten::FreshSpec& s) -> py::object {
         if (s.strides.empty()) return py::none();
         return ints(s.strides);
       })
-      .def("__repr__", [](const eager::FreshSpec& s) {
+      .def("__repr__", [](const aten::FreshSpec& s) {
         return "FreshSpec(sizes=" + py::repr(ints(s.sizes)).cast<std::string>() + ", dtype=" +
                py::repr(dtype_obj(s.dtype)).cast<std::string>() +
                (s.strides.empty() ? std::string() : ", strides=" + py::repr(ints(s.strides)).cast<std::string>()) + ")";

@@ -62,7 +62,7 @@ void bind_graph(py::module_& m) {
   py::class_<GraphRunner>(m, "GraphRunner", "The per-call work of one compiled graph (csrc/graph/graph_runner.h).")
       .def(py::init([](std::shared_ptr<pjrt::Executable> exe, std::vector<GraphArg> plan,
                        const std::vector<int64_t>& donated, std::vector<std::pair<int64_t, int64_t>> sink_plan,
-                       std::vector<eager::FreshSpec> specs, std::string producer, uint64_t rng_draws,
+                       std::vector<aten::FreshSpec> specs, std::string producer, uint64_t rng_draws,
                        std::optional<std::tuple<std::string, std::vector<int>, int64_t>> meet) {
              std::optional<graph::Meet> m;
              if (meet) m = graph::Meet{std::get<0>(*meet), std::get<1>(*meet), std::get<2>(*meet)};

@@ -1,6 +1,6 @@
 #include "python/launch_args.h"
 
-#include "eager/plan.h"
+#include "aten/launch_values.h"
 
 #include <pybind11/complex.h>
 #include <torch/csrc/Dtype.h>
@@ -30,19 +30,19 @@ runtime::LaunchArg launch_arg(py::handle h, int device) {
   if (THPVariable_Check(h.ptr())) {
     const at::Tensor& t = THPVariable_Unpack(h.ptr());
     if (!t.is_cpu()) return {cell_of(t), nullptr};
-    return eager::host_tensor_arg(t, device);  // a host operand (0-dim CPU tensor, copy_ source, host pack)
+    return aten::host_tensor_arg(t, device);  // a host operand (0-dim CPU tensor, copy_ source, host pack)
   }
   auto tup = h.cast<py::tuple>();
   auto st = dtype_of(tup[1]);
   py::handle v = tup[0];
   switch (st) {
-    case c10::ScalarType::UInt64: return eager::rng_arg(v.cast<std::pair<uint64_t, uint64_t>>());
-    case c10::ScalarType::Bool: return eager::scalar_arg(v.cast<bool>(), st, device);
-    case c10::ScalarType::Long: return eager::scalar_arg(v.cast<int64_t>(), st, device);
+    case c10::ScalarType::UInt64: return aten::rng_arg(v.cast<std::pair<uint64_t, uint64_t>>());
+    case c10::ScalarType::Bool: return aten::scalar_arg(v.cast<bool>(), st, device);
+    case c10::ScalarType::Long: return aten::scalar_arg(v.cast<int64_t>(), st, device);
     case c10::ScalarType::ComplexFloat:
     case c10::ScalarType::ComplexDouble:
-      return eager::scalar_arg(c10::complex<double>(v.cast<std::complex<double>>()), st, device);
-    default: return eager::scalar_arg(v.cast<double>(), st, device);
+      return aten::scalar_arg(c10::complex<double>(v.cast<std::complex<double>>()), st, device);
+    default: return aten::scalar_arg(v.cast<double>(), st, device);
   }
 }
 

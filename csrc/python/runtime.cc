@@ -7,7 +7,7 @@
 
 #include "aten/device.h"
 #include "eager/index_errors.h"
-#include "eager/plan.h"
+#include "aten/launch_values.h"
 #include "distributed/job_store.h"
 #include "python/launch_args.h"
 #include "runtime/compile_cache.h"
@@ -30,7 +30,7 @@ std::vector<at::Tensor> launch_part(py::handle inputs, py::handle sinks, py::han
   for (py::handle h : inputs) part.args.push_back(launch_arg(h, device));
   std::vector<at::Tensor> fresh;
   for (py::handle h : new_specs)
-    fresh.push_back(eager::new_tensor_of(h.cast<eager::FreshSpec>(), device));
+    fresh.push_back(aten::new_tensor_of(h.cast<aten::FreshSpec>(), device));
   size_t next_new = 0;
   for (py::handle h : sinks) {
     if (h.is_none()) {

@@ -294,7 +294,7 @@ TEST(ScalarOperands, OneBufferPerValueFromManyThreads) {
     out[t] = runtime().new_cell(4 * sizeof(float), 0);
     threads.emplace_back([&, t] {
       for (int i = 0; i < 50; ++i) {
-        auto s = torch_tpu::eager::scalar_arg(c10::Scalar(double(i % 3)), c10::ScalarType::Float, 0);
+        auto s = torch_tpu::aten::scalar_arg(c10::Scalar(double(i % 3)), c10::ScalarType::Float, 0);
         runtime().execute(exe, {{in, nullptr}, s}, {out[t]}, 0, "add_scalar");
       }
     });
@@ -592,7 +592,7 @@ struct DoubleFrontEnd final : torch_tpu::eager::FrontEnd {
     auto p = std::make_shared<torch_tpu::eager::Plan>();
     p->exe = compiled("runtime_test_double", kDouble);
     p->order = {0};
-    p->fresh = {torch_tpu::eager::FreshSpec{{4}, {}, c10::ScalarType::Float}};
+    p->fresh = {torch_tpu::aten::FreshSpec{{4}, {}, c10::ScalarType::Float}};
     p->sinks = {{true, 0}};
     p->name = "tpu_test::double_it";
     p->fast = true;
@@ -689,7 +689,7 @@ GraphArg tpu_input(int64_t index) {
   return a;
 }
 
-const torch_tpu::eager::FreshSpec kFloats4{{4}, {}, c10::ScalarType::Float};
+const torch_tpu::aten::FreshSpec kFloats4{{4}, {}, c10::ScalarType::Float};
 
 }  // namespace
 
