@@ -10,7 +10,7 @@ TPU = torch.device("tpu")
 
 
 def _misses():
-    return torch_tpu.metrics.counters()["cache_misses"]
+    return torch_tpu.metrics.counters()["plan_cache_misses"]
 
 
 def _programs_for(fn, offsets):

@@ -21,7 +21,9 @@ def fallback_counts() -> dict:
 
 
 def counters() -> dict:
-    """All counters: compiles, executions, cache_hits, cache_misses, host/device transfers and
+    """All counters: compiles, executions, plan_cache_hits / plan_cache_misses (eager's plan cache:
+    a miss is a call key's first use in this process, which builds its plan and may still find the
+    program in the program cache: program_cache_* count those), host/device transfers and
     bytes (h2d/d2h), host_syncs, busy_inputs_kept (buffers not donated because a running program
     still read them: TORCH_TPU_KEEP_BUSY_BYTES), fallbacks (total), and for torch.compile(backend="tpu"):
     compiled_graphs, graph_executions, graph_eager_fallbacks, graph_input_copies (inputs passed as a
@@ -30,7 +32,7 @@ def counters() -> dict:
     from a bucketed graph)."""
     d = dict(_C.runtime.counters())
     plans = _C.eager.plan_cache_stats()
-    d["cache_hits"], d["cache_misses"] = plans["hits"], plans["misses"]
+    d["plan_cache_hits"], d["plan_cache_misses"] = plans["hits"], plans["misses"]
     d["fallbacks"] = sum(fallback_counts().values())
     # the program cache's tiers (shared by all eager modes and torch.compile)
     for k, v in _C.runtime.cache_stats().items():
