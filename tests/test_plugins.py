@@ -51,9 +51,10 @@ def test_platform_names_and_executable_keys():
     # libtpu's executables are keyed by its version, not its file (aot's keys are the TPU VM's);
     # the others, and unknown platforms, by the plugin's file too
     args = ("v", (0, 90))
-    assert runtime.target_identity("tpu", *args, "/a/libtpu.so") == runtime.target_identity("tpu", *args, "/b/libtpu.so")
+    key = runtime.target_identity
+    assert key("tpu", *args, "/a/libtpu.so") == key("tpu", *args, "/b/libtpu.so")
     for name in ("cpu", "cuda", "metal"):
-        assert runtime.target_identity(name, *args, "/a/x.so") != runtime.target_identity(name, *args, "/b/x.so")
+        assert key(name, *args, "/a/x.so") != key(name, *args, "/b/x.so")
 
 
 def test_own_xla_flags_are_added_once_kept_out_of_keys_and_a_users_setting_wins(monkeypatch):

@@ -85,11 +85,12 @@ def _valid(b: Builder, shape, sizes) -> Value | None:
 
 def _static(b: Builder, x: Value, sizes) -> Value:
     """x without XLA's dynamic sizes (a scatter's update window refuses them, and XLA:CPU writes a
-    dynamic program output with its sizes appended, a buffer no other program takes): written at the front
-    of a zero buffer one longer in each symbolic dimension and sliced back. XLA's dynamic padder
-    writes a dynamic update's valid region only, and its simplifier removes the forms that would be
-    no-ops (a set_dimension_size to the bound, an update of the whole buffer) before the padder runs.
-    A dimension stays dynamic unless the buffer is longer in it (measured on the CPU plugin)."""
+    dynamic program output with its sizes appended, a buffer no other program takes): written at
+    the front of a zero buffer one longer in each symbolic dimension and sliced back. XLA's dynamic
+    padder writes a dynamic update's valid region only, and its simplifier removes the forms that
+    would be no-ops (a set_dimension_size to the bound, an update of the whole buffer) before the
+    padder runs. A dimension stays dynamic unless the buffer is longer in it (measured on the CPU
+    plugin)."""
     shape = tuple(x.shape)
     wide = tuple(n + (sizes[d] is not None) for d, n in enumerate(shape))
     zero = b.constant(0, torch.int32)
@@ -111,8 +112,7 @@ def to_compact(b: Builder, x: Value, sizes, cap: int) -> Value:
     if dtype.is_complex:  # real and imaginary parts on their own (a bitcast does not take complex)
         re = to_compact(b, b.real_part(x), sizes, cap)
         return b.make_complex(re, to_compact(b, b.imag_part(x), sizes, cap))
-    bits = dtype if dtype == torch.bool or not (dtype.is_floating_point or dtype.is_complex) \
-        else _BITS[dtype.itemsize]
+    bits = _BITS[dtype.itemsize] if dtype.is_floating_point else dtype  # ints and bool OR as they are
     v = x if bits == dtype else b.bitcast_convert(x, bits)
     v = _static(b, b.select(_valid(b, shape, sizes), v, b.constant(0, bits, shape)), sizes)
     if k == 0:  # one row: the valid rows are the front already
