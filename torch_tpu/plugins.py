@@ -173,6 +173,7 @@ class Plugin:
     xla_flags: tuple[str, ...] = ()
     setup: Callable[[], list] = field(default=lambda: [])
     keyed_by_path: bool = True
+    file_name: str = ""
 
     def prepare(self) -> list:
         """Sets the process up for this plugin's client (flags, environment); its create options."""
@@ -181,11 +182,12 @@ class Plugin:
         return self.setup()
 
     def is_path(self, path: str) -> bool:
-        """Whether `path` is this kind's plugin (the CPU plugin by its file name, wherever it is)."""
+        """Whether `path` is this kind's plugin: by `file_name` wherever it lies where the kind has
+        one, else the installed plugin's path."""
         if not path:
             return False
-        if self is CPU:
-            return "xla_cpu_pjrt" in os.path.basename(path)
+        if self.file_name:
+            return self.file_name in os.path.basename(path)
         return path == self.find()
 
 
@@ -196,7 +198,8 @@ CUDA = Plugin("cuda", "jax-cuda13-pjrt",
                        or _package_file("jax_plugins.xla_cuda12", "xla_cuda_plugin.so")),
               lambda: os.path.exists("/dev/nvidia0"), ("cuda", "gpu"), xla_flags=(GPU_NAN_MIN_MAX,))
 CPU = Plugin("cpu", "xla-cpu-pjrt", lambda: _package_file("xla_plugins.xla_cpu_pjrt", "xla_cpu_pjrt.so"),
-             lambda: True, ("cpu",), xla_flags=(CPU_NAN_MIN_MAX, NO_XNNPACK), setup=_cpu_setup)
+             lambda: True, ("cpu",), xla_flags=(CPU_NAN_MIN_MAX, NO_XNNPACK), setup=_cpu_setup,
+             file_name="xla_cpu_pjrt")
 KINDS = (TPU, CUDA, CPU)  # the automatic choice's order
 
 
