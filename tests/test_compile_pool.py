@@ -10,6 +10,14 @@ import torch_tpu
 from torch_tpu import _C
 
 
+@pytest.fixture(autouse=True)
+def strict():
+    """Strict eager, whatever mode the suite runs in: these tests launch programs by hand on tensors
+    made just before and count strict eager's compiles (the fused test enters fused mode itself)."""
+    with torch_tpu.eager_mode("strict"):
+        yield
+
+
 def _program(n: int, c: float) -> str:
     return (f"module @m {{ func.func public @main(%a: tensor<{n}xf32>) -> tensor<{n}xf32> {{\n"
             f"  %c = stablehlo.constant dense<{c}> : tensor<{n}xf32>\n"

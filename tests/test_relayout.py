@@ -8,10 +8,18 @@ import math
 import pytest
 import torch
 
-import torch_tpu  # noqa: F401
+import torch_tpu
 from torch_tpu import _C, runtime
 from torch_tpu.dynamo import relayout
 from torch_tpu.lowering.builder import Builder, TensorType
+
+
+@pytest.fixture(autouse=True)
+def strict():
+    """The programs here are launched by hand (_C.runtime.launch) on tensors uploaded just before:
+    strict eager, whatever mode the suite runs in (fused eager would still hold the uploads)."""
+    with torch_tpu.eager_mode("strict"):
+        yield
 
 
 def _round_trip(bucket, true, dtype, garbage):
