@@ -2,11 +2,6 @@
 
 #include <c10/util/Exception.h>
 
-#include <complex>
-#include <cstring>
-#include <mutex>
-#include <unordered_map>
-
 #include "aten/device.h"
 #include "eager/fused.h"
 #include "runtime/trace.h"

@@ -569,9 +569,7 @@ class GraphProgram:
             sizes = None
             if bk is not None and _symbolic(m):  # XLA's dynamic padder: these dimensions hold fewer
                 sizes = self._sizes(m)
-                for d, n in enumerate(sizes):
-                    if n is not None:
-                        r = b.set_dimension_size(r, n, d)
+                r = relayout.mark(b, r, sizes)
             fixed.append(Value(r.name, r.type, _meta(m, bk), sizes))
         if isinstance(val, torch.Tensor):
             return fixed[0]
@@ -612,9 +610,7 @@ class GraphProgram:
         sizes = self._sizes(val)
         v = b.transpose(relayout.to_padded(b, a, [sizes[p] for p in perm], tuple(shape[p] for p in perm)),
                         _inverse(perm))
-        for d, n in enumerate(sizes):
-            if n is not None:
-                v = b.set_dimension_size(v, n, d)
+        v = relayout.mark(b, v, sizes)
         return Value(v.name, v.type, _meta(val, bk), sizes)
 
     def _compact_output(self, o, val, v):
@@ -640,9 +636,7 @@ class GraphProgram:
         shape, sizes = _shape(dst, bk), self._sizes(dst)
         cap = max(x.type.numel, math.prod(shape))
         v = relayout.to_padded(b, relayout.to_compact(b, x, list(x.sizes or self._sizes(src)), cap), sizes, shape)
-        for d, n in enumerate(sizes):
-            if n is not None:
-                v = b.set_dimension_size(v, n, d)
+        v = relayout.mark(b, v, sizes)
         return Value(v.name, v.type, _meta(dst, bk), sizes)
 
     def _mask_padding(self, node, r, args):

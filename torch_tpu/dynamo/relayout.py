@@ -35,6 +35,15 @@ from ..lowering.builder import Builder, TensorType, Value
 _BITS = {1: torch.uint8, 2: torch.uint16, 4: torch.uint32, 8: torch.uint64}
 
 
+def mark(b: Builder, x: Value, sizes) -> Value:
+    """x with XLA's dynamic size set (set_dimension_size) on each dimension whose true size `sizes`
+    gives (an int32 Value; None: static), so that every op after it honours the true sizes."""
+    for d, n in enumerate(sizes):
+        if n is not None:
+            x = b.set_dimension_size(x, n, d)
+    return x
+
+
 def _size(b: Builder, sizes, shape, d) -> Value:
     return sizes[d] if sizes[d] is not None else b.constant(shape[d], torch.int32)
 
@@ -59,7 +68,7 @@ def _last_symbolic(sizes) -> int:
 
 def to_padded(b: Builder, flat: Value, sizes, shape) -> Value:
     """flat (1-D, compact, at least prod(shape) elements) as `shape` (the bucket's), true sizes
-    `sizes` (int32 Values, None where static). Unmarked: the caller marks the symbolic dims."""
+    `sizes` (int32 Values, None where static). Unmarked: the caller marks the symbolic dims (mark)."""
     shape = tuple(shape)
     n = math.prod(shape)
     if flat.shape[0] < n:
