@@ -87,7 +87,7 @@ def test_an_entry_describes_its_fresh_results_as_fresh_specs(monkeypatch):
     _C.eager.plan_cache_clear()  # the sub below enters the slow path, whatever ran before
     monkeypatch.setattr(Kernel, "_slow", spy)
     y = x - 0.25
-    (spec,) = entries[-1].new_outputs
+    (spec,) = entries[-1].fresh
     assert isinstance(spec, _C.eager.FreshSpec)
     assert (spec.sizes, spec.dtype, spec.strides) == (tuple(y.shape), torch.float32, y.stride()) == \
         ((2, 4, 3), torch.float32, (12, 1, 4))  # CPU's: the input's permuted layout kept

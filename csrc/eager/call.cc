@@ -291,6 +291,7 @@ void describe_call(int64_t op_id, const Signature& sig, const std::string& op_na
                         sig.kinds.size(), " schema arguments");
   Walker w(sig, describe, call);
   call.arg_count = args.size();
+  call.described = describe;
   call.key.push_back(op_id);
   // torch.set_float32_matmul_precision: float32 dots and convolutions carry it in their program
   // (torch_tpu/lowering/precision.py), so a program made under another setting is another plan.

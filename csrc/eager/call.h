@@ -78,6 +78,7 @@ struct Call {
   int device = -1;
   size_t arg_count = 0;            // schema arguments (on the dispatcher stack)
   bool cacheable = true;           // false when an argument has no key encoding (always the slow path)
+  bool described = false;          // parts filled (describe_call's `describe`)
 };
 
 // What the key needs to know about an overload.

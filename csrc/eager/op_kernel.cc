@@ -24,12 +24,15 @@ void OpKernel::run(torch::jit::Stack* stack, bool entered) {
   size_range_out(range_out_, args);
   if (options_.whole_first && !entered && (!options_.whole_only_for_masks || has_mask(args)))
     return front_end_->call_whole(*this, stack);
+  // Calls that always take the slow path (a per-call check, debug eager) are described for the front
+  // end at once: their key is computed once. Others are walked without the parts the front end reads,
+  // and a miss walks again with them (microseconds, before a lowering and compile of milliseconds).
+  const Mode m = mode();
   Call call;
-  describe_call(id_, sig, facts_.name, args, false, call);
+  describe_call(id_, sig, facts_.name, args, options_.has_check || m == Mode::kDebug, call);
   std::shared_ptr<Plan> plan = call.cacheable ? plan_cache().find(call.key) : nullptr;
   if (plan && plan->host) return aten::run_on_cpu(op_, stack);
   if (plan && plan->fast) {
-    auto m = mode();
     if (m == Mode::kStrict && plan->exe) {
       run_plan(plan, facts_, call, stack, false);
       plan_fast_runs()++;
@@ -41,22 +44,24 @@ void OpKernel::run(torch::jit::Stack* stack, bool entered) {
       return;
     }
   }
-  slow(stack, call, std::move(plan));
+  slow(stack, std::move(call), std::move(plan));
 }
 
 // The one run of an op's program outside the fast path (the fast path runs the same run_plan):
 // strict queues it, debug queues it and waits (a failure names the op), fused records it.
-void OpKernel::slow(torch::jit::Stack* stack, const Call& hashed, std::shared_ptr<Plan> plan) {
-  size_t n = options_.signature.kinds.size();
-  Call call;
-  describe_call(id_, options_.signature, facts_.name,
-                c10::ArrayRef<c10::IValue>(stack->data() + stack->size() - n, n), true, call);
+void OpKernel::slow(torch::jit::Stack* stack, Call call, std::shared_ptr<Plan> plan) {
+  if (!call.described) {
+    size_t n = options_.signature.kinds.size();
+    call = Call();
+    describe_call(id_, options_.signature, facts_.name,
+                  c10::ArrayRef<c10::IValue>(stack->data() + stack->size() - n, n), true, call);
+  }
   Built built = front_end_->build(*this, stack, call, plan);
   if (call.cacheable && built.store) {
-    plan_cache().put(hashed.key, built.store, plan_bytes(*built.store));
+    plan_cache().put(call.key, built.store, plan_bytes(*built.store));
   } else if (call.cacheable && plan && plan->fast && !plan->exe) {
     auto again = front_end_->reread(*this, *plan);  // recorded by fused eager, compiled since
-    if (again && again->exe) plan_cache().put(hashed.key, again, plan_bytes(*again));
+    if (again && again->exe) plan_cache().put(call.key, again, plan_bytes(*again));
   }
   if (built.returned) return;
   if (built.run && built.run->host) return aten::run_on_cpu(op_, stack);

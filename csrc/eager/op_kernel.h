@@ -72,7 +72,7 @@ class OpKernel final : public c10::OperatorKernel {
   FrontEnd& front_end() const { return *front_end_; }
 
  private:
-  void slow(torch::jit::Stack* stack, const Call& hashed, std::shared_ptr<Plan> plan);
+  void slow(torch::jit::Stack* stack, Call call, std::shared_ptr<Plan> plan);
   bool has_mask(c10::ArrayRef<c10::IValue> args) const;
 
   int64_t id_;

@@ -34,8 +34,11 @@ struct Sink {
   int index;
 };
 
-struct Plan {
-  std::shared_ptr<const pjrt::Executable> exe;  // null: the Python path runs it (fused eager builds later)
+// What an op's front end builds for a call key on a miss (torch_tpu/eager/kernel.py's _Entry derives
+// from it as _C.eager.PlanSpec, the one typed value crossing the seam): the program and how the call's
+// operands and results bind to it.
+struct PlanSpec {
+  std::shared_ptr<pjrt::Executable> exe;        // null: not built yet (fused eager builds runs later)
   std::vector<int> order;                       // operand positions, in program argument order
   std::vector<FreshSpec> fresh;                 // new result tensors
   std::vector<Sink> sinks;                      // per program output
@@ -44,11 +47,15 @@ struct Plan {
   // left-out gradients) and ints the shapes fix (fused attention's max_q / max_k)
   std::vector<std::pair<int, c10::IValue>> fixed;
   uint64_t rng_draws = 0;
-  uint64_t uid = 0;                             // the program's identity in fused runs (stable per entry)
+  uint64_t uid = 0;                             // the program's identity in fused runs (0: not given yet)
   std::string name;                             // the op, for error messages
-  bool fast = false;                            // runs (strict, with exe) or records (fused) here, no Python
   bool host = false;                            // runs on the CPU fallback (a key the lowering refused)
-  std::shared_ptr<void> entry;                  // the front-end's own description (a Python object)
+};
+
+// A cached plan: the spec, how the op runs it, and the front end's entry it came from.
+struct Plan : PlanSpec {
+  bool fast = false;                            // runs (strict, with exe) or records (fused) here, no Python
+  std::shared_ptr<void> entry;                  // the front end's own object (kernel.py's _Entry)
 };
 
 // The op facts a plan run needs (from the schema).

@@ -125,35 +125,17 @@ std::shared_ptr<void> hold(py::object o) {
 
 std::atomic<uint64_t> g_next_uid{1};
 
-// The plan of a front-end entry (kernel.py's _Entry, or ON_HOST: a key the lowering refused, run on
-// the CPU fallback). written: the op returns its written arguments; has_check: a per-call check must
-// run in Python first.
+// The plan of a front-end entry: kernel.py's _Entry, a _C.eager.PlanSpec (ON_HOST among them: a key
+// the lowering refused, run on the CPU fallback). written: the op returns its written arguments;
+// has_check: a per-call check must run in Python first. Raises a cast error for any other object.
 std::shared_ptr<Plan> plan_of_entry(const py::object& entry, bool written, bool has_check) {
+  auto& spec = entry.cast<eager::PlanSpec&>();
+  if (spec.uid == 0) spec.uid = g_next_uid++;  // stable per entry: a fused run keys on it
   auto p = std::make_shared<Plan>();
+  static_cast<eager::PlanSpec&>(*p) = spec;
+  if (written) p->structure = Plan::kWritten;
+  p->fast = !has_check;
   p->entry = hold(entry);
-  if (!py::hasattr(entry, "exe")) {  // ON_HOST
-    p->host = true;
-    return p;
-  }
-  py::object uid = entry.attr("uid");
-  if (uid.is_none()) {
-    uid = py::int_(g_next_uid++);
-    entry.attr("uid") = uid;
-  }
-  p->uid = uid.cast<uint64_t>();
-  p->name = entry.attr("name").cast<std::string>();
-  py::object exe = entry.attr("exe");
-  if (!exe.is_none()) p->exe = exe.cast<std::shared_ptr<pjrt::Executable>>();
-  for (auto h : entry.attr("plan")) p->order.push_back(h.cast<int>());
-  for (auto h : entry.attr("new_outputs")) p->fresh.push_back(h.cast<aten::FreshSpec>());
-  for (auto h : entry.attr("sinks")) p->sinks.push_back(h.cast<eager::Sink>());
-  p->structure = written ? Plan::kWritten : entry.attr("structure").cast<Plan::Structure>();
-  for (auto h : entry.attr("fixed")) {
-    auto f = h.cast<py::tuple>();
-    p->fixed.emplace_back(f[0].cast<int>(), f[1].is_none() ? c10::IValue(at::Tensor()) : c10::IValue(f[1].cast<int64_t>()));
-  }
-  p->rng_draws = entry.attr("rng_draws").cast<uint64_t>();
-  p->fast = !has_check && py::len(entry.attr("resize")) == 0;
   return p;
 }
 
@@ -424,6 +406,53 @@ void bind_eager(py::module_& m) {
       .value("tuple", Plan::kTuple)
       .value("list", Plan::kList)
       .value("written", Plan::kWritten);
+  py::class_<eager::PlanSpec, std::shared_ptr<eager::PlanSpec>>(
+      m, "PlanSpec",
+      "What an op's front end builds for a call key on a miss (csrc/eager/plan.h): the executable (None until "
+      "built), its operand positions in program argument order, the FreshSpec of each new result, a PlanSink "
+      "per program output, the ResultStructure, `fixed` (position, None or int) results the program does not "
+      "compute, the rng draws, the op's name, and `host` (the key runs on the CPU fallback). kernel.py's "
+      "_Entry derives from it; C++ caches and runs it with no attribute read by name.")
+      .def(py::init([](py::object exe, std::vector<int> order, std::vector<aten::FreshSpec> fresh,
+                       std::vector<eager::Sink> sinks, Plan::Structure structure, py::sequence fixed,
+                       uint64_t rng_draws, std::string name, bool host) {
+             auto s = std::make_shared<eager::PlanSpec>();
+             if (!exe.is_none()) s->exe = exe.cast<std::shared_ptr<pjrt::Executable>>();
+             s->order = std::move(order);
+             s->fresh = std::move(fresh);
+             s->sinks = std::move(sinks);
+             s->structure = structure;
+             for (auto h : fixed) {
+               auto f = h.cast<py::tuple>();
+               TORCH_CHECK(f.size() == 2, "PlanSpec: fixed results are (position, None or int) pairs");
+               s->fixed.emplace_back(f[0].cast<int>(),
+                                     f[1].is_none() ? c10::IValue(at::Tensor()) : c10::IValue(f[1].cast<int64_t>()));
+             }
+             s->rng_draws = rng_draws;
+             s->name = std::move(name);
+             s->host = host;
+             return s;
+           }),
+           py::arg("exe") = py::none(), py::arg("order") = std::vector<int>{},
+           py::arg("fresh") = std::vector<aten::FreshSpec>{}, py::arg("sinks") = std::vector<eager::Sink>{},
+           py::arg("structure") = Plan::kOne, py::arg("fixed") = py::tuple(), py::arg("rng_draws") = 0,
+           py::arg("name") = "", py::arg("host") = false)
+      .def_property("exe", [](const eager::PlanSpec& s) { return s.exe; },
+                    [](eager::PlanSpec& s, std::shared_ptr<pjrt::Executable> e) { s.exe = std::move(e); })
+      .def_readonly("order", &eager::PlanSpec::order)
+      .def_readonly("fresh", &eager::PlanSpec::fresh)
+      .def_readonly("sinks", &eager::PlanSpec::sinks)
+      .def_readonly("structure", &eager::PlanSpec::structure)
+      .def_property_readonly("fixed", [](const eager::PlanSpec& s) {
+        py::list out;
+        for (const auto& [i, v] : s.fixed)
+          out.append(py::make_tuple(i, v.isInt() ? py::object(py::int_(v.toInt())) : py::object(py::none())));
+        return py::tuple(out);
+      })
+      .def_readonly("rng_draws", &eager::PlanSpec::rng_draws)
+      .def_readonly("uid", &eager::PlanSpec::uid)
+      .def_readonly("name", &eager::PlanSpec::name)
+      .def_readonly("host", &eager::PlanSpec::host);
   py::class_<eager::Wire>(m, "FusedWire",
                           "Where a fused program's argument comes from: local storage `index` of the run "
                           "(local=True) or host operand `index` (csrc/eager/fused.h).")

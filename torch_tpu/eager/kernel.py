@@ -20,7 +20,6 @@ from __future__ import annotations
 import math
 import re
 import warnings
-from dataclasses import dataclass, field
 
 import torch
 from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
@@ -55,31 +54,28 @@ def _key_parts(key, kinds) -> list[list]:
     return out
 
 
-@dataclass
-class _Entry:
-    exe: object
-    plan: list          # operand positions, in program argument order
-    new_outputs: list   # _C.eager.FreshSpec of each fresh result tensor
-    sinks: list         # per program output: _C.eager.PlanSink (fresh result j, or operand position j)
-    structure: object   # _C.eager.ResultStructure: one, tuple, list; written for in-place / out= ops
-    rng_draws: int = 0
-    resize: list = field(default_factory=list)  # out= args to resize first: (arg index, shape, strides)
-    # (position, value) of results the program does not compute: None (an undefined tensor, e.g.
-    # convolution_backward's output_mask) or an int the shapes fix (fused attention's max_q)
-    fixed: tuple = ()
-    text: str = ""      # the program (StableHLO), and the op it is for
-    name: str = ""
-    # For fused eager: the program as a private function "@__OP__", its argument and result types.
-    fn_text: str = ""
-    functions: list = field(default_factory=list)  # private functions fn_text calls (custom kernels)
-    arg_types: list = field(default_factory=list)
-    result_types: list = field(default_factory=list)
-    uid: int | None = None
+class _Entry(_C.eager.PlanSpec):
+    """What a miss builds for a call key: the typed part C++ caches and runs (_C.eager.PlanSpec:
+    exe, order, fresh, sinks, structure, fixed, rng_draws, name; csrc/eager/plan.h) and what only
+    Python reads: `resize` (out= arguments to resize first, then the call runs anew: (arg index,
+    shape, strides)), the program's text, and for fused eager the program as a private function
+    "@__OP__" (fn_text), the private functions it calls (custom kernels), its argument and result
+    types."""
+
+    def __init__(self, exe, order, fresh, sinks, structure, *, rng_draws=0, resize=(), fixed=(), text="",
+                 name="", fn_text="", functions=(), arg_types=(), result_types=()):
+        super().__init__(exe, list(order), list(fresh), list(sinks), structure, tuple(fixed), rng_draws, name)
+        self.resize = list(resize)
+        self.text = text
+        self.fn_text = fn_text
+        self.functions = list(functions)
+        self.arg_types = list(arg_types)
+        self.result_types = list(result_types)
 
 
 # Marks a key whose lowering raised NotLowered: C++ runs the op on the counted CPU fallback, this
 # call and every later one with the key (csrc/aten/fallback.h's run_on_cpu; no Python per call).
-ON_HOST = object()
+ON_HOST = _C.eager.PlanSpec(host=True)
 
 
 def _note_program(name: str, vals) -> None:

@@ -50,9 +50,9 @@ def keep(memo_key: str | None, overload, entry) -> None:
     if any(v is not None and not isinstance(v, int) for _, v in entry.fixed):
         return
     PLANS.put(_key(memo_key), {
-        "plan": list(entry.plan),
+        "plan": list(entry.order),
         "fresh": [[list(s.sizes), str(s.dtype).removeprefix("torch."), None if s.strides is None else list(s.strides)]
-                  for s in entry.new_outputs],
+                  for s in entry.fresh],
         "sinks": [[bool(s.fresh), int(s.index)] for s in entry.sinks],
         "structure": int(entry.structure),
         "rng": int(entry.rng_draws),
