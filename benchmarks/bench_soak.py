@@ -11,15 +11,12 @@ first cycle (compiling) and of the rest, and every in-memory cache's counters
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
 import warnings
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 warnings.filterwarnings("ignore")
 import torch_tpu  # noqa: E402
-from tests.test_soak import cycling_training  # noqa: E402
+from torch_tpu.testing import cycling_training  # noqa: E402
 
 
 def main():

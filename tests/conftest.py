@@ -20,7 +20,7 @@ import torch_tpu  # noqa: E402,F401
 
 # `import torch` above already loaded torch_tpu (PyTorch's device-backend autoloading) and set its
 # cache from the environment as it was then: set it again from the variables above.
-torch_tpu.runtime.configure_cache()
+torch_tpu.compile_cache.configure()
 
 warnings.filterwarnings("ignore", message="No TPU here")
 
@@ -29,7 +29,6 @@ warnings.filterwarnings("ignore", message="No TPU here")
 MARKERS = {
     "slow": "takes 5 s or more on a 2-core machine (measured with --durations)",
     "multiprocess": "starts processes: a fresh interpreter, a cold cache, torchrun ranks, a subprocess build",
-    "tsan": "builds the C++ core under ThreadSanitizer and runs its GoogleTests (minutes)",
     "libtpu": "compiles for a TPU topology with libtpu (skipped without it)",
 }
 

@@ -14,7 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import torch_tpu
-from torch_tpu import aot, plugins, runtime
+from torch_tpu import aot, compile_cache, plugins, runtime
 from torch_tpu.distributed import mesh as tm
 from torch_tpu.lowering import target
 
@@ -256,14 +256,14 @@ def test_a_libtpu_crash_costs_one_program_not_the_process():
 def test_runtime_key_for_a_tpu_is_the_key_aot_writes(tmp_path):
     topo = aot.topology("v5e:1x1")
     # A TPU VM's runtime: platform "tpu", libtpu's version string for its client, its own install path.
-    on_tpu = runtime.target_identity("tpu", topo.platform_version, tuple(topo._t.api_version),
+    on_tpu = compile_cache.target_identity("tpu", topo.platform_version, tuple(topo._t.api_version),
                                      "/opt/venv/lib/python3.11/site-packages/libtpu/libtpu.so")
     assert on_tpu == topo.identity()
     # The XLA flag torch_tpu sets for the CPU plugin here (NaN-propagating max) is not part of the key
     # a TPU VM's runtime computes, where it is never set.
     assert "fast_min_max" in os.environ["XLA_FLAGS"] and "fast_min_max" not in on_tpu
     # The CPU plugin's executables are keyed by their file as well.
-    assert runtime.target_identity("cpu", "v", (0, 81), "/a.so") != runtime.target_identity("cpu", "v", (0, 81), "/b.so")
+    assert compile_cache.target_identity("cpu", "v", (0, 81), "/a.so") != compile_cache.target_identity("cpu", "v", (0, 81), "/b.so")
 
     # strict eager: the programs compiled besides the graphs are per-op ones, as on a TPU VM by default
     with torch_tpu.eager_mode("strict"):

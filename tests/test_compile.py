@@ -433,7 +433,7 @@ for p in model.parameters():
 x = torch.linspace(-1, 1, 24, device="tpu").reshape(3, 8)
 out = torch.compile(model, backend="tpu")(x)
 out.sum().backward()
-print(json.dumps({"out": out.sum().item(), **torch_tpu.runtime.cache_stats(),
+print(json.dumps({"out": out.sum().item(), **torch_tpu.compile_cache.stats(),
                   "graphs": torch_tpu.metrics.counters()["compiled_graphs"]}))
 """
 

@@ -23,7 +23,7 @@ import torch, torch_tpu
 x = torch.arange(12.0, device="tpu").reshape(3, 4)
 y = (x * 2.5 + 1).sum(0)
 ok = torch.equal(y.cpu(), (torch.arange(12.0).reshape(3, 4) * 2.5 + 1).sum(0))
-print(json.dumps({"ok": ok, **torch_tpu.runtime.cache_stats()}))
+print(json.dumps({"ok": ok, **torch_tpu.compile_cache.stats()}))
 """
 
 
@@ -290,7 +290,7 @@ warnings.filterwarnings("ignore", message="No TPU here")
 import torch, torch_tpu
 torch_tpu._C.runtime.cache_configure([("tier2", sys.argv[1], 1 << 30, True, False)])
 y = (torch.arange(4.0, device="tpu") * 3).cpu()
-print(json.dumps({"ok": torch.equal(y, torch.arange(4.0) * 3), **torch_tpu.runtime.cache_stats()}))
+print(json.dumps({"ok": torch.equal(y, torch.arange(4.0) * 3), **torch_tpu.compile_cache.stats()}))
 """
 
 
@@ -318,20 +318,20 @@ def test_private_tier_writable_by_others_is_not_used(tmp_path):
 def test_tier2_values():
     import pwd
     user = pwd.getpwuid(os.geteuid()).pw_name
-    assert torch_tpu.runtime._tier2_dir("1") == (f"/dev/shm/torch_tpu_cache-{user}", True)
-    assert torch_tpu.runtime._tier2_dir("default") == (f"/dev/shm/torch_tpu_cache-{user}", True)
-    assert torch_tpu.runtime._tier2_dir("job7") == (f"/dev/shm/torch_tpu_cache-{user}-job7", True)
+    assert torch_tpu.compile_cache._tier2_dir("1") == (f"/dev/shm/torch_tpu_cache-{user}", True)
+    assert torch_tpu.compile_cache._tier2_dir("default") == (f"/dev/shm/torch_tpu_cache-{user}", True)
+    assert torch_tpu.compile_cache._tier2_dir("job7") == (f"/dev/shm/torch_tpu_cache-{user}-job7", True)
     for off in ("", "0", "disabled"):
-        assert torch_tpu.runtime._tier2_dir(off) == ("", False)
-    assert torch_tpu.runtime._tier2_dir("/mnt/fast/cache") == ("/mnt/fast/cache", False)
+        assert torch_tpu.compile_cache._tier2_dir(off) == ("", False)
+    assert torch_tpu.compile_cache._tier2_dir("/mnt/fast/cache") == ("/mnt/fast/cache", False)
 
 
 def test_object_store_tier3_root_is_refused_with_a_warning():
     try:
         with pytest.warns(UserWarning, match="tier3 compilation cache is off"):
-            torch_tpu.runtime.configure_cache(tier3_root="gs://bucket/cache")
+            torch_tpu.compile_cache.configure(tier3_root="gs://bucket/cache")
     finally:
-        torch_tpu.runtime.configure_cache()
+        torch_tpu.compile_cache.configure()
 
 
 @pytest.mark.multiprocess

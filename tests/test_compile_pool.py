@@ -27,7 +27,7 @@ def _program(n: int, c: float) -> str:
 
 def _launch(exe, x, name):
     spec = _C.eager.FreshSpec(tuple(x.shape), x.dtype)
-    return _C.runtime.launch(exe, [x], [None], [spec], 0, name)[0]
+    return _C.testing.launch(exe, [x], [None], [spec], 0, name)[0]
 
 
 def _key() -> str:
@@ -119,7 +119,7 @@ def test_a_failed_launch_leaves_the_index_status_usable():
         "text = 'module @m { func.func public @main() -> tensor<2xi64> { %0 = stablehlo.bogus : tensor<2xi64>\\n"
         "return %0 : tensor<2xi64> } }'\n"
         "exe = _C.runtime.compile_async(uuid.uuid4().hex * 2, text, 'aten::broken', b'', [(torch.int64, [2])])\n"
-        "_C.runtime.launch(exe, [], [status], [], 0, 'aten::broken')\n"
+        "_C.testing.launch(exe, [], [status], [], 0, 'aten::broken')\n"
         "try:\n"
         "    torch.tpu.synchronize()\n"
         "    raise SystemExit('the failed compile was not raised')\n"

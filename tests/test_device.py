@@ -269,13 +269,13 @@ def test_launch_errors_surface_at_the_next_host_read():
     the op, and only once."""
     exe = torch_tpu.runtime.compile(ADD4_PROGRAM)
     x = torch.zeros(3, device="tpu")
-    out = torch_tpu._C.runtime.launch(exe, [x], [None], [torch_tpu._C.eager.FreshSpec((4,), torch.float32)], 0, "my_test_op")
+    out = torch_tpu._C.testing.launch(exe, [x], [None], [torch_tpu._C.eager.FreshSpec((4,), torch.float32)], 0, "my_test_op")
     assert out[0].shape == (4,)
     with pytest.raises(RuntimeError, match="my_test_op"):
         torch.tpu.synchronize()
     torch.tpu.synchronize()  # reported once
     y = torch.ones(4, device="tpu")
-    torch_tpu._C.runtime.launch(exe, [y], [None], [torch_tpu._C.eager.FreshSpec((4,), torch.float32)], 0, "ok")  # the queue still works
+    torch_tpu._C.testing.launch(exe, [y], [None], [torch_tpu._C.eager.FreshSpec((4,), torch.float32)], 0, "ok")  # the queue still works
     assert (y + y).cpu().tolist() == [2.0] * 4
     # The thread is named, so that top, perf and py-spy tell its CPU time from PJRT's own threads.
     names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
@@ -292,7 +292,7 @@ def test_launches_on_the_calling_thread():
             "x = torch.arange(4., device='tpu')\n"
             "print((x * 2 + 1).sum().item())\n"
             "try:\n"
-            "    torch_tpu._C.runtime.launch(exe, [torch.zeros(3, device='tpu')], [None], [torch_tpu._C.eager.FreshSpec((4,), torch.float32)], 0, 'bad')\n"
+            "    torch_tpu._C.testing.launch(exe, [torch.zeros(3, device='tpu')], [None], [torch_tpu._C.eager.FreshSpec((4,), torch.float32)], 0, 'bad')\n"
             "except RuntimeError as e:\n"
             "    print('raised by the launch:', 'bad' in str(e))\n")
     out = run_python(prog, TORCH_TPU_ASYNC_LAUNCH="0")
@@ -352,7 +352,7 @@ def test_outputs_of_a_failed_launch_have_no_value_and_in_place_targets_keep_thei
     exe = torch_tpu.runtime.compile(ADD4_PROGRAM)
     y = torch.ones(4, device="tpu")
     with torch_tpu.eager_mode("strict"):  # debug mode would raise at the launch, fused mode defer it
-        out = torch_tpu._C.runtime.launch(exe, [torch.zeros(3, device="tpu")], [None], [torch_tpu._C.eager.FreshSpec((4,), torch.float32)], 0,
+        out = torch_tpu._C.testing.launch(exe, [torch.zeros(3, device="tpu")], [None], [torch_tpu._C.eager.FreshSpec((4,), torch.float32)], 0,
                                    "my_failing_op")[0]
         z = out * 2
         y.add_(out)

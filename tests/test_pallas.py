@@ -36,12 +36,12 @@ def test_pallas_kernel_runs_on_tpu_tensors_and_is_cached():
     out = axpy(x.to(TPU), y.to(TPU))
     assert out.device.type == "tpu" and out.shape == (8, 128)
     torch.testing.assert_close(out.cpu(), 2 * x + y)
-    before = torch_tpu.runtime.cache_stats()
+    before = torch_tpu.compile_cache.stats()
     plans = torch_tpu._C.eager.plan_cache_stats()["misses"]
     for _ in range(3):
         out = axpy(y.to(TPU), x.to(TPU))
     torch.testing.assert_close(out.cpu(), 2 * y + x)
-    assert torch_tpu.runtime.cache_stats()["misses"] == before["misses"]  # nothing compiled again
+    assert torch_tpu.compile_cache.stats()["misses"] == before["misses"]  # nothing compiled again
     assert torch_tpu._C.eager.plan_cache_stats()["misses"] == plans             # the C++ plan cache hit
 
 

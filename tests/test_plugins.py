@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from torch_tpu import plugins, runtime
+from torch_tpu import compile_cache, plugins
 
 
 def test_every_kind_is_described_and_found_by_its_name(monkeypatch):
@@ -51,7 +51,7 @@ def test_platform_names_and_executable_keys():
     # libtpu's executables are keyed by its version, not its file (aot's keys are the TPU VM's);
     # the others, and unknown platforms, by the plugin's file too
     args = ("v", (0, 90))
-    key = runtime.target_identity
+    key = compile_cache.target_identity
     assert key("tpu", *args, "/a/libtpu.so") == key("tpu", *args, "/b/libtpu.so")
     for name in ("cpu", "cuda", "metal"):
         assert key(name, *args, "/a/x.so") != key(name, *args, "/b/x.so")

@@ -22,9 +22,9 @@ BOTH = [ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]
 def cold_cache(tmp_path):
     """An empty disk tier for the test: a program this process has not compiled yet is compiled, not
     loaded (whatever earlier runs left in the user's cache)."""
-    torch_tpu.runtime.configure_cache(str(tmp_path / "xla"))
+    torch_tpu.compile_cache.configure(str(tmp_path / "xla"))
     yield
-    torch_tpu.runtime.configure_cache()
+    torch_tpu.compile_cache.configure()
 
 
 def run_profiled(fn, activities=BOTH, mode="strict"):

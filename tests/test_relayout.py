@@ -16,7 +16,7 @@ from torch_tpu.lowering.builder import Builder, TensorType
 
 @pytest.fixture(autouse=True)
 def strict():
-    """The programs here are launched by hand (_C.runtime.launch) on tensors uploaded just before:
+    """The programs here are launched by hand (_C.testing.launch) on tensors uploaded just before:
     strict eager, whatever mode the suite runs in (fused eager would still hold the uploads)."""
     with torch_tpu.eager_mode("strict"):
         yield
@@ -50,7 +50,7 @@ def _round_trip(bucket, true, dtype, garbage):
         given = torch.randint(0 if dtype == torch.uint8 else -100, 100, (cap,), dtype=dtype)
     given[numel:] = garbage if dtype != torch.bool else True
     sizes_arg = torch.tensor([true[d] for d in symbolic], dtype=torch.int32)
-    got = _C.runtime.launch(exe, [given.to("tpu"), sizes_arg.to("tpu")], [None],
+    got = _C.testing.launch(exe, [given.to("tpu"), sizes_arg.to("tpu")], [None],
                             [_C.eager.FreshSpec((cap,), dtype)], 0, "relayout test")[0].cpu()
     return given[:numel], got[:numel]
 
@@ -90,7 +90,7 @@ def test_padded_rows_are_read_from_their_compact_places():
     exe = runtime.compile(b.module([x]), "relayout test")
     given = torch.arange(3 * 16 * 4, dtype=torch.float32)
     for t in (1, 7, 16):
-        got = _C.runtime.launch(exe, [given.to("tpu"), torch.tensor(t, dtype=torch.int32).to("tpu")], [None],
+        got = _C.testing.launch(exe, [given.to("tpu"), torch.tensor(t, dtype=torch.int32).to("tpu")], [None],
                                 [_C.eager.FreshSpec((3, 16, 4), torch.float32)], 0, "relayout test")[0].cpu()
         assert torch.equal(got[:, :t], given[:3 * t * 4].view(3, t, 4))
 

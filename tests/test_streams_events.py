@@ -84,7 +84,7 @@ def test_event_synchronize_raises_the_error_of_failed_work():
     at the synchronize() of an event recorded after it, naming the op, once."""
     exe = torch_tpu.runtime.compile(ADD4_PROGRAM)
     ev = torch.tpu.Event()
-    torch_tpu._C.runtime.launch(exe, [torch.zeros(3, device="tpu")], [None], [torch_tpu._C.eager.FreshSpec((4,), torch.float32)], 0, "my_event_op")
+    torch_tpu._C.testing.launch(exe, [torch.zeros(3, device="tpu")], [None], [torch_tpu._C.eager.FreshSpec((4,), torch.float32)], 0, "my_event_op")
     ev.record()
     with pytest.raises(RuntimeError, match="my_event_op"):
         ev.synchronize()

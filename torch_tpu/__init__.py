@@ -31,11 +31,11 @@ if getattr(torch, "_torch_tpu_import_started", False):
 torch._torch_tpu_import_started = True
 
 from . import _C  # noqa: F401  (registers the allocator, guard, hooks and metadata kernels)
-from . import runtime
+from . import compile_cache, runtime
 from . import settings as _settings
 
 runtime.configure()
-runtime.configure_cache()
+compile_cache.configure()
 # A child forked after a PJRT plugin was loaded ends without the plugin's exit handlers, which wait on
 # threads that did not survive the fork (libtpu's log flush hung forked children forever).
 _os.register_at_fork(after_in_child=_C.runtime.end_child_without_exit_handlers)
@@ -46,7 +46,7 @@ def _finish_launches() -> None:
     (not in a child forked after the runtime started, which has no launches and no device)."""
     if not _C.runtime.in_bad_fork():
         _C.runtime.synchronize(-1)
-        _C.runtime.finish_warm_start()  # the next run of this command starts warm (runtime.configure_cache)
+        _C.runtime.finish_warm_start()  # the next run of this command starts warm (compile_cache.configure)
         _C.runtime.wait_compiles()  # the compile pool's threads must not outlive the plugin
 
 

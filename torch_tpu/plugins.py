@@ -6,7 +6,7 @@ registry keeps one per device type), holding everything torch_tpu does different
   client's create options (`prepare`; a ValueError makes the device unusable with that message,
   raised at first use, so importing torch_tpu still works);
 - the platform programs are lowered for, from the PJRT platform name the client reports;
-- whether its executables are named by the plugin's file in the cache key (runtime.target_identity).
+- whether its executables are named by the plugin's file in the cache key (compile_cache.target_identity).
 
 `TORCH_TPU_PJRT_PLUGIN` names one (`cpu`, `cuda`, `tpu`) or the path of any plugin .so (a path that is
 none of these kinds gets no setup). Unset: the first kind of KINDS whose hardware is present and whose
@@ -44,9 +44,9 @@ def _package_file(package: str, *names: str) -> str | None:
 
 
 # -- XLA flags torch_tpu adds ------------------------------------------------------------------
-# Left out of executable keys (runtime.target_identity): a TPU key that torch_tpu.aot writes on a
+# Left out of executable keys (compile_cache.target_identity): a TPU key that torch_tpu.aot writes on a
 # CPU host, or in a process started by one (which inherits them), equals the key the TPU VM computes.
-# What they change in CPU and CUDA executables is covered by runtime's _CACHE_FORMAT instead. Why each:
+# What they change in CPU and CUDA executables is covered by compile_cache.FORMAT instead. Why each:
 # - fast_min_max=false: XLA's maximum / minimum propagate NaN (as torch.maximum, amax and max_pool do,
 #   and as on TPU), but XLA:CPU's and XLA:GPU's default debug options make them return the other
 #   operand (TensorFlow's old Eigen behaviour). JAX turns it off in its compile options; we do here,

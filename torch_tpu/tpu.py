@@ -6,7 +6,7 @@ import enum
 
 import torch
 
-from . import _C, runtime
+from . import _C, compile_cache, runtime
 
 
 def is_available() -> bool:
@@ -249,8 +249,8 @@ def precision(level: Precision):
 def _get_cache_stats() -> dict:
     """The executable cache's counters (Google TorchTPU's name): hits per tier (memory, tier2, disk,
     tier3), writes, rejected entries, misses, compile seconds spent and saved, entries
-    (torch_tpu.runtime.cache_stats)."""
-    return runtime.cache_stats()
+    (torch_tpu.compile_cache.stats)."""
+    return compile_cache.stats()
 
 
 def _is_in_bad_fork() -> bool:

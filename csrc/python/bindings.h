@@ -16,6 +16,7 @@ void bind_eager(py::module_& m);            // _C.eager: the eager layer's entry
 void bind_custom_autograd(py::module_& m);  //   custom kernels' autograd kernels (custom_autograd.cc)
 void bind_graph(py::module_& m);            // _C.graph: compiled graphs' per-call runner (graph.cc)
 void bind_distributed(py::module_& m);      // _C.distributed: the tpu_dist backend (distributed.cc)
+void bind_testing(py::module_& m);          // _C.testing: what only tests call (runtime.cc)
 
 // Waits (without the GIL) until the compile pool has nothing in flight, then raises its compiles'
 // warnings as Python warnings: counters and cache statistics are read after it (runtime.cc).

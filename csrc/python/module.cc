@@ -7,7 +7,7 @@
 namespace py = pybind11;
 
 PYBIND11_MODULE(_C, m) {
-  m.doc() = "TorchTPU core, one submodule per layer: runtime, device, eager, graph, distributed.";
+  m.doc() = "TorchTPU core, one submodule per layer: runtime, device, eager, graph, distributed (and testing).";
   // A launch that could not allocate raises c10::OutOfMemoryError (runtime.cc): torch.OutOfMemoryError
   // from our own bindings (torch.tpu.synchronize) too, as from ATen's, which torch translates itself.
   py::register_exception_translator([](std::exception_ptr p) {
@@ -36,4 +36,6 @@ PYBIND11_MODULE(_C, m) {
   torch_tpu::python::bind_graph(graph);
   py::module_ distributed = layer("distributed", "The tpu_dist c10d backend.");
   torch_tpu::python::bind_distributed(distributed);
+  py::module_ testing = layer("testing", "What only tests call: a hand-written program launched by hand.");
+  torch_tpu::python::bind_testing(testing);
 }

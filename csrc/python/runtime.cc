@@ -79,6 +79,8 @@ void bind_runtime(py::module_& m) {
   }, py::arg("path"), py::arg("error"), py::arg("options"), py::arg("job_store") = false,
      "Chooses the plugin, its int64 create options and, with job_store, torchrun's store as the client's "
      "key-value store (csrc/distributed/job_store.h); starts nothing.");
+  m.def("configured_plugin", [] { return Runtime::get().configured_plugin(); },
+        "The plugin file configure() chose (\"\": none); starts nothing.");
   m.def("started", [] { return Runtime::get().started(); });
   m.def("start", [] { started_client(); });
   m.def("platform_name", [] { return started_client().platform_name(); });
@@ -203,15 +205,6 @@ void bind_runtime(py::module_& m) {
     settle_compiles();
     torch_tpu::runtime::compile_cache().reset_stats();
   });
-  m.def("launch", [](std::shared_ptr<torch_tpu::pjrt::Executable> exe, py::list inputs, py::list sinks,
-                      py::list new_specs, int device, std::string producer) {
-    torch_tpu::runtime::Runtime::ReplicaPart part;
-    auto fresh = launch_part(inputs, sinks, new_specs, device, part);
-    Runtime::get().execute(std::move(exe), std::move(part.args), std::move(part.sinks), device, std::move(producer));
-    return fresh;
-  }, "Runs exe on tpu:device. inputs: tpu tensors (their storages' buffers), CPU tensors (uploaded) or "
-     "(number, dtype) scalar operands. sinks: per output, the tensor whose storage receives it, or None "
-     "for a new tensor of the next _C.eager.FreshSpec in new_specs. Returns the new tensors.");
   m.def("launch_replicas", [](std::shared_ptr<torch_tpu::pjrt::Executable> exe, py::list parts, std::string producer) {
     std::vector<torch_tpu::runtime::Runtime::ReplicaPart> rparts(parts.size());
     py::list fresh;
@@ -257,6 +250,19 @@ void bind_runtime(py::module_& m) {
   });
   bind_host_caches(m);
   bind_compile_targets(m);
+}
+
+void bind_testing(py::module_& m) {
+  m.def("launch", [](std::shared_ptr<torch_tpu::pjrt::Executable> exe, py::list inputs, py::list sinks,
+                      py::list new_specs, int device, std::string producer) {
+    torch_tpu::runtime::Runtime::ReplicaPart part;
+    auto fresh = launch_part(inputs, sinks, new_specs, device, part);
+    Runtime::get().execute(std::move(exe), std::move(part.args), std::move(part.sinks), device, std::move(producer));
+    return fresh;
+  }, "Runs exe on tpu:device (tests launch hand-written programs with it; torch_tpu's own launches go "
+     "through the eager plans, compiled graphs' runner and launch_replicas). inputs: tpu tensors (their storages' buffers), CPU tensors (uploaded) or "
+     "(number, dtype) scalar operands. sinks: per output, the tensor whose storage receives it, or None "
+     "for a new tensor of the next _C.eager.FreshSpec in new_specs. Returns the new tensors.");
 }
 
 }  // namespace torch_tpu::python

@@ -114,6 +114,8 @@ class Runtime {
   void configure(const std::string& plugin_path, const std::string& error,
                  const std::vector<std::pair<std::string, int64_t>>& options,
                  std::function<std::shared_ptr<pjrt::KeyValueStore>()> key_value_store = nullptr);
+  // The plugin configure() chose ("": none; its error is raised on first use). Starts nothing.
+  const std::string& configured_plugin() const { return plugin_path_; }
   bool started() const { return started_client_.load(std::memory_order_acquire) != nullptr; }
   // Starts the client on first call; throws (with the plugin's message) when it cannot, and in a
   // child forked after the client started (see in_bad_fork).

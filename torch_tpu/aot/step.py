@@ -31,7 +31,7 @@ def compile(fn, *args, topology: str | Topology = "v5e:1x1", cache=None, **kwarg
     cache: None (write nothing); True (write the TPU executables into this process's executable
         cache tiers: disk, tier 2, tier 3 as configured); or a directory, or a list of them (e.g. the
         TPU job's TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT or TORCH_TPU_CACHE_DIR). Each is written under
-        the key the runtime on a TPU with the same libtpu computes (runtime.program_key), so the job's
+        the key the runtime on a TPU with the same libtpu computes (compile_cache.program_key), so the job's
         first step compiles nothing.
 
     Changing sizes: a size marked with torch._dynamo.mark_dynamic(tensor, dim, min=..., max=...) (a

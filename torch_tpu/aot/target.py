@@ -20,7 +20,7 @@ import math
 import os
 import re
 
-from .. import _C, plugins, runtime
+from .. import _C, compile_cache, plugins
 from ..lowering import target as tpu_rules
 from ..tpu_slices import accelerator_type
 from .worker import Pool
@@ -110,15 +110,15 @@ class Topology:
         return min(d.memory_bytes for d in self.devices)
 
     def identity(self) -> str:
-        """runtime.target_identity of this target: what the runtime of a TPU VM with the same libtpu
+        """compile_cache.target_identity of this target: what the runtime of a TPU VM with the same libtpu
         computes for its own client, so that both name an executable by the same key (read when a key
         is made: it covers XLA_FLAGS and LIBTPU_INIT_ARGS as they are then)."""
-        return runtime.target_identity(self._t.platform_name, self.platform_version, tuple(self._t.api_version),
+        return compile_cache.target_identity(self._t.platform_name, self.platform_version, tuple(self._t.api_version),
                                        libtpu_path())
 
     def key(self, program: str) -> str:
-        """The executable cache's key of `program` compiled for this target (runtime.program_key)."""
-        return runtime.program_key(self.identity(), program)
+        """The executable cache's key of `program` compiled for this target (compile_cache.program_key)."""
+        return compile_cache.program_key(self.identity(), program)
 
     def compile(self, program: str, devices=None) -> dict:
         """Compiles StableHLO text for this topology, in a worker process: for one device (1 replica,

@@ -30,7 +30,7 @@ import time
 
 import torch
 
-from .. import runtime
+from .. import compile_cache
 
 _MAX_BYTES = 32 << 20
 _STALE_DAYS = 14
@@ -63,7 +63,7 @@ class MetaMemo:
         self._path = ""
 
     def _ensure_loaded(self) -> None:
-        d = runtime.disk_cache_dir()
+        d = compile_cache.disk_dir()
         if self._records is None or d != self._dir:  # first use, or the tiers were configured anew
             self._load(d)
 
