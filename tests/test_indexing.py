@@ -373,7 +373,8 @@ def test_assigning_one_value_through_a_mask_is_one_program_and_no_sync(dtype):
     programs = torch_tpu.metrics.program_causes().get("aten::index_put_", {})
     assert sum(programs.values()) <= 1, programs
     assert "aten::nonzero_static.out" not in torch_tpu.metrics.program_causes()
-    assert torch_tpu.metrics.counters()["host_syncs"] == syncs
+    if torch_tpu.get_eager_mode() != "debug":  # debug eager waits for every op by design
+        assert torch_tpu.metrics.counters()["host_syncs"] == syncs
     cols = torch.tensor([True, False, True, False, True])
     ref[:, cols] = values[0]
     x[:, cols.to("tpu")] = values[0]
