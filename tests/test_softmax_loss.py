@@ -55,6 +55,39 @@ def test_nll_loss_all_ignored_and_empty():
           torch.zeros(0, dtype=torch.long))
 
 
+def test_nll_loss_every_target_ignored_by_a_class_index():
+    """A batch whose targets are all the ignore_index, a valid class (padding as class 0): the mean's
+    total weight is 0 and the loss NaN on CPU too, but CPU's gradient is 0 (its kernel skips ignored
+    targets); tpu's was NaN in the ignored class's column, and a training step then wrote NaN into
+    every weight (a silent difference: the logged loss is NaN on both)."""
+    x = torch.randn(4, 6).requires_grad_()
+    pad = torch.zeros(4, dtype=torch.long)
+    check(lambda x, t: F.nll_loss(x.log_softmax(1), t, ignore_index=0), x, pad)
+    check(lambda x, t: F.cross_entropy(x, t, ignore_index=0), x, pad)
+    check(lambda x, t: F.cross_entropy(x, t, ignore_index=0, label_smoothing=0.1), x, pad)
+    check(lambda x, t, w: F.cross_entropy(x, t, weight=w, ignore_index=0), x, pad, torch.rand(6))
+    check(lambda x, t: F.cross_entropy(x, t, ignore_index=2), torch.randn(2, 3, 4, 5).requires_grad_(),
+          torch.full((2, 4, 5), 2))  # nll_loss2d
+    check(lambda x, t: F.nll_loss(x, t, ignore_index=3), torch.randn(6).log_softmax(0).requires_grad_(),
+          torch.tensor(3))  # no batch dim
+    # a training step on such a batch leaves the weights as they were, as on CPU
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(6, 3)
+    lin_t = torch.nn.Linear(6, 3).to("tpu")
+    lin_t.load_state_dict(lin.state_dict())
+    for m, dev in ((lin, "cpu"), (lin_t, "tpu")):
+        F.cross_entropy(m(x.detach().to(dev)), pad.to(dev), ignore_index=0).backward()
+        torch.optim.SGD(m.parameters(), lr=0.1).step()
+    torch.testing.assert_close(lin_t.weight.detach().cpu(), lin.weight.detach())
+    assert not lin_t.weight.detach().isnan().any().item()
+
+    @torch.compile(backend="tpu")
+    def loss_grad(x, t):
+        return torch.autograd.grad(F.cross_entropy(x, t, ignore_index=0), x)[0]
+    xt = x.detach().to("tpu").requires_grad_()
+    assert torch.equal(loss_grad(xt, pad.to("tpu")).cpu(), torch.zeros(4, 6))
+
+
 def test_nll_loss_out_of_range():
     x = to_tpu(torch.randn(3, 4))
     for t in ([0, 4, 1], [0, -2, 1]):

@@ -123,12 +123,16 @@ def _nll_backward_meta(grad, x, target, weight, reduction, ignore_index, total_w
 
 
 def _nll_parts(b, x, target, weight, ignore_index, cd):
-    """(class mask, per-target weight with ignored targets zeroed, class dim)."""
+    """(class mask: each target's class, false for ignored targets; per-target weight with ignored
+    targets zeroed; class dim). An ignored target selects nothing, as CPU's kernels skip it: where
+    every target is ignored, the mean's total weight is 0, and a gradient of 0 / 0 there would be
+    NaN in the ignored class's column (CPU: 0)."""
     cdim = 1 if x.rank >= 2 else 0
     other = [i for i in range(x.rank) if i != cdim]
     target = b.convert(target, torch.int64)  # (a uint8 target never equals a negative ignore_index)
-    mask = b.compare(b.iota(x.shape, cdim, torch.int64), b.broadcast_in_dim(target, x.shape, other), "EQ")
     valid = b.compare(target, b.constant(ignore_index, torch.int64, target.shape), "NE")
+    mask = b.and_(b.compare(b.iota(x.shape, cdim, torch.int64), b.broadcast_in_dim(target, x.shape, other), "EQ"),
+                  b.broadcast_in_dim(valid, x.shape, other))
     if weight is None:
         wt = b.constant(1, cd, target.shape)
     else:
