@@ -233,6 +233,9 @@ def _live_bytes(device: torch.device, args) -> int:
         return t.device.type == device.type and (device.index is None or t.device.index in (None, device.index))
 
     mine = {t.untyped_storage()._cdata for t in args if isinstance(t, torch.Tensor) and same(t)}
+    # Unreachable tensors that only a reference cycle keeps (an earlier step's model and optimizer)
+    # are still among gc's objects: collected first, they are not counted as alive.
+    gc.collect()
     seen, total = set(), 0
     for obj in gc.get_objects():
         kind = type(obj)  # not isinstance: a dead weakref.proxy raises on it

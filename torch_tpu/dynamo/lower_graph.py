@@ -433,7 +433,9 @@ class GraphProgram:
         self.prog_specs = res.specs  # _C.eager.FreshSpec of each program result's tensor
         self.host.finish(self.host_mutations)
         self.text = res.module()
-        self.b = None
+        # The builder and the Values made while lowering hold the example tensors they stood for
+        # (the user's own tensors where aot traces on the meta device): not kept past lowering.
+        self.b = self.results = self.status = self.failed = None
         self._plan_run()
 
     def _plan_run(self):
