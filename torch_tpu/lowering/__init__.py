@@ -15,3 +15,4 @@ from . import amp  # noqa: F401
 from . import attention  # noqa: F401
 from . import collectives  # noqa: F401
 from . import rnn  # noqa: F401
+from . import nested  # noqa: F401
