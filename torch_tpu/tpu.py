@@ -21,6 +21,15 @@ def is_initialized() -> bool:
     return _C.runtime.started()
 
 
+def __getattr__(name: str):
+    # torch.cuda._initialized, as PyTorch reads it of a device module: torch.utils.checkpoint saves
+    # and restores a device's rng state only where `getattr(module, "_initialized", False)` holds
+    # (without it, a checkpointed block's dropout drew a new mask in the backward's recomputation).
+    if name == "_initialized":
+        return is_initialized()
+    raise AttributeError(f"module 'torch.tpu' has no attribute {name!r}")
+
+
 def init() -> None:
     runtime.start()
 
