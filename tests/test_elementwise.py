@@ -2,6 +2,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from helpers import check
 
@@ -118,3 +119,31 @@ def test_inplace_and_out():
     check(lambda x: torch.abs(x, out=torch.empty(4, 4, device=x.device)), x)
     # out= into a non-contiguous destination
     check(lambda x: torch.abs(x, out=torch.empty(4, 4, device=x.device).t()), x)
+
+
+_A = torch.ops.aten
+_BROADCAST_BACKWARDS = {  # op(grad, input or result): grad may be bigger than the input (vmap's form)
+    "tanh_backward": lambda g, x: _A.tanh_backward(g, x.tanh()),
+    "sigmoid_backward": lambda g, x: _A.sigmoid_backward(g, x.sigmoid()),
+    "silu_backward": lambda g, x: _A.silu_backward(g, x),
+    "gelu_backward_tanh": lambda g, x: _A.gelu_backward(g, x, approximate="tanh"),
+    "hardtanh_backward": lambda g, x: _A.hardtanh_backward(g, x, -0.5, 0.5),
+    "leaky_relu_backward": lambda g, x: _A.leaky_relu_backward(g, x, 0.1, False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_BROADCAST_BACKWARDS))
+def test_activation_backwards_broadcast_the_gradient_as_cpu(name):
+    """CPU's activation backwards broadcast grad_output against the input (TensorIterator), which
+    torch.func's batching sends them (jacrev, hessian: a gradient with a leading batch dimension);
+    these lowerings failed to compile ("stablehlo.multiply op requires compatible types")."""
+    fn = _BROADCAST_BACKWARDS[name]
+    check(fn, torch.randn(3, 5, 8), torch.randn(5, 8), grad=False)
+
+
+@pytest.mark.parametrize("fn", [torch.tanh, torch.sigmoid, F.silu, F.leaky_relu, F.hardtanh, F.gelu, F.softplus])
+def test_jacrev_and_hessian_through_activations(fn):
+    from torch.func import hessian, jacrev
+    v = torch.randn(4) * 2
+    torch.testing.assert_close(jacrev(fn)(v.to("tpu")).cpu(), jacrev(fn)(v))
+    torch.testing.assert_close(hessian(lambda z: fn(z).sum())(v.to("tpu")).cpu(), hessian(lambda z: fn(z).sum())(v))

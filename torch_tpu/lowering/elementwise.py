@@ -649,7 +649,7 @@ def gelu(ctx, x, approximate="none"):
 def gelu_backward(ctx, grad, x, approximate="none"):
     b = ctx.b
     cd = compute_dtype(x.dtype)
-    xv, g = b.convert(x, cd), operand(ctx, grad, cd)
+    xv, g = operand(ctx, x, cd), operand(ctx, grad, cd)  # (both at the result's shape: CPU broadcasts them)
     one, half = b.full_like(xv, 1.0), b.full_like(xv, 0.5)
     if approximate == "tanh":
         k = math.sqrt(2 / math.pi)
@@ -680,7 +680,7 @@ def silu(ctx, x):
 def silu_backward(ctx, grad, x):
     b = ctx.b
     cd = compute_dtype(x.dtype)
-    xv, g = b.convert(x, cd), operand(ctx, grad, cd)
+    xv, g = operand(ctx, x, cd), operand(ctx, grad, cd)
     s = b.unary("logistic", xv)
     one = b.full_like(xv, 1.0)
     return _finish(ctx, b.multiply(g, b.multiply(s, b.add(one, b.multiply(xv, b.subtract(one, s))))))
@@ -690,7 +690,7 @@ def silu_backward(ctx, grad, x):
 def sigmoid_backward(ctx, grad, y):
     b = ctx.b
     cd = compute_dtype(y.dtype)
-    yv, g = b.convert(y, cd), operand(ctx, grad, cd)
+    yv, g = operand(ctx, y, cd), operand(ctx, grad, cd)
     return _finish(ctx, b.multiply(g, b.multiply(yv, b.subtract(b.full_like(yv, 1.0), yv))))
 
 
@@ -698,7 +698,7 @@ def sigmoid_backward(ctx, grad, y):
 def tanh_backward(ctx, grad, y):
     b = ctx.b
     cd = compute_dtype(y.dtype)
-    yv, g = b.convert(y, cd), operand(ctx, grad, cd)
+    yv, g = operand(ctx, y, cd), operand(ctx, grad, cd)
     return _finish(ctx, b.multiply(g, b.subtract(b.full_like(yv, 1.0), b.multiply(yv, yv))))
 
 
@@ -712,6 +712,7 @@ def hardtanh_backward(ctx, grad, x, min_val, max_val):
     b = ctx.b
     g = operand(ctx, grad, ctx.out[0].dtype)
     lo, hi = operand(ctx, min_val, x.dtype), operand(ctx, max_val, x.dtype)
+    x = operand(ctx, x, x.dtype)
     inside = b.and_(b.compare(x, lo, "GT"), b.compare(x, hi, "LT"))
     return b.select(inside, g, b.zeros_like(g))
 
@@ -736,6 +737,7 @@ def leaky_relu_backward(ctx, grad, x, negative_slope, self_is_result):
     b = ctx.b
     g = operand(ctx, grad, ctx.out[0].dtype)
     s = operand(ctx, negative_slope, g.dtype)
+    x = operand(ctx, x, x.dtype)
     return b.select(b.compare(x, b.zeros_like(x), "GT"), g, b.multiply(g, s))
 
 
