@@ -254,7 +254,41 @@ std::shared_ptr<pjrt::Executable> CompileCache::from_tiers(pjrt::Client& client,
 
 bool CompileCache::prefetch(pjrt::Client& client, const std::string& key) {
   if (memory_.find(key)) return false;
-  return from_tiers(client, usable_tiers(), key, "a program of the last run") != nullptr;
+  return from_tiers_once(client, usable_tiers(), key, "a program of the last run", false) != nullptr;
+}
+
+std::shared_ptr<pjrt::Executable> CompileCache::from_tiers_once(pjrt::Client& client,
+                                                              const std::vector<std::shared_ptr<Tier>>& tiers,
+                                                              const std::string& key, const std::string& name,
+                                                              bool wait) {
+  std::shared_future<void> other;
+  std::promise<void> done;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = loading_.find(key);
+    if (it != loading_.end())
+      other = it->second;
+    else
+      loading_.emplace(key, done.get_future().share());
+  }
+  if (other.valid()) {
+    if (!wait) return nullptr;
+    other.wait();
+    return in_memory(key);  // null when that load found nothing: the caller compiles
+  }
+  struct Release {  // whatever from_tiers does (it may throw), the key is no longer being loaded
+    CompileCache* cache;
+    const std::string& key;
+    std::promise<void>& done;
+    ~Release() {
+      {
+        std::lock_guard<std::mutex> g(cache->mu_);
+        cache->loading_.erase(key);
+      }
+      done.set_value();
+    }
+  } release{this, key, done};
+  return from_tiers(client, tiers, key, name);
 }
 
 std::shared_ptr<pjrt::Executable> CompileCache::get_or_compile(pjrt::Client& client, const std::string& key,
@@ -263,7 +297,7 @@ std::shared_ptr<pjrt::Executable> CompileCache::get_or_compile(pjrt::Client& cli
   if (auto hit = in_memory(key)) return hit;
   note_use(key);
   auto tiers = usable_tiers();
-  if (auto exe = from_tiers(client, tiers, key, name)) return exe;
+  if (auto exe = from_tiers_once(client, tiers, key, name, true)) return exe;
   std::string entry;
   double seconds = 0;
   auto t0 = std::chrono::steady_clock::now();

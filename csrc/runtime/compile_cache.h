@@ -18,6 +18,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <future>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -137,6 +139,13 @@ class CompileCache {
   // before it; null when no tier holds one.
   std::shared_ptr<pjrt::Executable> from_tiers(pjrt::Client& client, const std::vector<std::shared_ptr<Tier>>& tiers,
                                                const std::string& key, const std::string& name);
+  // from_tiers, one thread per key at a time: a thread asking for a key another is loading (the warm
+  // start's prefetch and the program's own first use) waits for that load and takes the executable
+  // from memory (wait) or leaves it to that load (!wait: returns null), instead of reading and
+  // loading the same entry twice.
+  std::shared_ptr<pjrt::Executable> from_tiers_once(pjrt::Client& client,
+                                                    const std::vector<std::shared_ptr<Tier>>& tiers,
+                                                    const std::string& key, const std::string& name, bool wait);
   void note_use_locked(const std::string& key);  // under mu_
   void account(Tier& tier, int64_t written);  // a capped tier grew by `written` bytes: evicts past the cap
   int64_t evict(Tier& tier);  // lists the tier, evicts the least recently used past the cap; its bytes after
@@ -153,6 +162,7 @@ class CompileCache {
   int64_t memory_hits_ = 0, misses_ = 0;
   double compile_seconds_ = 0, saved_seconds_ = 0;
   std::vector<std::string> used_;                  // first uses, in order (at most kRememberedKeys)
+  std::map<std::string, std::shared_future<void>> loading_;  // keys a thread is loading from the tiers
   std::unordered_set<std::string> used_set_;
 };
 
