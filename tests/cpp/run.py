@@ -24,6 +24,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -107,14 +108,15 @@ def declared_tests(suite: str) -> int:
         return len(re.findall(r"^TEST(?:_F)?\(", f.read(), flags=re.M))
 
 
-def run(suite: str, exe: str, out: str) -> subprocess.CompletedProcess:
-    """Runs a built suite against the CPU plugin (runtime_test with its own cache directory and
-    ThreadSanitizer halting on the first report)."""
+def run(suite: str, exe: str) -> subprocess.CompletedProcess:
+    """Runs a built suite against the CPU plugin (runtime_test with a cache directory of its own,
+    empty: its tests count tier hits, and ThreadSanitizer halting on the first report)."""
     env = {**os.environ, "TORCH_TPU_TEST_PLUGIN": os.path.join(plugin_dir(), "xla_cpu_pjrt.so")}
-    if suite == "runtime":
-        env["TORCH_TPU_TEST_DIR"] = os.path.join(out, "runtime_test_cache")
-        env["TSAN_OPTIONS"] = f"halt_on_error=1 second_deadlock_stack=1 suppressions={os.path.join(HERE, 'tsan.supp')}"
-    return subprocess.run([exe], capture_output=True, text=True, timeout=600, env=env)
+    with tempfile.TemporaryDirectory(prefix="torch_tpu_cpp_tests-") as scratch:
+        if suite == "runtime":
+            env["TORCH_TPU_TEST_DIR"] = scratch
+            env["TSAN_OPTIONS"] = f"halt_on_error=1 second_deadlock_stack=1 suppressions={os.path.join(HERE, 'tsan.supp')}"
+        return subprocess.run([exe], capture_output=True, text=True, timeout=600, env=env)
 
 
 def main() -> int:
@@ -136,7 +138,7 @@ def main() -> int:
             failed = True
             continue
         t1 = time.perf_counter()
-        r = run(suite, exe, a.build_dir)
+        r = run(suite, exe)
         # A ThreadSanitizer report fails the suite even where the tests themselves passed.
         ok = r.returncode == 0 and "WARNING: ThreadSanitizer" not in r.stderr and "[  FAILED  ]" not in r.stdout
         # Every test the source declares ran and passed (a suite that silently ran fewer fails).
