@@ -16,7 +16,7 @@ import torch.nn.functional as F
 import torch_tpu
 from torch_tpu import aot, compile_cache, plugins, runtime
 from torch_tpu.distributed import mesh as tm
-from torch_tpu.lowering import target
+from torch_tpu import tpu_refusals
 
 from tests.helpers import strict_env
 
@@ -199,24 +199,26 @@ def test_complex128_fft_is_refused_with_op_and_dtype():
 
 
 def test_refusal_rules():
+    assert plugins.TPU.refusal is tpu_refusals.refusal  # the plugin table names TPU's rules
+    assert plugins.CPU.refusal is None and plugins.CUDA.refusal is None
     fft = ('%v1 = "stablehlo.fft"(%arg0) {fft_type = #stablehlo<fft_type RFFT>, fft_length = array<i64: 8>} : '
            '(tensor<8xf64>) -> tensor<5xcomplex<f64>>')
-    assert "float64" in target.refusal(fft)
-    assert target.refusal(fft.replace("f64", "f32")) is None
+    assert "float64" in tpu_refusals.refusal(fft)
+    assert tpu_refusals.refusal(fft.replace("f64", "f32")) is None
     ar = ('%v2 = "stablehlo.all_reduce"(%v1) ({...}) {replica_groups = dense<[[0, 1]]> : tensor<1x2xi64>} : '
           '(tensor<4xf32>) -> tensor<4xf32>')
-    assert "device 1" in target.refusal(ar)
-    assert target.refusal(ar, num_devices=2) is None
+    assert "device 1" in tpu_refusals.refusal(ar)
+    assert tpu_refusals.refusal(ar, num_devices=2) is None
     dot = ('%v5 = "stablehlo.dot_general"(%v1, %v4) {dot_dimension_numbers = #stablehlo.dot<lhs_contracting_dimensions '
            '= [1], rhs_contracting_dimensions = [0]>} : (tensor<2x3xi64>, tensor<3x2xi64>) -> tensor<2x2xi64>')
-    assert "int64" in target.refusal(dot) and "stablehlo.dot_general" in target.refusal(dot)
-    assert target.refusal(dot.replace("i64", "i32")) is None
+    assert "int64" in tpu_refusals.refusal(dot) and "stablehlo.dot_general" in tpu_refusals.refusal(dot)
+    assert tpu_refusals.refusal(dot.replace("i64", "i32")) is None
     algo = ('%4 = stablehlo.dot_general %1, %2, contracting_dims = [1] x [0], algorithm = <lhs_precision_type = f32, '
             'rhs_precision_type = f32, accumulation_type = f32, lhs_component_count = 1, rhs_component_count = 1, '
             'num_primitive_operations = 1, allow_imprecise_accumulation = false> : (tensor<2x3xf32>, tensor<3x2xf32>) '
             '-> tensor<2x2xf32>')
-    assert "F32_F32_F32" in target.refusal(algo) and "HIGHEST" in target.refusal(algo)
-    assert target.refusal(algo.replace("num_primitive_operations = 1", "num_primitive_operations = 6")) is None
+    assert "F32_F32_F32" in tpu_refusals.refusal(algo) and "HIGHEST" in tpu_refusals.refusal(algo)
+    assert tpu_refusals.refusal(algo.replace("num_primitive_operations = 1", "num_primitive_operations = 6")) is None
 
 
 def test_int64_matmul_is_refused_for_tpu_where_libtpu_rejects_it():

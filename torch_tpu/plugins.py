@@ -6,11 +6,12 @@ registry keeps one per device type), holding everything torch_tpu does different
   client's create options (`prepare`; a ValueError makes the device unusable with that message,
   raised at first use, so importing torch_tpu still works);
 - the platform programs are lowered for, from the PJRT platform name the client reports;
-- whether its executables are named by the plugin's file in the cache key (compile_cache.target_identity).
+- whether its executables are named by the plugin's file in the cache key (compile_cache.target_identity);
+- what its compiler refuses before it sees a program (`refusal`; TPU's: tpu_refusals.py).
 
 `TORCH_TPU_PJRT_PLUGIN` names one (`cpu`, `cuda`, `tpu`) or the path of any plugin .so (a path that is
 none of these kinds gets no setup). Unset: the first kind of KINDS whose hardware is present and whose
-plugin is installed. What TPU's compiler refuses is in lowering/target.py (it is a lowering rule).
+plugin is installed.
 Adding a plugin is one Plugin in KINDS and its tests.
 """
 from __future__ import annotations
@@ -21,7 +22,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable
 
-from . import settings
+from . import settings, tpu_refusals
 
 ENV = "TORCH_TPU_PJRT_PLUGIN"
 
@@ -164,7 +165,8 @@ class Plugin:
     pairs (ValueError: the device is unusable, with that message); `platforms`: the PJRT platform
     names its client reports (lowered for as `name`); `keyed_by_path`: an executable's cache key names
     the plugin's file (libtpu's names only its version, so that a key computed on another host, as
-    torch_tpu.aot does, is the TPU VM's)."""
+    torch_tpu.aot does, is the TPU VM's); `refusal`: what its compiler cannot build, refused with a
+    message naming the op and dtype before the compiler sees the program."""
     name: str
     package: str
     find: Callable[[], str | None]
@@ -174,6 +176,8 @@ class Plugin:
     setup: Callable[[], list] = field(default=lambda: [])
     keyed_by_path: bool = True
     file_name: str = ""
+    # (StableHLO text, devices it is compiled for) -> why this compiler must not be given it, or None
+    refusal: Callable[[str, int], str | None] | None = None
 
     def prepare(self) -> list:
         """Sets the process up for this plugin's client (flags, environment); its create options."""
@@ -192,7 +196,7 @@ class Plugin:
 
 
 TPU = Plugin("tpu", "libtpu", lambda: settings.get("TPU_LIBRARY_PATH") or _package_file("libtpu", "libtpu.so"),
-             has_tpu, ("tpu",), setup=_tpu_setup, keyed_by_path=False)
+             has_tpu, ("tpu",), setup=_tpu_setup, keyed_by_path=False, refusal=tpu_refusals.refusal)
 CUDA = Plugin("cuda", "jax-cuda13-pjrt",
               lambda: (_package_file("jax_plugins.xla_cuda13", "xla_cuda_plugin.so")
                        or _package_file("jax_plugins.xla_cuda12", "xla_cuda_plugin.so")),

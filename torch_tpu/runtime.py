@@ -117,7 +117,8 @@ def compile(program: str, name: str = "program", device_ids: Sequence[int] | Non
     options, XLA_FLAGS / LIBTPU_INIT_ARGS and the torch_tpu version. `name` says what the program is
     (an op overload, a fused run, a compiled graph) in profiler traces and errors: a compile is the span
     "compile <name>", a disk-cache hit "load <name> from the disk cache". On a TPU, a program that
-    TPU's compiler cannot build (lowering/target.py) raises a TypeError naming the op and dtype;
+    the running plugin's compiler cannot build (plugins.Plugin.refusal: TPU's, tpu_refusals.py) raises a
+    TypeError naming the op and dtype;
     under shadow mode (TORCH_TPU_SHADOW_TOPOLOGY) the program is also compiled for that topology.
     `device_ids`: PJRT device ids (global: a multi-process job's other devices included) to compile one
     replica on each of, in replica order (a collective program, run with _C.runtime.launch_replicas or
@@ -132,10 +133,11 @@ def compile(program: str, name: str = "program", device_ids: Sequence[int] | Non
     *pending* executable is returned at once: its launches queue now and wait for it on the launcher
     thread, and a compile error fails them (raised at the next sync, naming `name`). Programs that
     inline a custom kernel compile here (their error needs the message below)."""
-    global _identity, _on_tpu, _op_level
+    global _identity, _refusal, _op_level
     if _identity is None:
         start()
-        _on_tpu = _C.runtime.platform_name() == "tpu"
+        kind = plugins.for_platform(_C.runtime.platform_name().lower())
+        _refusal = kind.refusal if kind is not None else None
         rt = _C.runtime
         _identity = compile_cache.target_identity(rt.platform_name(), rt.platform_version(), tuple(rt.api_version()), rt.plugin_path())
         _op_level = _one_op_level(rt.platform_name())
@@ -147,9 +149,8 @@ def compile(program: str, name: str = "program", device_ids: Sequence[int] | Non
         options = _C.runtime.compile_options_at_level(_op_level)
     if options:
         key = program + "\0" + options.hex()
-    if _on_tpu:
-        from .lowering import target
-        why = target.refusal(program, num_devices=1 if device_ids is None else len(device_ids))
+    if _refusal is not None:
+        why = _refusal(program, 1 if device_ids is None else len(device_ids))
         if why:
             raise TypeError(f"tpu: {name}: {why}")
     if _SHADOW is not None and device_ids is None:  # shadow mode compiles for one device
@@ -169,7 +170,7 @@ def compile(program: str, name: str = "program", device_ids: Sequence[int] | Non
 
 
 _identity: str | None = None  # compile_cache.target_identity of the running plugin (set on first compile)
-_on_tpu = False  # the running plugin is libtpu (set with _identity)
+_refusal = None  # what the running plugin's compiler refuses (plugins.Plugin.refusal; set with _identity)
 _op_level: int | None = None  # one-op programs' optimization level (set with _identity; None: the default)
 
 

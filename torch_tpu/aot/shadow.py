@@ -5,7 +5,7 @@ runtime.compile, the one door of every program (eager ops, fused runs, compiled 
 program, the first time this process builds it, is queued for one background thread that compiles
 it with libtpu for the topology. The program the local plugin runs is compiled as it is (Pallas
 kernels in it are in interpret mode; torch_tpu.aot.compile lowers them for Mosaic). shadow_report()
-says how many compiled, which TPU refuses (lowering/target.py: op and dtype named) and which failed
+says how many compiled, which TPU refuses (tpu_refusals.py: op and dtype named) and which failed
 with libtpu's message. With TORCH_TPU_SHADOW_REPORT=<file>, each process appends its report to the
 file as one JSON line at exit (a test suite runs in several processes) and leaves the programs still
 queued then in <file>.pending/ (exit is not delayed); `python -m torch_tpu.aot <file>`

@@ -21,7 +21,6 @@ import os
 import re
 
 from .. import _C, compile_cache, plugins
-from ..lowering import target as tpu_rules
 from ..tpu_slices import accelerator_type
 from .worker import Pool
 
@@ -126,7 +125,7 @@ class Topology:
         ids of this topology, e.g. [d.id for d in topo.devices]), as one replica on each of them, so
         that the program's collectives run across them (replica_groups index `devices`).
         Returns the _C.runtime.Topology.compile dict. Raises ValueError for ids this topology does not have,
-        TypeError for what TPU cannot run (lowering/target.py, checked before libtpu sees the program),
+        TypeError for what TPU cannot run (plugins.TPU.refusal: tpu_refusals.py, checked before libtpu sees the program),
         RuntimeError with the compiler's message, and worker.CompilerCrash (a RuntimeError) when libtpu
         crashed compiling it."""
         ids = [0] if devices is None else [int(i) for i in devices]
@@ -134,7 +133,7 @@ class Topology:
         if not ids or len(set(ids)) != len(ids) or not set(ids) <= known:
             raise ValueError(f"devices must be distinct device ids of {self.name} (x{self.num_slices}), e.g. "
                              f"{sorted(known)[:4]}...; got {devices!r}")
-        why = tpu_rules.refusal(program, num_devices=len(ids))
+        why = plugins.TPU.refusal(program, len(ids))
         if why:
             raise TypeError(why)
         return self._workers.compile(program, _C.runtime.replica_compile_options(ids) if devices is not None else b"")

@@ -2,7 +2,7 @@
 
 One check at the compile boundary, for every front-end (eager ops, fused runs, compiled graphs,
 kernels): on a TPU (runtime.compile), for a compile-only TPU target (torch_tpu.aot) and in shadow
-mode. Two kinds of program are refused:
+mode; the TPU entry of the plugin table (plugins.py, `refusal`) names it. Two kinds of program are refused:
 - ops TPU's compiler rejects, with a message naming the op and dtype and what to do instead (libtpu's
   own message is terse: "Unexpected operand type for FFT: c128"): 64-bit FFTs, and matrix products
   (dot_general, convolution) of int64 (found by shadow mode over the test suite), dots with the
