@@ -53,7 +53,7 @@ def disk_dir() -> str:
 
 
 def configure(cache_dir: str | None = None, disk: bool | None = None, max_bytes: int | None = None,
-                    tier2: str | None = None, tier3_root: str | None = None) -> None:
+              tier2: str | None = None, tier3_root: str | None = None) -> None:
     """Sets the executable cache's directory tiers. Each argument left None comes from its
     environment variable. Searched in this order after process memory (fastest first):
 
@@ -93,8 +93,8 @@ def configure(cache_dir: str | None = None, disk: bool | None = None, max_bytes:
     _disk_dir = cache_dir if disk else ""
     _C.runtime.set_warm_manifest(warm_manifest(_disk_dir) if settings.flag("TORCH_TPU_WARM_START") else "")
     _C.runtime.cache_configure([("tier2", tier2_dir, int(max_bytes), tier2_private, False),
-                         ("disk", cache_dir if disk else "", int(max_bytes), False, False),
-                         ("tier3", os.path.expanduser(tier3_root), 0, False, tier3_checked)])
+                                ("disk", cache_dir if disk else "", int(max_bytes), False, False),
+                                ("tier3", os.path.expanduser(tier3_root), 0, False, tier3_checked)])
 
 
 def warm_manifest(cache_dir: str) -> str:
