@@ -118,6 +118,7 @@ def child(workload: str, mode: str) -> dict:
         out["peak_bytes"] = torch.tpu.max_memory_allocated()
         c = torch_tpu.metrics.counters()
         out["bucket_input_copies"] = c["bucket_input_copies"]
+        out["bucket_input_uploads"] = c["bucket_input_uploads"]
         out["refusals"] = torch_tpu.metrics.bucket_refusals()
     return out
 
@@ -165,6 +166,8 @@ def report(workload: str, modes: list[str]) -> None:
         if m == "compiled":
             print(f"            of which compiled graphs: {r['first_graphs']} in the first pass, {r['second_graphs']} in "
                   "the second (the rest: eager ops outside the graphs)")
+            print(f"            inputs given a bucket-sized buffer: {r['bucket_input_uploads']} uploaded again from "
+                  f"their kept host bytes, {r['bucket_input_copies']} copied on the device")
             if r.get("refusals"):
                 print(f"            per-shape graphs: {r['refusals']}")
 

@@ -147,3 +147,29 @@ def test_jacrev_and_hessian_through_activations(fn):
     v = torch.randn(4) * 2
     torch.testing.assert_close(jacrev(fn)(v.to("tpu")).cpu(), jacrev(fn)(v))
     torch.testing.assert_close(hessian(lambda z: fn(z).sum())(v.to("tpu")).cpu(), hessian(lambda z: fn(z).sum())(v))
+
+
+@pytest.mark.parametrize("name", ["hardswish_", "logit_"])
+def test_inplace_variants_of_decomposed_ops_run_on_tpu(name):
+    """In-place overloads with no lowering and no composite kernel of their own (nn.Hardswish(inplace=True)
+    in every mobilenet_v3 block) compute through their functional op's decomposition on tpu and write
+    self, views included, with no CPU fallback; CPU's dtype refusal is theirs too."""
+    import torch_tpu
+    op = getattr(torch.ops.aten, name)
+    torch_tpu.metrics.reset()
+    x = torch.rand(4, 6) * 8 - 4
+    for cpu, tpu in ((x.clone(), x.clone().to("tpu")), (x.clone()[1:, ::2], x.clone().to("tpu")[1:, ::2])):
+        op(cpu)
+        assert op(tpu) is tpu
+        torch.testing.assert_close(tpu.cpu(), cpu, equal_nan=True)
+    a = torch.randn(8, requires_grad=True)
+    b = a.detach().to("tpu").requires_grad_()
+    for t in (a, b):
+        (op(t * 1.5) ** 2).sum().backward()
+    torch.testing.assert_close(b.grad.cpu(), a.grad, equal_nan=True)
+    assert torch_tpu.metrics.fallback_counts() == {}
+    with pytest.raises((NotImplementedError, RuntimeError)) as on_cpu:
+        op(torch.ones(3, dtype=torch.int64))
+    with pytest.raises(on_cpu.type, match=str(on_cpu.value).splitlines()[0].replace('"', '.')) as on_tpu:
+        op(torch.ones(3, dtype=torch.int64, device="tpu"))
+    assert on_tpu.type is on_cpu.type

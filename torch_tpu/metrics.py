@@ -28,8 +28,9 @@ def counters() -> dict:
     still read them: TORCH_TPU_KEEP_BUSY_BYTES), fallbacks (total), and for torch.compile(backend="tpu"):
     compiled_graphs, graph_executions, graph_eager_fallbacks, graph_input_copies (inputs passed as a
     copy: a view that is not its whole storage, or a storage whose buffer has other dims) and
-    bucket_input_copies (inputs of symbolic size copied into a bucket-sized buffer: they did not come
-    from a bucketed graph)."""
+    bucket_input_uploads / bucket_input_copies (inputs of symbolic size given a bucket-sized buffer that
+    did not come from a bucketed graph: uploaded again from the bytes kept from their upload, a
+    transfer, or copied on the device by a program compiled per shape)."""
     d = dict(_C.runtime.counters())
     plans = _C.eager.plan_cache_stats()
     d["plan_cache_hits"], d["plan_cache_misses"] = plans["hits"], plans["misses"]
@@ -38,7 +39,8 @@ def counters() -> dict:
     for k, v in _C.runtime.cache_stats().items():
         d["program_cache_" + k] = v
     d.update(_C.eager.fused_stats())  # fused eager: ops recorded, runs flushed, fused programs built
-    for k in ("compiled_graphs", "graph_executions", "graph_eager_fallbacks", "bucket_input_copies"):  # torch.compile
+    for k in ("compiled_graphs", "graph_executions", "graph_eager_fallbacks", "bucket_input_uploads",
+              "bucket_input_copies"):  # torch.compile
         d[k] = _counts[k]
     return d
 

@@ -1,8 +1,11 @@
 // Transfers between tpu and host, and the ATen ops that cross devices (as PyTorch's OpenReg does
 // them, in C++: .item(), .cpu() and .to("tpu") run without Python once their programs are known).
 //
-// - host -> tpu: a contiguous CPU tensor is an operand of the lowered `copy` program, which converts
-//   its dtype, broadcasts it and writes it into any (strided) tpu view.
+// - host -> tpu: into the whole of a dense storage, from a CPU tensor of its dtype and sizes (what
+//   .to("tpu") and torch.tensor(..., device="tpu") do), a transfer ordered after the queued launches
+//   and no program: a program's key holds the shape, so every new batch shape compiled one (issue 49).
+//   Otherwise the CPU tensor is an operand of the lowered `copy` program, which converts its dtype,
+//   broadcasts it and writes it into any (strided) tpu view.
 // - tpu -> host: the tpu view is made a whole contiguous buffer of its own (a `clone` program, unless
 //   it already is one), downloaded, and copied on the CPU into the (any-strided, any-dtype) destination.
 #include <ATen/ATen.h>
@@ -12,6 +15,7 @@
 #include "aten/device.h"
 #include "eager/index_errors.h"
 #include "eager/copies.h"
+#include "eager/mode.h"
 #include "eager/op_kernel.h"
 #include "runtime/runtime.h"
 
@@ -47,6 +51,24 @@ at::Tensor to_host(const at::Tensor& src) {
   return out;
 }
 
+// Host bytes kept with a storage uploaded whole (runtime::Cell::host_copy) up to this size: batches
+// of token ids and masks, which a bucketed graph re-uploads at its bucket's layout.
+constexpr size_t kKeepHostBytes = 256 << 10;
+
+// host -> tpu as one ordered transfer where `self` is the whole of its dense storage and `src` a CPU
+// tensor of the same dtype and sizes; false where the copy program is needed. Fused eager records
+// its copies with the ops around them, so it keeps the program.
+bool upload_whole(at::Tensor& self, const at::Tensor& src) {
+  if (!src.is_cpu() || eager::mode() == eager::Mode::kFused || self.numel() == 0) return false;
+  if (src.scalar_type() != self.scalar_type() || src.sizes() != self.sizes()) return false;
+  if (src.is_conj() || src.is_neg() || self.is_conj() || self.is_neg()) return false;
+  if (self.storage_offset() != 0 || !self.is_contiguous() || !src.is_contiguous()) return false;
+  runtime::Cell* c = aten::cell_of(self);
+  if (c->nbytes != self.nbytes() || (c->dtype && *c->dtype != self.scalar_type())) return false;
+  runtime::Runtime::get().upload_ordered(*c, src.const_data_ptr(), self.scalar_type(), self.numel(), kKeepHostBytes);
+  return true;
+}
+
 // The lowered device-side copy of `src` (a CPU tensor, or a tpu tensor on self's device) into self.
 void device_copy(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
   TORCH_CHECK(g_copy_kernel >= 0, "tpu: the copy kernel is not registered (import torch_tpu)");
@@ -66,6 +88,7 @@ at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
   reject_complex32(src.scalar_type());
   // Between tpu devices: through the host (the plugin has no shared memory).
   at::Tensor s = !src.is_cpu() && src.device() != self.device() ? to_host(src) : src;
+  if (upload_whole(self, s)) return self;
   device_copy(self, s, non_blocking);
   return self;
 }

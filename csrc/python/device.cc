@@ -78,6 +78,17 @@ void bind_device(py::module_& m) {
     return std::make_tuple(*c->dtype, py::tuple(py::cast(c->dims)));
   }, "(dtype, dims) of the storage's PJRT buffer, fixing them from t on first use.");
 
+  m.def("host_copy", [](const at::Tensor& t) -> py::object {
+    Cell* c = aten::cell_of(t);
+    std::shared_ptr<const std::vector<char>> bytes = c->host_copy;
+    if (!bytes || !c->dtype) return py::none();
+    at::Tensor out = at::empty({c->numel}, at::TensorOptions().dtype(*c->dtype));
+    std::memcpy(out.data_ptr(), bytes->data(), bytes->size());
+    return py::cast(out);
+  }, "The whole storage of tpu tensor t as a new 1-D CPU tensor of the storage's dtype, read from the host "
+     "bytes kept from its upload (runtime.h's Cell::host_copy: uploaded whole, at most 256 KiB, not written "
+     "since), without reading the device; None where none are kept.");
+
   m.def("content_key", [](const std::vector<at::Tensor>& ts) -> py::object {
     std::vector<int64_t> key;
     for (const auto& t : ts) {

@@ -325,9 +325,40 @@ pjrt::Buffer& Runtime::materialize(Cell& cell) {
   return *cell.buffer;
 }
 
+bool async_launch() {
+  static const bool on = settings::enabled("TORCH_TPU_ASYNC_LAUNCH");
+  return on;
+}
+
 void Runtime::upload(Cell& cell, const void* data, c10::ScalarType dtype, int64_t numel) {
   wait_issued();
+  cell.host_copy.reset();
   upload_now(cell, data, dtype, numel);
+}
+
+void Runtime::upload_ordered(Cell& cell, const void* data, c10::ScalarType dtype, int64_t numel,
+                             size_t keep_host_bytes) {
+  check_not_forked();
+  ensure_typed(cell, dtype);
+  auto dims = upload_dims(cell, dtype, numel);
+  size_t bytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
+  std::shared_ptr<pjrt::Buffer> buf = client().buffer_from_host(data, to_pjrt_type(dtype), dims, cell.device);
+  // Typed now, as a launch's sinks are: ops queued after this key on the cell's dtype and dims.
+  set_type(cell, dtype, numel);
+  set_dims(cell, dims);
+  const char* p = static_cast<const char*>(data);
+  cell.host_copy = bytes <= keep_host_bytes ? std::make_shared<const std::vector<char>>(p, p + bytes) : nullptr;
+  counters().h2d_transfers++;
+  counters().h2d_bytes += static_cast<int64_t>(bytes);
+  if (!async_launch()) {
+    cell.buffer = std::move(buf);
+    cell.error.reset();
+    return;
+  }
+  enqueue([c = &cell, buf = std::move(buf)] {  // a freed cell's delete is queued behind this (free_cell)
+    c->buffer = buf;
+    c->error.reset();
+  });
 }
 
 void Runtime::upload_now(Cell& cell, const void* data, c10::ScalarType dtype, int64_t numel) {
@@ -355,6 +386,7 @@ void Runtime::adopt_host(Cell& cell, const void* data, c10::ScalarType dtype, in
     release();
     throw;
   }
+  cell.host_copy.reset();
   ensure_typed(cell, dtype);
   auto dims = upload_dims(cell, dtype, numel);
   set_uploaded(cell, client().buffer_aliasing_host(data, to_pjrt_type(dtype), dims, cell.device, std::move(release)),
@@ -422,11 +454,6 @@ std::vector<int64_t> Runtime::busy_inputs(const std::vector<pjrt::Buffer*>& args
   return busy;
 }
 
-bool async_launch() {
-  static const bool on = settings::enabled("TORCH_TPU_ASYNC_LAUNCH");
-  return on;
-}
-
 void Runtime::prepare_launch(const pjrt::Executable& exe, const std::vector<LaunchArg>& args,
                              const std::vector<Cell*>& sinks, const std::string& producer) {
   TORCH_CHECK(sinks.size() == exe.num_outputs(), "program has ", exe.num_outputs(),
@@ -437,6 +464,7 @@ void Runtime::prepare_launch(const pjrt::Executable& exe, const std::vector<Laun
     set_dims(*sinks[i], exe.output_dims[i]);
     set_type(*sinks[i], from_pjrt_type(exe.output_types[i]), product(exe.output_dims[i]));
     sinks[i]->producer = producer;
+    sinks[i]->host_copy.reset();
   }
 }
 

@@ -56,6 +56,12 @@ struct Cell {
   // has no value, so reading it (a later launch, a download) raises this message instead of
   // reading zeros. Cells that already held a value keep it (a failed op changes nothing).
   std::shared_ptr<const std::string> error;
+  // The host bytes of `buffer` when it was uploaded whole from a small host tensor (upload_ordered),
+  // so that a program needing the value at another layout (a bucketed graph's padded input) can
+  // upload it again instead of compiling a copy for each shape (issue 49). Every write of the cell
+  // clears it (a launch with the cell among its sinks, an upload, a host adoption); set and read on
+  // the threads that queue work, never by the launcher.
+  std::shared_ptr<const std::vector<char>> host_copy;
 };
 
 // One argument of a launch: a storage's cell, whose buffer is taken when the launch is issued (after
@@ -163,6 +169,13 @@ class Runtime {
   // cell's dims where they hold `numel` elements of `dtype`, else 1-D. Raises only its own errors
   // (an earlier launch's stays for the next sync).
   void upload(Cell& cell, const void* data, c10::ScalarType dtype, int64_t numel);
+  // Replaces the whole cell's contents with `numel` dense host elements of `dtype`, in order after
+  // the launches queued before it but without waiting for them (upload() waits): the buffer is made
+  // now, so `data` may change once this returns, and becomes the cell's when the launch queue reaches
+  // it. No program runs, so no shape compiles one. Keeps the bytes as Cell::host_copy when they are
+  // at most `keep_host_bytes`. The caller checks that the cell is untyped or of `dtype` and holds
+  // exactly `numel` elements.
+  void upload_ordered(Cell& cell, const void* data, c10::ScalarType dtype, int64_t numel, size_t keep_host_bytes);
   // Replaces the cell's contents with host memory the device may read in place (no copy where
   // device memory is host memory, as on the CPU plugin). `data` must stay valid and unchanged until
   // `release` is called.

@@ -823,11 +823,20 @@ def _inverse(perm) -> list:
 def _compact(t: torch.Tensor, cap: int, perm) -> torch.Tensor:
     """A tpu tensor as the 1-D buffer of `cap` elements a bucketed program reads, holding t's elements
     in the memory order `perm`: its own storage when it already lies so at the front of a storage of
-    that size (a bucketed graph's output), else a copy into a new buffer (counted as
-    bucket_input_copies)."""
+    that size (a bucketed graph's output); else, for a tensor uploaded from the host and not written
+    since (a batch: the runtime keeps the bytes of small whole uploads, _C.device.host_copy), the
+    value padded on the host and uploaded again (counted as bucket_input_uploads: a transfer, no
+    program); else a copy into a new buffer on the device (bucket_input_copies: the copy's program
+    is compiled per shape)."""
     m = t.permute(perm)
     if m.is_contiguous() and t.storage_offset() == 0 and t.untyped_storage().nbytes() == cap * t.element_size():
         return t.as_strided((cap,), (1,), 0)
+    host = None if t.is_conj() or t.is_neg() else _C.device.host_copy(t)
+    if host is not None and host.dtype == t.dtype:
+        padded = torch.zeros(cap, dtype=t.dtype)
+        padded[:t.numel()] = host.as_strided(t.shape, t.stride(), t.storage_offset()).permute(perm).reshape(-1)
+        metrics.count("bucket_input_uploads")
+        return padded.to(t.device)
     buf = torch.empty(cap, dtype=t.dtype, device=t.device)
     buf[:t.numel()].copy_(m.reshape(-1))
     metrics.count("bucket_input_copies")

@@ -1,7 +1,8 @@
-"""out= overloads of functional ops that run on tpu through a decomposition (sinc.out, logaddexp.out,
-nansum.out, norm.out, linalg_cross.out...): the functional result on the device, written into out=
-as CPU's kernels write it. Lowered ops' out= overloads are Kernels of their own (register.py); these
-took the CPU fallback (right values, a device -> host -> device round trip per call)."""
+"""out= and in-place overloads of functional ops that run on tpu through a decomposition (sinc.out,
+logaddexp.out, nansum.out, norm.out, linalg_cross.out, hardswish_, logit_...): the functional result
+on the device, written into out= (or self) as CPU's kernels write it. Lowered ops' variants are
+Kernels of their own (register.py); these took the CPU fallback (right values, a device -> host ->
+device round trip per call: nn.Hardswish(inplace=True) in every block of mobilenet_v3)."""
 from __future__ import annotations
 
 import threading
@@ -25,6 +26,34 @@ def functional_of(op):
         if not Signature(f).written and op in variants(f):
             return f
     return None
+
+
+def inplace_functional_of(op):
+    """The functional overload F whose in-place variant `op` is (hardswish_ -> hardswish,
+    lowering/overloads.variants), or None."""
+    name = op._schema.name.split("::")[1]
+    packet = getattr(torch.ops.aten, name[:-1], None) if name.endswith("_") else None
+    f = getattr(packet, op._overloadname, None) if packet is not None else None
+    return f if f is not None and op in variants(f) else None
+
+
+def inplace_through_functional(op, f):
+    """The tpu kernel of in-place overload `op` of functional overload `f` (same arguments): f runs
+    on tpu and its result is copied into self, which keeps its dtype and shape. A result CPU's
+    in-place kernel refuses (a dtype it has no kernel for, a result it cannot cast to self's dtype,
+    another shape) raises CPU's own error, from CPU's kernel run on zeros of the call's shapes and
+    dtypes, and self is left unchanged."""
+    sig, f_sig = Signature(op), Signature(f)
+
+    def kernel(*args, **kwargs):
+        vals = sig.bind(args, kwargs)
+        self_ = vals[0]
+        r = f_sig.invoke(list(vals))
+        if r.dtype != self_.dtype or r.shape != self_.shape:
+            run_probe(sig, [_zeros(v) for v in vals])
+        self_.copy_(r)
+        return self_
+    return kernel
 
 
 def out_through_functional(op, f):

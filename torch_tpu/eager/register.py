@@ -19,8 +19,9 @@ from .. import _C
 from . import state as _state
 from ..lowering import registry
 from ..lowering.overloads import overload, overload_name, variants
+from ..lowering.signature import cpu_dtype_refusal, tensors_of
 from .kernel import Kernel, Signature
-from .out_variants import functional_of, out_through_functional
+from .out_variants import functional_of, inplace_functional_of, inplace_through_functional, out_through_functional
 
 _registered: dict[str, object] = {}
 _LIBRARY = torch.library.Library("aten", "IMPL")
@@ -110,10 +111,21 @@ def _decomposed(op, decomp):
     """Runs PyTorch's decomposition of `op` on tpu tensors; falls to the CPU fallback if the
     decomposition calls `op` itself (some entries only normalise arguments)."""
     check = _DECOMPOSITION_CHECKS.get(overload_name(op))
+    # CPU's refusal of dtypes it has no kernel for ("hardswish_cpu" not implemented for 'Long'),
+    # which the decomposition would compute anyway: probed once per dtypes and ranks. Random ops
+    # are not probed (the probe would draw from CPU's generator).
+    sig = None if torch.Tag.nondeterministic_seeded in op.tags else Signature(op)
+    probed = set()
 
     def kernel(*args, **kwargs):
         if check is not None:
             check(*args, **kwargs)
+        if sig is not None:
+            vals = sig.bind(args, kwargs)
+            key = tuple((t.dtype, t.dim()) for t in tensors_of(vals))
+            if key not in probed:
+                cpu_dtype_refusal(sig, vals)
+                probed.add(key)
         stack = getattr(_active, "ops", None)
         if stack is None:
             stack = _active.ops = set()
@@ -163,8 +175,10 @@ def register_decompositions():
         _register_fn(name, _decomposed(op, fn))
         _registered[name] = fn
     for op in out_ops:
-        f = functional_of(op)
+        f, through = functional_of(op), out_through_functional
+        if f is None:
+            f, through = inplace_functional_of(op), inplace_through_functional
         if f is not None and overload_name(f) in _registered and overload_name(op) not in _registered:
-            _register_fn(overload_name(op), out_through_functional(op, f))
+            _register_fn(overload_name(op), through(op, f))
             _registered[overload_name(op)] = f
 

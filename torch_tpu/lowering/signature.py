@@ -92,7 +92,15 @@ def cpu_dtype_probe(low: Lowering, sig: Signature, vals, host_inputs: bool = Fal
     themselves are cpu_out_dtype_refusal's). The probe's own warnings are dropped (C++ ones through
     _C.device.without_cpp_warnings: the caller's warning handler would hold them past any Python
     filter)."""
-    if low.rng or not low.cpu_dtypes or host_inputs or sig.overload.namespace != "aten":
+    if low.rng or not low.cpu_dtypes or host_inputs:
+        return
+    cpu_dtype_refusal(sig, vals)
+
+
+def cpu_dtype_refusal(sig: Signature, vals) -> None:
+    """cpu_dtype_probe's probe itself, for any aten call that draws no random numbers (also the ops
+    that run through a decomposition, eager/register.py)."""
+    if sig.overload.namespace != "aten":
         return
     tensors = tensors_of(vals)
     if any(t.dtype.is_floating_point and t.dtype.itemsize == 1 for t in tensors):
