@@ -7,7 +7,8 @@
 //   Otherwise the CPU tensor is an operand of the lowered `copy` program, which converts its dtype,
 //   broadcasts it and writes it into any (strided) tpu view.
 // - tpu -> host: the tpu view is made a whole contiguous buffer of its own (a `clone` program, unless
-//   it already is one), downloaded, and copied on the CPU into the (any-strided, any-dtype) destination.
+//   it already is one or a contiguous range of a storage at most 4 times its size, which comes down
+//   whole), downloaded, and copied on the CPU into the (any-strided, any-dtype) destination.
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 #include <torch/library.h>
@@ -40,8 +41,19 @@ at::Tensor to_host(const at::Tensor& src) {
   auto& rt = runtime::Runtime::get();
   runtime::Cell* c = aten::cell_of(src);
   rt.ensure_typed(*c, src.scalar_type());
-  bool whole = *c->dtype == src.scalar_type() && src.storage_offset() == 0 && src.numel() == c->numel &&
-               src.is_contiguous() && !src.is_conj() && !src.is_neg();
+  bool plain = *c->dtype == src.scalar_type() && src.is_contiguous() && !src.is_conj() && !src.is_neg();
+  bool whole = plain && src.storage_offset() == 0 && src.numel() == c->numel;
+  // A contiguous range of a storage at most 4 times its size (a bucketed graph's output at the front
+  // of its bucket-sized buffer: up to 2x per dimension of two symbolic ones; a slice of rows): the
+  // whole buffer comes down and the range is copied on the host, with no program (a clone's key
+  // holds the shape: one per size, issue 49).
+  if (plain && !whole && c->numel <= 4 * src.numel()) {
+    at::Tensor all = at::empty({c->numel}, out.options());
+    rt.download(*c, all.data_ptr(), all.nbytes());
+    eager::raise_index_errors(c->device);
+    out.view({-1}).copy_(all.narrow(0, src.storage_offset(), src.numel()));
+    return out;
+  }
   // A view, or a conj / neg view whose bytes are not its value: the clone program makes it whole.
   at::Tensor s = whole ? src : at::clone(src, at::MemoryFormat::Contiguous);
   runtime::Cell* sc = aten::cell_of(s);

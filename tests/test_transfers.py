@@ -1,7 +1,10 @@
-"""Host -> tpu uploads into a whole storage (csrc/eager/copies.cc's upload_whole, Runtime::upload_ordered):
-a transfer ordered after the queued launches, not a program, so a batch of a new shape compiles nothing
-(issue 49); and the host bytes kept with small uploads (Cell::host_copy), which every write of the
-storage must drop, since a bucketed graph re-uploads its input from them."""
+"""Transfers that make no program (csrc/eager/copies.cc), so that a batch of a new shape compiles
+nothing (issue 49):
+- host -> tpu into a whole storage (upload_whole, Runtime::upload_ordered): a transfer ordered after
+  the queued launches; small uploads keep their host bytes (Cell::host_copy), which every write of the
+  storage must drop, since a bucketed graph re-uploads its input from them;
+- tpu -> host of a contiguous range of a storage at most 4 times its size (a bucketed graph's output
+  at the front of its bucket-sized buffer): the whole buffer comes down, the range is cut on the host."""
 import pytest
 import torch
 
@@ -116,3 +119,22 @@ def test_upload_into_a_tensor_autograd_saved(mode):
             w.copy_(torch.full((3,), 2.0))
         with pytest.raises(RuntimeError, match="modified by an inplace operation"):
             y.backward()
+
+
+def test_a_download_of_a_range_of_a_small_enough_storage_makes_no_program():
+    base = torch.arange(64.0).to(TPU)
+    made = programs_made()
+    for n in range(16, 60, 5):  # storage <= 4x the range: downloaded whole
+        assert torch.equal(base[:n].cpu(), torch.arange(float(n)))
+        assert torch.equal(base[5:5 + n].view(1, -1).cpu(), torch.arange(5.0, 5 + n).view(1, -1))
+    assert base[40:56].view(4, 4).tolist() == torch.arange(40.0, 56).view(4, 4).tolist()
+    assert programs_made() == made
+    # not contiguous, a conj view, another dtype's view, a small range of a large storage: the clone
+    # program (values checked)
+    m = torch.arange(24.0).view(4, 6)
+    assert torch.equal(m.to(TPU)[:, 1:4].cpu(), m[:, 1:4])
+    c = torch.tensor([1 + 1j, 2 - 3j, 4j, 5])
+    assert torch.equal(c.to(TPU)[1:].conj().cpu(), c[1:].conj())
+    assert torch.equal(base.view(torch.int32)[5:30].cpu(), torch.arange(64.0).view(torch.int32)[5:30])
+    assert base[10:12].cpu().tolist() == [10.0, 11.0]
+    assert base[7].item() == 7.0
