@@ -1,7 +1,9 @@
 """torch.nn's transformer modules in eval mode on tpu give CPU's results: TransformerEncoder's
 nested-tensor fast path (eval, no grad, a padding mask) meets `_nested_tensor_from_mask`, which
 nested tensors on tpu cannot run; integrations/nn_transformer.py gives that path its result (padded
-positions zeroed before the encoder's norm, as CPU's nested path pads them)."""
+positions zeroed before the encoder's norm, as CPU's nested path pads them). MultiheadAttention's and
+TransformerEncoderLayer's fused inference kernels (lowering/fast_path.py) run on tpu, not on the CPU
+fallback."""
 import copy
 
 import pytest
@@ -82,3 +84,74 @@ def test_a_nested_tensor_of_tpu_tensors_is_refused_naming_the_op():
         torch._nested_tensor_from_mask(x, m)
     assert isinstance(e.value, NestedTensorUnsupported)
     assert torch_tpu.metrics.fallback_counts().get("aten::_nested_tensor_from_mask", 0) == 0
+
+
+@pytest.mark.parametrize("need_weights,average", [(True, True), (True, False), (False, True)])
+@pytest.mark.parametrize("masks", ["none", "padding", "attn", "both"])
+@pytest.mark.parametrize("embed,heads", [(16, 2), (12, 2)])  # head_dim 8 takes the sdpa path (no weights, no mask); 6 not
+def test_multihead_attention_fast_path_runs_on_tpu_as_cpu(need_weights, average, masks, embed, heads):
+    """nn.MultiheadAttention(batch_first=True) in eval without grad calls _native_multi_head_attention:
+    outputs and weights equal CPU's, including CPU's NaN for a row whose every key is masked."""
+    torch.manual_seed(0)
+    mha = nn.MultiheadAttention(embed, heads, batch_first=True).eval()
+    x = torch.randn(3, 5, embed)
+    padding = torch.zeros(3, 5, dtype=torch.bool)
+    padding[0, 3:] = True
+    padding[1, :] = True  # every key masked: NaN on CPU
+    attn = torch.triu(torch.ones(5, 5, dtype=torch.bool), 1)
+    kw = {"need_weights": need_weights, "average_attn_weights": average}
+    if masks in ("padding", "both"):
+        kw["key_padding_mask"] = padding
+    if masks in ("attn", "both"):
+        kw["attn_mask"] = attn
+    torch_tpu.metrics.reset()
+    with torch.no_grad():
+        ref = mha(x, x, x, **kw)
+        tpu = copy.deepcopy(mha).to("tpu")
+        xt = x.to("tpu")
+        got = tpu(xt, xt, xt, **{k: v.to("tpu") if isinstance(v, torch.Tensor) else v for k, v in kw.items()})
+    assert torch_tpu.metrics.fallback_counts() == {}
+    torch.testing.assert_close(got[0].cpu(), ref[0], atol=1e-6, rtol=1e-5, equal_nan=True)
+    if ref[1] is None:
+        assert got[1] is None
+    else:
+        torch.testing.assert_close(got[1].cpu(), ref[1], atol=1e-6, rtol=1e-5, equal_nan=True)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@pytest.mark.parametrize("masks", ["none", "padding", "causal"])
+def test_encoder_layer_fast_path_runs_on_tpu_as_cpu(norm_first, activation, masks):
+    """nn.TransformerEncoderLayer(batch_first=True) in eval without grad calls
+    _transformer_encoder_layer_fwd: CPU's result, with no CPU fallback."""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(32, 4, 64, 0.0, activation=activation, batch_first=True,
+                                       norm_first=norm_first).eval()
+    x = torch.randn(3, 6, 32)
+    kw = {}
+    if masks == "padding":
+        kw["src_key_padding_mask"] = torch.tensor([[0] * 6, [0] * 4 + [1] * 2, [0] * 5 + [1]], dtype=torch.bool)
+    elif masks == "causal":
+        kw["src_mask"] = nn.Transformer.generate_square_subsequent_mask(6) < 0
+    torch_tpu.metrics.reset()
+    got, ref = _both(layer, x, **kw)
+    assert torch_tpu.metrics.fallback_counts() == {}
+    torch.testing.assert_close(got, ref, atol=2e-6, rtol=1e-5)
+
+
+def test_left_aligned_mask_check_runs_on_tpu_as_cpu():
+    """TransformerEncoder's question before its nested path (_nested_tensor_from_mask_left_aligned):
+    CPU's answers and errors, computed on tpu (no CPU fallback)."""
+    torch_tpu.metrics.reset()
+    x = torch.randn(2, 3, 4)
+    for rows in ([[1, 1, 0], [1, 0, 0]], [[1, 0, 1], [1, 0, 0]], [[0, 1, 1], [1, 0, 0]], [[0, 0, 0], [1, 1, 1]]):
+        m = torch.tensor(rows, dtype=torch.bool)
+        assert torch._nested_tensor_from_mask_left_aligned(x.to("tpu"), m.to("tpu")) == \
+            torch._nested_tensor_from_mask_left_aligned(x, m)
+    for mask, match in ((torch.ones(2, 4, dtype=torch.bool), "Mask size should match input size"),
+                        (torch.ones(2, 3), "Expected mask to be of ScalarType Bool, but got Float instead")):
+        with pytest.raises(RuntimeError, match=match):
+            torch._nested_tensor_from_mask_left_aligned(x, mask)
+        with pytest.raises(RuntimeError, match=match):
+            torch._nested_tensor_from_mask_left_aligned(x.to("tpu"), mask.to("tpu"))
+    assert torch_tpu.metrics.fallback_counts() == {}

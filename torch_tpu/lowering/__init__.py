@@ -12,7 +12,7 @@ from . import special  # noqa: F401
 from . import complex, fft  # noqa: F401
 from . import bags  # noqa: F401
 from . import amp  # noqa: F401
-from . import attention  # noqa: F401
+from . import attention, fast_path  # noqa: F401
 from . import collectives  # noqa: F401
 from . import rnn  # noqa: F401
 from . import nested  # noqa: F401
