@@ -385,3 +385,25 @@ def test_assigning_one_value_through_a_mask_is_one_program_and_no_sync(dtype):
     torch.testing.assert_close(x.cpu(), ref, equal_nan=True, rtol=0, atol=0)
     if dtype.is_floating_point:  # -0.0 kept where it was written, and where nothing was added
         assert torch.equal(torch.signbit(x.cpu()), torch.signbit(ref))
+
+
+@pytest.mark.parametrize("norm_type", [1.0, 2.0, float("inf")])
+def test_embedding_max_norm_renormalizes_rows_on_tpu(norm_type):
+    """nn.Embedding(max_norm=...) renormalizes the looked-up rows in place before each lookup
+    (embedding_renorm_, on tpu: no CPU fallback); a row named twice is scaled once; CPU's errors."""
+    import copy
+    import torch_tpu
+    torch.manual_seed(0)
+    cpu = torch.nn.Embedding(10, 5, max_norm=1.0, norm_type=norm_type)
+    tpu = copy.deepcopy(cpu).to("tpu")
+    torch_tpu.metrics.reset()
+    for ids in (torch.tensor([[1, 2, 2, 7], [7, 0, 3, 1]]), torch.tensor([9, 9, 4]), torch.tensor([], dtype=torch.long)):
+        torch.testing.assert_close(tpu(ids.to("tpu")).cpu(), cpu(ids))
+        torch.testing.assert_close(tpu.weight.detach().cpu(), cpu.weight.detach())
+    assert torch_tpu.metrics.fallback_counts() == {}
+    for w, i in ((torch.randn(5), torch.tensor([1])), (torch.randn(5, 3), torch.tensor([1.0]))):
+        with pytest.raises(RuntimeError) as on_cpu:
+            torch.embedding_renorm_(w, i, 1.0, 2.0)
+        with pytest.raises(RuntimeError) as on_tpu:
+            torch.embedding_renorm_(w.to("tpu"), i.to("tpu"), 1.0, 2.0)
+        assert str(on_tpu.value) == str(on_cpu.value)

@@ -124,3 +124,26 @@ def test_batch_norm_with_update_updates_running_stats():
         torch.testing.assert_close(g.cpu(), c)
     check(lambda x, w, b, rm, rv: torch.ops.aten._batch_norm_with_update(x, w, b, rm, rv, 0.1, 1e-5)[0],
           x.requires_grad_(), w.requires_grad_(), b.requires_grad_(), rm.clone(), rv.clone())
+
+
+@pytest.mark.parametrize("dim", [0, -1, 1])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_weight_norm_gradients_on_tpu(dim, dtype):
+    """weight_norm's fused backward (_weight_norm_interface_backward, dim first or last; another dim
+    takes PyTorch's differentiable path) runs on tpu, not on the CPU fallback: gradients of g, v and
+    the bias equal CPU's (bfloat16: to its rounding)."""
+    import copy
+    import torch_tpu
+    torch.manual_seed(0)
+    nn = torch.nn
+    base = nn.Conv1d(4, 6, 3).to(dtype)
+    tpu = nn.utils.parametrizations.weight_norm(copy.deepcopy(base).to("tpu"), dim=dim)
+    cpu = nn.utils.parametrizations.weight_norm(base, dim=dim)
+    x = torch.randn(2, 4, 9, dtype=dtype)
+    torch_tpu.metrics.reset()
+    (cpu(x).float() ** 2).sum().backward()
+    (tpu(x.to("tpu")).float() ** 2).sum().backward()
+    assert torch_tpu.metrics.fallback_counts() == {}
+    tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 0.02, "rtol": 0.016}
+    for pc, pt in zip(cpu.parameters(), tpu.parameters()):
+        torch.testing.assert_close(pt.grad.cpu(), pc.grad, **tol)

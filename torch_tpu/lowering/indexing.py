@@ -183,6 +183,28 @@ def embedding(ctx, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sp
                     out_shape=ctx.out[0].shape)
 
 
+def embedding_renorm_(weight, indices, max_norm, norm_type):
+    """aten::embedding_renorm_ on tpu tensors (nn.Embedding(max_norm=...) before every lookup): each row
+    of weight (V, D) that indices name, whose norm_type-norm exceeds max_norm, is scaled in place by
+    max_norm / (norm + 1e-7), as CPU's kernel does; rows named twice are scaled once (every copy of a
+    row is computed from its old value, so the writes agree). Arguments CPU refuses (a weight that is
+    not 2-D, indices not int64/int32) raise CPU's own error, from CPU's kernel on one-element tensors."""
+    if weight.dim() != 2 or indices.dtype not in (torch.int64, torch.int32):
+        torch.ops.aten.embedding_renorm_(torch.zeros([1] * weight.dim(), dtype=weight.dtype),
+                                         torch.zeros([1] * indices.dim(), dtype=indices.dtype), max_norm, norm_type)
+    idx = indices.reshape(-1)
+    if idx.numel() == 0:
+        return weight
+    rows = weight.index_select(0, idx)
+    norms = torch.linalg.vector_norm(rows, ord=norm_type, dim=1, keepdim=True)
+    scale = torch.where(norms > max_norm, max_norm / (norms + 1e-7), torch.ones_like(norms))
+    weight.index_copy_(0, idx.to(torch.int64), rows * scale)
+    return weight
+
+
+host_kernel("embedding_renorm_", embedding_renorm_)
+
+
 @register("embedding_dense_backward")
 def embedding_dense_backward(ctx, grad, indices, num_weights, padding_idx, scale_grad_by_freq):
     b = ctx.b

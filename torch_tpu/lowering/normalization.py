@@ -414,3 +414,25 @@ def group_norm_backward(ctx, grad, x, mean, rstd, w, N, C, HxW, group, output_ma
     if ctx.out[2] is not None:
         results[2] = reduce_sum(b, g, [0, 2])
     return [None if r is None else b.reshape(b.convert(r, t.dtype), t.shape) for r, t in zip(results, ctx.out)]
+
+
+def _weight_norm_interface_backward(grad_w, saved_v, saved_g, saved_norms, dim):
+    """aten::_weight_norm_interface_backward on tpu tensors (weight_norm's backward, dim first or last),
+    as CPU's fused kernel computes it per slice of `dim`, in float32 for half inputs: with
+    s = sum(grad_w * v) over the other dims, grad_g = s / norm and
+    grad_v = g / norm * (grad_w - v * s / norm^2). grad_w, saved_v: the weight's shape; saved_g,
+    saved_norms: 1 in every dim but `dim`. (grad_v in v's dtype, grad_g in g's.)"""
+    nd = saved_v.dim()
+    if not (dim == 0 or dim == nd - 1):  # CPU's kernel asserts it (weight_norm takes another path then)
+        raise RuntimeError("_weight_norm_interface_backward: fused kernels can only be applied for first or "
+                           f"last dim, got dim {dim} of a {nd}-d weight")
+    cd = torch.float32 if saved_v.dtype in (torch.float16, torch.bfloat16) else saved_v.dtype
+    gw, v, g, n = (t.to(cd) for t in (grad_w, saved_v, saved_g, saved_norms))
+    others = [d for d in range(nd) if d != dim]
+    s = (gw * v).sum(dim=others, keepdim=True)
+    grad_g = s / n
+    grad_v = (g / n) * (gw - v * (s / (n * n)))
+    return grad_v.to(saved_v.dtype), grad_g.to(saved_g.dtype)
+
+
+host_kernel("_weight_norm_interface_backward", _weight_norm_interface_backward)
