@@ -155,3 +155,29 @@ def test_left_aligned_mask_check_runs_on_tpu_as_cpu():
         with pytest.raises(RuntimeError, match=match):
             torch._nested_tensor_from_mask_left_aligned(x.to("tpu"), mask.to("tpu"))
     assert torch_tpu.metrics.fallback_counts() == {}
+
+
+def test_compiled_inference_through_the_fast_path_is_lowered_and_bucketed():
+    """torch.compile(backend="tpu") of an encoder in eval under no_grad traces PyTorch's fused layer
+    kernel (_transformer_encoder_layer_fwd): it is decomposed as eager runs it, so the graph lowers
+    (no eager fallback) and compiles once per bucket of a changing length; results equal CPU's."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(32, 4, 64, 0.0, batch_first=True), 2,
+                                enable_nested_tensor=False).eval()
+    f = torch.compile(copy.deepcopy(enc).to("tpu"), backend="tpu")
+    torch_tpu.metrics.reset()
+    before = torch_tpu.metrics.counters()["graph_eager_fallbacks"]
+    for k, n in enumerate((17, 20, 23, 29)):
+        if k == 2:
+            graphs = torch_tpu.metrics.counters()["compiled_graphs"]
+        x = torch.randn(4, n, 32)
+        mask = torch.zeros(4, n, dtype=torch.bool)
+        mask[1, n - 3:] = True
+        with torch.no_grad():
+            got = f(x.to("tpu"), src_key_padding_mask=mask.to("tpu"))
+            torch.testing.assert_close(got.cpu(), enc(x, src_key_padding_mask=mask), atol=2e-6, rtol=1e-5)
+    assert torch_tpu.metrics.counters()["compiled_graphs"] == graphs, "a length in a seen bucket compiled a graph"
+    assert torch_tpu.metrics.counters()["graph_eager_fallbacks"] == before
+    assert torch_tpu.metrics.fallback_counts() == {}
+    torch._dynamo.reset()

@@ -37,6 +37,7 @@ from torch._guards import CompileContext
 from .. import _C, settings
 from .. import metrics, recompiles
 from ..lowering.overloads import resolve
+from ..lowering import fast_path
 from . import buckets, collectives
 from .lower_graph import GraphProgram, Unsupported, log
 
@@ -50,6 +51,12 @@ def decompositions() -> dict:
         if isinstance(op, torch._ops.OpOverload) and op.namespace == "aten" and resolve(op) is not None:
             continue
         table[op] = fn
+    # PyTorch's fused transformer inference kernels (nn.MultiheadAttention / TransformerEncoderLayer in
+    # eval without grad) have no decomposition of their own: traced as eager runs them on tpu
+    # (lowering/fast_path.py), so a compiled inference graph lowers (and buckets) them
+    aten = torch.ops.aten
+    table[aten._native_multi_head_attention.default] = fast_path.native_multi_head_attention
+    table[aten._transformer_encoder_layer_fwd.default] = fast_path.transformer_encoder_layer_fwd
     return table
 
 
