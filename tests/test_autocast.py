@@ -1,4 +1,4 @@
-"""torch.autocast("tpu") with CUDA's op policies (csrc/aten/autocast.cc) and GradScaler's ops on the
+"""torch.autocast("tpu") with CUDA's op policies (cross_entropy_loss in float32 as on CPU; csrc/aten/autocast.cc) and GradScaler's ops on the
 device (lowering/amp.py). CPU's kernels are the reference for values."""
 import pytest
 import torch
@@ -28,6 +28,21 @@ def test_op_classes_follow_cudas_policy(low):
     assert promoted.dtype == torch.float32 and untouched.dtype == torch.float32
     torch.testing.assert_close(lowered["mm"].cpu(), (a.to(low) @ b.to(low)), rtol=2e-2, atol=5e-2)
     torch.testing.assert_close(float32["softmax"].cpu(), torch.softmax(a.to(low).float(), -1), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("low", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("kwargs", [{"reduction": "none"}, {"label_smoothing": 0.1, "ignore_index": 2}])
+def test_cross_entropy_is_float32_as_on_cpu(low, kwargs):
+    # CUDA's lists would leave its log_softmax at the logits' precision (a float32 loss rounded like
+    # bfloat16); CPU's autocast and PyTorch/XLA's TPU autocast compute the loss in float32.
+    torch.manual_seed(0)
+    logits, y = torch.randn(6, 10).to(low), torch.randint(0, 10, (6,))
+    with torch.autocast("cpu", dtype=low):
+        want = F.cross_entropy(logits, y, **kwargs)
+    with torch.autocast(TPU, dtype=low):
+        got = F.cross_entropy(logits.to(TPU), y.to(TPU), **kwargs)
+    assert got.dtype == want.dtype == torch.float32
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-6, atol=1e-6)
 
 
 def test_autocast_trains_with_backward():

@@ -4,6 +4,11 @@
 // reuse, and its WrapFunction templates do the casting; the lower precision dtype is the autocast
 // region's (bfloat16 by default on tpu, float16 allowed). Every other op falls through: without
 // that fallback no op at all could run inside torch.autocast("tpu").
+//
+// One op leaves CUDA's policy: cross_entropy_loss runs in float32, as CPU's autocast and PyTorch/XLA's
+// TPU autocast run it. Under CUDA's lists it calls log_softmax with an explicit dtype (the logits'),
+// which fp32_set_opt_dtype leaves alone, so a bfloat16 model's loss came out float32 with bfloat16's
+// rounding (4.8125 where CPU gives 4.8127): the loss a training loop logs and clips on.
 #include <ATen/Operators.h>
 #include <ATen/autocast_mode.h>
 #include <torch/library.h>
@@ -29,6 +34,7 @@ TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
   AT_FORALL_FP32_SET_OPT_DTYPE(TPU_FP32_SET_OPT_DTYPE)
   AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE(KERNEL_DIFFERENT_REDISPATCH_SIGNATURE_PRIVATEUSEONE)
   AT_FORALL_PROMOTE(TPU_PROMOTE)
+  TPU_FP32(cross_entropy_loss)
 }
 
 TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) { m.fallback(torch::CppFunction::makeFallthrough()); }
