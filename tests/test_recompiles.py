@@ -43,7 +43,7 @@ def test_new_shapes_past_the_threshold_warn_once_naming_the_op_and_shapes(monkey
     mine = [w for w in got if "sizes of a dimension that changes" in str(w.message)]
     assert len(mine) == 1, [str(w.message) for w in got]
     text = str(mine[0].message)
-    assert "aten::cosh" in text and "[[5, 3]]" in text and "TORCH_TPU_RECOMPILE_WARN" in text
+    assert "aten::cosh" in text and "[[4, 3]]" in text and "TORCH_TPU_RECOMPILE_WARN" in text
     assert mine[0].filename == __file__  # the user's line
 
 
@@ -106,3 +106,21 @@ def test_a_models_layers_of_many_shapes_do_not_warn_its_changing_length_does(mon
         for n in range(5, 17):
             model(torch.randn(n, 24, device=TPU)).sum().backward()
     assert [w for w in got if "sizes of a dimension" in str(w.message)]
+
+
+@pytest.mark.parametrize("name", ["mobilenet_v3_large", "efficientnet_b7", "densenet121", "regnet_y_3_2gf"])
+def test_torchvision_models_parameter_shapes_do_not_warn_at_the_default(monkeypatch, name):
+    """SGD's momentum clones and init's normal_ make one program per parameter shape: mobilenet_v3's 44
+    (8 depthwise kernels (C, 1, 3, 3) differing in C alone) warned under a count of programs; densenet121's
+    bottlenecks (128, C, 1, 1) have the most of torchvision's, 30 values of C."""
+    torchvision = pytest.importorskip("torchvision")
+    monkeypatch.delenv("TORCH_TPU_RECOMPILE_WARN")  # the default threshold
+    shapes = [tuple(p.shape) for p in getattr(torchvision.models, name)().parameters()]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for shape in shapes:
+            recompiles.note("aten::clone", ("float32",), (shape,), ((True, True),))
+    lengths = iter(range(17, 100))
+    with pytest.warns(UserWarning, match="32 sizes of a dimension that changes"):
+        for _ in range(32):  # the same op with a length that changes: its 32nd size warns
+            recompiles.note("aten::clone", ("float32",), ((8, next(lengths), 64),), ((True, True),))

@@ -21,10 +21,12 @@ _lock = threading.Lock()
 # op or graph name -> Counter of causes
 causes: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
 # op or graph name -> the signatures it has programs for (dtypes, sizes, layouts)
-_seen: dict[str, list] = collections.defaultdict(list)
+# (the latest 64: enough to classify, and a length that changes always finds its predecessor)
+_seen: dict[str, collections.deque] = collections.defaultdict(lambda: collections.deque(maxlen=64))
 _warned: set = set()
-# op or graph name -> its programs for a new size of one varying dimension (_one_dimension_varies)
-_varying: collections.Counter = collections.Counter()
+# op or graph name -> {its sizes with the varying positions blanked: the sizes seen there}
+# (_one_dimension_varies)
+_varying: dict[str, dict] = collections.defaultdict(dict)
 # compiled graph name -> why it is compiled per shape rather than per bucket (dynamo/buckets.py)
 refusals: dict[str, str] = {}
 
@@ -34,7 +36,7 @@ def refused_bucketing(name: str, why: str) -> None:
         refusals[name] = why
 
 
-def _classify(seen: list, sig: tuple) -> str:
+def _classify(seen, sig: tuple) -> str:
     dtypes, sizes, layouts = sig
     if not seen:
         return "first"
@@ -48,31 +50,32 @@ def _classify(seen: list, sig: tuple) -> str:
     return "new shape"
 
 
-def _one_dimension_varies(seen: list, sig: tuple) -> bool:
-    """True when `sig` is an earlier signature (same dtypes, layouts and ranks, a tensor of rank >= 2
-    among them) with one size value replaced by another wherever it differs: a batch size or a
-    sequence length that changes (17 -> 23 in (8, 17, 64) and in attention's (8, 4, 17, 17)).
-    A model's layers mostly differ otherwise (784 -> 400 and 400 -> 10 at once), and so do its
-    parameters as .to(device) copies them; where they do not (a bias gradient's sum over (4, 32) and
-    (4, 40)), their count is bounded by the model's distinct widths, which the default threshold
-    leaves room for: those programs are made once and are not what the warning is about."""
+def _one_dimension_varies(seen, sig: tuple):
+    """The dimension `sig` varies when it is an earlier signature (same dtypes, layouts and ranks, a
+    tensor of rank >= 2 among them) with one size value replaced by another wherever it differs: a batch
+    size or a sequence length that changes (17 -> 23 in (8, 17, 64) and in attention's (8, 4, 17, 17)).
+    Returns (the new sizes with those positions blanked, the old and new value), or None. The warning
+    counts the values seen under one blanked key: a length that changes adds one per new length, while
+    a model's layers rarely share all sizes but one (the most among torchvision's: densenet121's
+    bottleneck convs, 30 input widths; mobilenet_v3 and efficientnet_b7's depthwise kernels, 8)."""
     dtypes, sizes, layouts = sig
     if not any(len(t) >= 2 for t in sizes):
-        return False
+        return None
     for s in seen:
         if s[0] != dtypes or s[2] != layouts or [len(t) for t in s[1]] != [len(t) for t in sizes]:
             continue
         swaps = {(a, b) for old, new in zip(s[1], sizes) for a, b in zip(old, new) if a != b}
         if len(swaps) == 1:
-            return True
-    return False
+            key = tuple(tuple(None if a != b else b for a, b in zip(old, new)) for old, new in zip(s[1], sizes))
+            return key, next(iter(swaps))
+    return None
 
 
 def note(name: str, dtypes: tuple, sizes: tuple, layouts: tuple, what: str = "op", stacklevel: int = 2) -> str:
     """Records a new program of op / graph `name` for arguments of these dtypes, sizes and layouts
     (tuples, one entry per tensor argument; a layout is layout_of's); returns its cause. When its
-    programs for new sizes of one varying dimension (a length or batch size that changes, not a
-    model's differently shaped layers) reach TORCH_TPU_RECOMPILE_WARN (default 32; 0: never), warns, once per
+    programs cover TORCH_TPU_RECOMPILE_WARN sizes (default 32; 0: never) of one varying dimension, all its
+    other sizes equal (a length or batch size that changes, not a model's differently shaped layers), warns, once per
     process for eager ops (a step's ops all reach it together) and once per compiled graph;
     stacklevel: the warning's, counted from the caller of note."""
     sig = (dtypes, sizes, layouts)
@@ -80,21 +83,24 @@ def note(name: str, dtypes: tuple, sizes: tuple, layouts: tuple, what: str = "op
         cause = _classify(_seen[name], sig)
         if what == "compiled graph bucket" and cause == "new shape":
             cause = "new bucket"
-        varying = cause == "new shape" and _one_dimension_varies(_seen[name], sig)
-        if len(_seen[name]) < 64:  # a bounded memory of what was seen is enough to classify
-            _seen[name].append(sig)
+        varying = _one_dimension_varies(_seen[name], sig) if cause == "new shape" else None
+        _seen[name].append(sig)
         causes[name][cause] += 1
-        _varying[name] += varying
-        shapes = _varying[name]
+        shapes = 0
+        if varying is not None:
+            groups = _varying[name]
+            values = groups.setdefault(varying[0], set()) if len(groups) < 256 else groups.get(varying[0], set())
+            values.update(varying[1])
+            shapes = len(values)
         threshold = int(settings.get("TORCH_TPU_RECOMPILE_WARN") or 0)
         once = name if what != "op" else what
-        warn = varying and 0 < threshold <= shapes and once not in _warned
+        warn = 0 < threshold <= shapes and once not in _warned
         if warn:
             _warned.add(once)
     if warn:
-        recent = [s[1] for s in _seen[name][-3:]]
+        recent = [s[1] for s in list(_seen[name])[-3:]]
         warnings.warn(
-            f"torch_tpu: {what} {name} has made programs for {shapes + 1} sizes of a dimension that changes (the last: "
+            f"torch_tpu: {what} {name} has made programs for {shapes} sizes of a dimension that changes (the last: "
             f"{', '.join(str(list(map(list, r))) for r in recent)}): each new shape compiles a new program. "
             "Pad inputs to a few fixed sizes (e.g. Hugging Face's DataCollatorWithPadding(pad_to_multiple_of=64), "
             "or batches bucketed by length). torch_tpu.metrics.program_causes() counts programs by cause; "

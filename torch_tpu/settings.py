@@ -45,8 +45,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("TORCH_TPU_KEEP_BUSY_BYTES", "262144", "bytes a launch may keep alive instead of donating a busy buffer",
             read_by="C++"),
     # the executable cache
-    Setting("TORCH_TPU_RECOMPILE_WARN", "32", "programs one op or graph makes for sizes of a changing dimension before a "
-            "warning; 0: never"),
+    Setting("TORCH_TPU_RECOMPILE_WARN", "32", "sizes of one changing dimension (its other sizes equal) one op or graph "
+            "makes programs for before a warning; 0: never"),
     Setting("TORCH_TPU_CACHE_DIR", None, "the disk tier's directory; unset: ~/.cache/torch_tpu/xla"),
     Setting("TORCH_TPU_DISK_CACHE", "1", "0: no disk tier"),
     Setting("TORCH_TPU_WARM_START", "1", "0: a process does not load the programs its command line used last time "
