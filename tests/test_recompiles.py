@@ -124,3 +124,14 @@ def test_torchvision_models_parameter_shapes_do_not_warn_at_the_default(monkeypa
     with pytest.warns(UserWarning, match="32 sizes of a dimension that changes"):
         for _ in range(32):  # the same op with a length that changes: its 32nd size warns
             recompiles.note("aten::clone", ("float32",), ((8, next(lengths), 64),), ((True, True),))
+
+
+def test_dynamic_none_counts_the_static_program_and_the_symbolic_graphs():
+    """PyTorch's default dynamic=None compiles the first shape statically, then recompiles the graph
+    with symbolic sizes: both are programs the process made (the static one was left out)."""
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: (x * 2).sum(), backend="tpu")
+    for n in (3, 4, 5, 6):
+        f(torch.ones(n, 2, device=TPU))
+    graphs = {k: v for k, v in torch_tpu.metrics.program_causes().items() if not k.startswith("aten::")}
+    assert graphs == {"inference graph [0/0]": {"first": 1}, "inference graph [0/1]": {"first": 1}}, graphs

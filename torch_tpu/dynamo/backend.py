@@ -92,18 +92,31 @@ def _eager(gm, error: Exception, fullgraph: bool, name: str):
     return make_boxed_func(gm.forward)
 
 
-def compile_graph(gm: torch.fx.GraphModule, example_inputs, name: str, fullgraph: bool):
-    """The boxed callable that runs `gm` on tpu: one executable, or the eager fallback."""
+def metrics_key(name: str) -> str:
+    """What torch_tpu.metrics.program_causes() calls a graph of kind `name` being compiled now: Dynamo's
+    compile id tells one graph from another of the same kind (generate()'s prefill from its decode step,
+    both "inference"), and a static graph from the symbolic one Dynamo recompiles it as."""
+    compile_id = CompileContext.current_compile_id()
+    return f"{name} graph" + (f" [{compile_id}]" if compile_id is not None else "")
+
+
+def compile_graph(gm: torch.fx.GraphModule, example_inputs, name: str, fullgraph: bool, counted: bool = False):
+    """The boxed callable that runs `gm` on tpu: one executable, or the eager fallback. Its program
+    counts in program_causes() unless `counted` (a per-shape program _PerShape has counted)."""
     if _is_dynamic(gm):
         log.info("%s graph has symbolic shapes: compiled per bucket of its sizes (TORCH_TPU_SHAPE_BUCKETS), "
                  "or per concrete input shape where it cannot be bucketed", name)
         return _boxed(_PerShape(gm, name, fullgraph))
+    if not counted and example_inputs is not None:
+        ts = [a for a in example_inputs if isinstance(a, torch.Tensor)]
+        recompiles.note(metrics_key(name), tuple(t.dtype for t in ts), tuple(tuple(t.shape) for t in ts),
+                        tuple(recompiles.layout_of(t) for t in ts), what="compiled graph")
     if collectives.has_collectives(gm):
         whole = _with_device_collectives(gm, name)
         if whole is not None:
             return whole
         return collectives.split_at_collectives(
-            gm, lambda sub, sub_name: compile_graph(sub, None, sub_name, fullgraph), name)
+            gm, lambda sub, sub_name: compile_graph(sub, None, sub_name, fullgraph, counted=True), name)
     try:
         return _boxed(GraphProgram(gm, name))
     except Unsupported as e:
@@ -167,10 +180,7 @@ class _PerShape:
 
     def __init__(self, gm, name, fullgraph):
         self.gm, self.name, self.fullgraph = gm, name, fullgraph
-        # What metrics key its programs by: Dynamo's compile id tells one graph from another of the
-        # same kind (generate()'s prefill from its decode step, both "inference").
-        compile_id = CompileContext.current_compile_id()
-        self.key = f"{name} graph" + (f" [{compile_id}]" if compile_id is not None else "")
+        self.key = metrics_key(name)
         self.programs = _C.runtime.LruCache("compiled graph shapes", PER_SHAPE_PROGRAMS, PER_SHAPE_BYTES)
         self.sources = None
         self.refused = buckets.policy()[0] == "off" and "TORCH_TPU_SHAPE_BUCKETS=off"
@@ -230,7 +240,7 @@ class _PerShape:
                             tuple(recompiles.layout_of(t) for t in ts), what="compiled graph")
             strides = self._traced_strides(args)
             static = make_fx(self.gm, tracing_mode="fake")(*_restrided(args, strides))
-            entry = (compile_graph(static, args, self.name, self.fullgraph), strides)
+            entry = (compile_graph(static, args, self.name, self.fullgraph, counted=True), strides)
             self.programs.put(key, entry, _held_bytes(entry[0]))
         prog, strides = entry
         return prog(_restrided(args, strides))
