@@ -6,6 +6,8 @@ import math
 import pytest
 import torch
 
+import torch_tpu
+
 from helpers import TPU, check
 
 
@@ -332,14 +334,18 @@ def test_multinomial():
         torch.multinomial(-p, 1)
 
 
-def test_rrelu():
+@pytest.mark.parametrize("inplace", [False, True])
+def test_rrelu(inplace):
     torch.manual_seed(2)
     x = torch.randn(2000, device=TPU, requires_grad=True)
-    y = torch.nn.functional.rrelu(x, 0.1, 0.3, training=True)
+    before = torch_tpu.metrics.fallback_counts()
+    y = torch.nn.functional.rrelu(x * 1 if inplace else x, 0.1, 0.3, training=True, inplace=inplace)
     y.sum().backward()
+    assert torch_tpu.metrics.fallback_counts() == before  # nn.RReLU(inplace=True) ran on the CPU fallback
     slope = (y.detach() / x.detach()).cpu()
     neg = (x.detach() < 0).cpu()
     assert slope[neg].min() >= 0.1 and slope[neg].max() <= 0.3 and (slope[~neg] == 1).all()
     assert abs(slope[neg].mean() - 0.2) < 0.01
     torch.testing.assert_close(x.grad.cpu(), slope)
-    check(lambda t: torch.nn.functional.rrelu(t, 0.1, 0.3, training=False), torch.randn(10).requires_grad_())
+    check(lambda t: torch.nn.functional.rrelu(t * 1, 0.1, 0.3, training=False, inplace=inplace),
+          torch.randn(10).requires_grad_())

@@ -484,7 +484,13 @@ def rrelu_with_noise(self, noise, lower=0.125, upper=1.0 / 3.0, training=False, 
     return self * slope
 
 
+def rrelu_with_noise_(self, noise, lower=0.125, upper=1.0 / 3.0, training=False, generator=None):
+    """nn.RReLU(inplace=True) / F.rrelu_: rrelu_with_noise written into self."""
+    return self.copy_(rrelu_with_noise(self, noise, lower, upper, training, generator))
+
+
 host_kernel("rrelu_with_noise", rrelu_with_noise)
+host_kernel("rrelu_with_noise_", rrelu_with_noise_)
 
 
 @register("rrelu_with_noise_backward")
