@@ -87,3 +87,19 @@ def test_shape_errors_are_cpus(call):
     with pytest.raises(type(on_cpu.value)) as on_tpu:
         call("tpu")
     assert str(on_tpu.value) == str(on_cpu.value)
+
+
+def test_sparse_tensors_meeting_tpu_are_refused_saying_what_to_do():
+    """The tpu device has no sparse layouts: a sparse tensor meeting a tpu tensor (a GNN's adjacency
+    left on the host) or moved to tpu raises NotImplementedError naming the op and the way out,
+    where PyTorch's own message named a 'Sparsetpu' backend."""
+    adj = torch.sparse_coo_tensor(torch.tensor([[0, 1], [1, 0]]), torch.tensor([1.0, 2.0]), (2, 2))
+    x = torch.randn(2, 3, device="tpu")
+    before = _snap(x)
+    for call, op in [(lambda: torch.sparse.mm(adj, x), "aten::addmm"), (lambda: adj @ x, "aten::mm"),
+                     (lambda: adj.to("tpu"), "aten::_sparse_coo_tensor_with_dims_and_tensors"),
+                     (lambda: x.to_sparse(), "aten::_sparse_coo_tensor_with_dims_and_tensors")]:
+        with pytest.raises(NotImplementedError, match=f"{op}: a sparse tensor .* has no sparse layouts.*to_dense"):
+            call()
+    _same((x,), before)
+    torch.testing.assert_close((adj.to_dense().to("tpu") @ x).cpu(), torch.sparse.mm(adj, x.cpu()))
