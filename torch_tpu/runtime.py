@@ -182,6 +182,8 @@ def _one_op_level(platform: str) -> int | None:
     if raw not in ("0", "1", "2", "3"):
         raise ValueError(f"TORCH_TPU_OP_OPT_LEVEL={raw!r}: expected 0, 1, 2 or 3 (XLA's backend optimization level)")
     return int(raw)
+
+
 def _compile_threads() -> int:
     """TORCH_TPU_COMPILE_THREADS: the compile pool's threads; unset: one per core this process may use
     (XLA's compile of one program is single-threaded: measured here, 12 one-op programs compiled in
