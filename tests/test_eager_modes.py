@@ -1,4 +1,5 @@
 """The three eager modes: selection, and fused eager's meaning, caching and bounds."""
+import copy
 import os
 import subprocess
 import sys
@@ -90,6 +91,51 @@ def test_fused_views_and_mutation_across_flushes():
     ref.diagonal().sub_(1)
     torch.testing.assert_close(out.cpu(), ref)
     torch.testing.assert_close(base.cpu(), ref)
+
+
+_SHIFTS = {  # writes of part of a storage with a value computed from that storage in the same run
+    "clone": lambda y: y.__setitem__(slice(1, 3), y[0:2].clone()),
+    "plus": lambda y: y.__setitem__(slice(1, 3), y[:2] + 10),
+    "shift": lambda y: y.__setitem__(slice(1, None), y[:-1] + 0),
+    "add_": lambda y: y[1:].add_(y[:-1].clone()),
+    "chain": lambda y: y.__setitem__(slice(1, None), torch.tanh(y[:-1] * 2) - 1),
+    "strided": lambda y: y.__setitem__((slice(1, None), slice(None, None, 2)), y[:-1, ::2] + 0),
+    "columns": lambda y: y.__setitem__((slice(None), slice(1, None)), y[:, :-1] * 2),
+}
+
+
+@pytest.mark.parametrize("width", [1, 2, 4])
+@pytest.mark.parametrize("name", list(_SHIFTS))
+def test_fused_write_of_a_value_computed_from_its_own_storage(name, width):
+    """XLA:CPU ran y[1:3] = y[0:2].clone() inside one fused program as an in-place loop reading rows
+    it had already written (rows 1 and 2 both became row 0): such a write starts a new run."""
+    write = _SHIFTS[name]
+    ref = torch.arange(4.0 * width).view(4, width)
+    write(ref)
+    with torch_tpu.eager_mode("fused"):
+        y = torch.arange(4.0 * width).view(4, width).to("tpu")
+        write(y)
+        out = y * 1  # read in the same run as the write
+    torch.testing.assert_close(out.cpu(), ref * 1)
+
+
+def test_fused_frame_stack_loop_equals_cpu():
+    """An RL frame stack: each step shifts the buffer down a row and writes the new frame on top."""
+    torch.manual_seed(0)
+    net = torch.nn.Linear(12, 3)
+    obs = torch.randn(6, 3)
+    results = {}
+    for device in ("cpu", "tpu"):
+        with torch_tpu.eager_mode("fused" if device == "tpu" else "strict"):
+            m = copy.deepcopy(net).to(device)
+            buf, o = torch.arange(12.0).view(4, 3).to(device), obs.to(device)
+            outs = []
+            for t in range(6):
+                buf[1:] = buf[:-1].clone()
+                buf[0] = o[t]
+                outs.append(m(buf.flatten()))
+            results[device] = torch.stack(outs).detach().cpu()
+    torch.testing.assert_close(results["tpu"], results["cpu"])
 
 
 @torch_tpu.eager_mode("strict")  # leaving fused mode for strict (also when the suite runs fused)

@@ -36,13 +36,66 @@ int FusedRecorder::Run::local(Cell* c, const c10::Storage& storage) {
   cells.push_back(c);
   locals.push_back(storage);
   written.push_back(false);
+  deps.emplace_back();
   return i;
+}
+
+namespace {
+bool has_bit(const std::vector<uint64_t>& bits, int i) {
+  size_t w = static_cast<size_t>(i) / 64;
+  return w < bits.size() && (bits[w] >> (i % 64)) & 1u;
+}
+
+void add_bits(std::vector<uint64_t>& into, const std::vector<uint64_t>& from) {
+  if (into.size() < from.size()) into.resize(from.size(), 0);
+  for (size_t w = 0; w < from.size(); ++w) into[w] |= from[w];
+}
+
+void set_bit(std::vector<uint64_t>& bits, int i) {
+  size_t w = static_cast<size_t>(i) / 64;
+  if (bits.size() <= w) bits.resize(w + 1, 0);
+  bits[w] |= uint64_t{1} << (i % 64);
+}
+}  // namespace
+
+void FusedRecorder::note_deps(Run& run, const Record& r) {
+  std::vector<uint64_t> read;
+  for (const auto& w : r.wiring) {
+    if (!w.local) continue;
+    set_bit(read, w.index);
+    add_bits(read, run.deps[w.index]);
+  }
+  for (int o : r.outs) add_bits(run.deps[o], read);
+}
+
+bool FusedRecorder::writes_what_it_derives(const std::vector<at::Tensor>& input_tensors,
+                                           const std::vector<at::Tensor>& sinks) const {
+  for (const auto& t : sinks) {
+    bool whole = t.storage_offset() == 0 && t.is_non_overlapping_and_dense() &&
+                 static_cast<size_t>(t.numel()) * t.element_size() == t.storage().nbytes();
+    if (whole) continue;  // an elementwise write of every element (h += f(h)): no update slice
+    Cell* c = aten::cell_of(t);
+    auto o = run_.local_of.find(c);
+    if (o == run_.local_of.end()) continue;  // nothing in the run came from it
+    bool reads_it = false, derived = false;
+    for (const auto& in : input_tensors) {
+      Cell* ic = aten::cell_of(in);
+      if (ic == c) {
+        reads_it = true;
+        continue;
+      }
+      auto j = run_.local_of.find(ic);
+      derived = derived || (j != run_.local_of.end() && has_bit(run_.deps[j->second], o->second));
+    }
+    if (reads_it && derived) return true;
+  }
+  return false;
 }
 
 void FusedRecorder::record(std::shared_ptr<const Plan> plan, std::vector<LaunchArg> inputs,
                            std::vector<at::Tensor> input_tensors, std::vector<at::Tensor> sinks, int device) {
   std::lock_guard<std::recursive_mutex> g(mu_);
-  if (run_.device >= 0 && run_.device != device) {
+  if ((run_.device >= 0 && run_.device != device) || writes_what_it_derives(input_tensors, sinks)) {
     run_start_ = position_;
     flush_locked(run_);
   }
@@ -64,6 +117,7 @@ void FusedRecorder::record(std::shared_ptr<const Plan> plan, std::vector<LaunchA
     run_.written[i] = true;
     r.outs.push_back(i);
   }
+  note_deps(run_, r);
   r.pair = mix(prev_uid_, plan->uid);
   prev_uid_ = plan->uid;
   run_.records.push_back(std::move(r));
@@ -122,6 +176,7 @@ void FusedRecorder::split_locked(size_t k) {
       rest.written[j] = true;
       o = j;
     }
+    note_deps(rest, r);
     rest.records.push_back(std::move(r));
   }
   run_.records.resize(k + 1);

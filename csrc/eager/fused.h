@@ -19,6 +19,12 @@
 // (its minimum recurs on the left) and is cut by the length cap alone. A run reaching kMaxOps
 // (a bound on the memory pending values hold) is cut after the last occurrence of its smallest hash
 // (content-defined too), and the rest carries over.
+//
+// One more cut keeps results right: an op that writes part of a storage (a copy into a view) with a
+// value the run computed from that same storage (y[1:3] = y[0:2].clone()) runs at the start of a new
+// run, its value then an argument. XLA:CPU fuses such an update into an in-place
+// dynamic_update_slice loop that reads the rows it has already written (rows shifted down came out
+// as the first row repeated); a strict one-op program reads it from a buffer of its own.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -94,12 +100,19 @@ class FusedRecorder {
     std::vector<c10::Storage> locals;
     std::vector<runtime::LaunchArg> host;
     std::vector<bool> written;
+    // Per local: a bit set of the locals its value in this run was computed from (read by the ops
+    // that wrote it, and what those read, transitively); empty for a value from before the run.
+    std::vector<std::vector<uint64_t>> deps;
     int local(const at::Tensor& t);
     int local(runtime::Cell* c, const c10::Storage& storage);
   };
   void flush_locked(Run& run);
   void replay(Run& run);  // runs each record alone (a fused program failed to build)
   void split_locked(size_t k);  // flushes records [0, k], carries the rest over
+  static void note_deps(Run& run, const Record& r);  // r's outputs now depend on what it read
+  // Whether an op reading `input_tensors` and writing `sinks` writes part of a storage it also reads
+  // while another of its inputs was computed in this run from that storage (the cut above).
+  bool writes_what_it_derives(const std::vector<at::Tensor>& input_tensors, const std::vector<at::Tensor>& sinks) const;
   std::recursive_mutex mu_;
   Run run_;
   uint64_t prev_uid_ = 0;
