@@ -240,3 +240,37 @@ def test_checkpoint_recomputes_dropout_with_the_forwards_mask(use_reentrant):
         grads.append([p.grad.cpu() for p in block.parameters()])
     for plain, ckpt in zip(*grads):
         torch.testing.assert_close(ckpt, plain)
+
+
+@pytest.mark.skipif(torch.tpu.device_count() < 2, reason="needs two tpu devices (TORCH_TPU_CPU_DEVICE_COUNT)")
+@pytest.mark.parametrize("use_reentrant", [False, True])
+def test_a_random_op_draws_from_its_own_devices_generator(use_reentrant):
+    """Random ops on tpu:1 drew from tpu:0's generator (the current device's): get/set_rng_state(1) and
+    fork_rng(devices=[1]) did not replay them, and checkpoint recomputed tpu:1's dropout with another
+    mask once tpu:0's generator had moved (gradients off by 5, silently)."""
+    from torch.utils.checkpoint import checkpoint
+    torch.manual_seed(3)
+    s0, s1 = torch.tpu.get_rng_state(0), torch.tpu.get_rng_state(1)
+    a = torch.rand(5, device="tpu:1")
+    assert torch.equal(torch.tpu.get_rng_state(0), s0) and not torch.equal(torch.tpu.get_rng_state(1), s1)
+    torch.tpu.set_rng_state(s1, 1)
+    torch.testing.assert_close(torch.rand(5, device="tpu:1").cpu(), a.cpu(), rtol=0, atol=0)
+    before = torch.tpu.get_rng_state(1)
+    with torch.random.fork_rng(devices=[1], device_type="tpu"):
+        torch.randn(3, device="tpu:1")
+        assert not torch.equal(torch.tpu.get_rng_state(1), before)
+    assert torch.equal(torch.tpu.get_rng_state(1), before)
+
+    torch.manual_seed(0)
+    block = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Dropout(0.5), torch.nn.Linear(32, 4)).to("tpu:1")
+    x = torch.randn(8, 16, device="tpu:1", requires_grad=True)
+    grads = []
+    for ckpt in (False, True):
+        block.zero_grad()
+        torch.manual_seed(1)
+        torch.rand(7, device="tpu:0")  # tpu:0's generator moves; tpu:1's must not
+        out = checkpoint(block, x, use_reentrant=use_reentrant) if ckpt else block(x)
+        out.square().sum().backward()
+        grads.append([p.grad.cpu() for p in block.parameters()])
+    for plain, ckpt in zip(*grads):
+        torch.testing.assert_close(ckpt, plain)

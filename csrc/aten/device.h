@@ -51,9 +51,10 @@ void check_device_index(c10::DeviceIndex index);
 const at::Generator& default_generator(c10::DeviceIndex index);
 at::Generator new_generator(c10::DeviceIndex index);
 
-// Advances `gen` (a tpu generator, or the current device's default when undefined) by
+// Advances `gen` (a tpu generator, or when undefined the default generator of tpu:`device`, the
+// device the random op runs on, as CUDA's ops take their tensor's device's generator) by
 // `increment` draws and returns the (seed, offset) the caller's random program should use.
-std::pair<uint64_t, uint64_t> generator_next(const std::optional<at::Generator>& gen,
-                                             uint64_t increment);
+std::pair<uint64_t, uint64_t> generator_next(const std::optional<at::Generator>& gen, uint64_t increment,
+                                             c10::DeviceIndex device);
 
 }  // namespace torch_tpu::aten

@@ -89,9 +89,9 @@ at::Generator new_generator(c10::DeviceIndex index) {
   return at::make_generator<TpuGeneratorImpl>(index < 0 ? current_device() : own_device(index));
 }
 
-std::pair<uint64_t, uint64_t> generator_next(const std::optional<at::Generator>& gen,
-                                             uint64_t increment) {
-  at::Generator g = gen.has_value() && gen->defined() ? *gen : default_generator(-1);
+std::pair<uint64_t, uint64_t> generator_next(const std::optional<at::Generator>& gen, uint64_t increment,
+                                             c10::DeviceIndex device) {
+  at::Generator g = gen.has_value() && gen->defined() ? *gen : default_generator(device);
   TORCH_CHECK(g.device().type() == c10::DeviceType::PrivateUse1,
               "expected a tpu generator for a tpu random op, got a generator of device ", g.device());
   std::lock_guard<std::mutex> lock(g.mutex());

@@ -83,7 +83,7 @@ void run_plan(const std::shared_ptr<Plan>& plan_ptr, const OpFacts& op, Call& ca
       case Operand::kHostTensor: args.push_back(host_tensor_arg(o.tensor, call.device)); break;
       case Operand::kScalar: args.push_back(scalar_arg(o.value, o.dtype, call.device)); break;
       case Operand::kGenerator:
-        args.push_back(rng_arg(aten::generator_next(o.generator, plan.rng_draws)));
+        args.push_back(rng_arg(aten::generator_next(o.generator, plan.rng_draws, call.device)));
         break;
     }
   }

@@ -101,7 +101,7 @@ GraphResults GraphRunner::run(const std::vector<at::Tensor>& inputs, const std::
         break;
       }
       case ArgKind::kCpuInput: args.push_back(tensor_arg(input(a.index), device)); break;
-      case ArgKind::kRngState: args.push_back(aten::rng_arg(aten::generator_next(std::nullopt, rng_draws_))); break;
+      case ArgKind::kRngState: args.push_back(aten::rng_arg(aten::generator_next(std::nullopt, rng_draws_, device))); break;
       case ArgKind::kHostPack: args.push_back(tensor_arg(packs.at(a.index), device)); break;
       case ArgKind::kConstant: args.push_back(tensor_arg(a.constant, device)); break;
     }
