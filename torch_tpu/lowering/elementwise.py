@@ -46,11 +46,14 @@ def _finish(ctx, r):
 
 # -- add / sub / mul / div --------------------------------------------------------------------------
 def _scaled(ctx, y, alpha, cd):
+    """alpha * y; alpha rounded to the result dtype first, as CPU's add kernel casts it to scalar_t
+    before its half-precision math upcasts (bfloat16 add(alpha=2.0315) scales by 2.03125)."""
     b = ctx.b
-    y = operand(ctx, y, cd, via=ctx.out[0].dtype)
+    out = ctx.out[0].dtype
+    y = operand(ctx, y, cd, via=out)
     if alpha is None:
         return y
-    return b.multiply(y, operand(ctx, alpha, cd))
+    return b.multiply(y, operand(ctx, alpha, cd, via=out))
 
 
 def _alpha_check(ctx, alpha):
@@ -615,17 +618,22 @@ def relu(ctx, x):
 
 @register("threshold")
 def threshold(ctx, x, threshold, value):
+    """x <= threshold ? value : x, compared in the compute dtype as CPU's half-precision kernel does
+    (a bfloat16 0.33398 stays above threshold 0.3337, which bfloat16 would round to 0.33398)."""
     b = ctx.b
-    t = operand(ctx, threshold, x.dtype, x.shape)
-    return b.select(b.compare(x, t, "LE"), operand(ctx, value, x.dtype, x.shape), x)
+    cd = compute_dtype(x.dtype)
+    t = operand(ctx, threshold, cd, x.shape)
+    below = b.compare(b.convert(x, cd), t, "LE")
+    return b.select(below, operand(ctx, value, x.dtype, x.shape), x)
 
 
 @register("threshold_backward")
 def threshold_backward(ctx, grad, x, threshold):
     b = ctx.b
-    t = operand(ctx, threshold, x.dtype)
+    cd = compute_dtype(x.dtype)
+    t = operand(ctx, threshold, cd)
     g = operand(ctx, grad, ctx.out[0].dtype)
-    return b.select(b.compare(operand(ctx, x, x.dtype), t, "LE"), b.zeros_like(g), g)
+    return b.select(b.compare(operand(ctx, x, cd), t, "LE"), b.zeros_like(g), g)
 
 
 @register("gelu")
@@ -719,9 +727,12 @@ def hardtanh_backward(ctx, grad, x, min_val, max_val):
 
 @register("leaky_relu")
 def leaky_relu(ctx, x, negative_slope=0.01):
+    """x > 0 ? x : x * slope, the product in the compute dtype with the slope unrounded, rounded
+    once (CPU's half-precision kernel)."""
     b = ctx.b
-    s = operand(ctx, negative_slope, x.dtype)
-    return b.select(b.compare(x, b.zeros_like(x), "GT"), x, b.multiply(x, s))
+    cd = compute_dtype(x.dtype)
+    s = operand(ctx, negative_slope, cd)
+    return b.select(b.compare(x, b.zeros_like(x), "GT"), x, b.convert(b.multiply(b.convert(x, cd), s), x.dtype))
 
 
 def _check_inplace_negative_slope(grad, x, negative_slope, self_is_result):
@@ -735,10 +746,12 @@ def _check_inplace_negative_slope(grad, x, negative_slope, self_is_result):
 @register("leaky_relu_backward", check=_check_inplace_negative_slope)
 def leaky_relu_backward(ctx, grad, x, negative_slope, self_is_result):
     b = ctx.b
-    g = operand(ctx, grad, ctx.out[0].dtype)
-    s = operand(ctx, negative_slope, g.dtype)
+    out = ctx.out[0].dtype
+    cd = compute_dtype(out)
+    g = operand(ctx, grad, out)
+    s = operand(ctx, negative_slope, cd)
     x = operand(ctx, x, x.dtype)
-    return b.select(b.compare(x, b.zeros_like(x), "GT"), g, b.multiply(g, s))
+    return b.select(b.compare(x, b.zeros_like(x), "GT"), g, b.convert(b.multiply(b.convert(g, cd), s), out))
 
 
 @register("elu")

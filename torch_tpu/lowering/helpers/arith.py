@@ -14,18 +14,21 @@ def floor_div_int(b, x, y):
 
 def add_scaled(ctx, self, prod, beta, alpha):
     """beta * self + alpha * prod; with beta == 0 self is not read (its NaNs do not propagate), as on
-    CPU. Scalars are converted to the result dtype first (an int result truncates them)."""
+    CPU. An integer result truncates the scalars first; a floating one uses them in the compute
+    dtype unrounded, as CPU's gemm takes alpha and beta as its float accumulation type (bfloat16
+    addmm(alpha=2.0315) scaled by 2.03125 here, off by up to 0.25 per element)."""
     b = ctx.b
     out = ctx.out[0].dtype
     cd = prod.dtype
+    exact = out.is_floating_point or out.is_complex
     shape = ctx.out[0].shape
     prod = b.broadcast_to(prod, shape)
     if alpha is not None:
-        a = b.convert(b.convert(alpha, out), cd)
+        a = b.convert(alpha if exact else b.convert(alpha, out), cd)
         prod = b.multiply(prod, b.broadcast_to(a, shape))
     s = b.broadcast_to(b.convert(self, cd), shape)
     if beta is not None:
-        bt = b.convert(beta, out)
+        bt = beta if exact else b.convert(beta, out)
         zero = b.compare(bt, b.zeros_like(bt), "EQ")
         bt = b.broadcast_to(b.convert(bt, cd), shape)
         s = b.select(b.broadcast_to(zero, shape), b.zeros_like(s), b.multiply(s, bt))
