@@ -103,3 +103,6 @@ def test_sparse_tensors_meeting_tpu_are_refused_saying_what_to_do():
             call()
     _same((x,), before)
     torch.testing.assert_close((adj.to_dense().to("tpu") @ x).cpu(), torch.sparse.mm(adj, x.cpu()))
+    emb = torch.nn.Embedding(10, 4, sparse=True).to("tpu")
+    with pytest.raises(NotImplementedError, match=r"sparse=True\) make sparse gradients: pass sparse=False"):
+        emb(torch.tensor([1, 2], device="tpu")).sum().backward()

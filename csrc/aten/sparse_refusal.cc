@@ -16,7 +16,8 @@ void refuse_sparse(const c10::OperatorHandle& op, torch::jit::Stack* /*stack*/) 
       false, name.name, (name.overload_name.empty() ? "" : "." + name.overload_name),
       ": a sparse tensor (torch.sparse_coo / sparse_csr layouts) met the tpu device, which has no "
       "sparse layouts. Keep the sparse operation on CPU (all its tensors there), or make the sparse "
-      "tensor dense first (t.to_dense().to('tpu')): a dense matmul on tpu replaces torch.sparse.mm.");
+      "tensor dense first (t.to_dense().to('tpu')): a dense matmul on tpu replaces torch.sparse.mm. "
+      "nn.Embedding / nn.EmbeddingBag(sparse=True) make sparse gradients: pass sparse=False on tpu.");
 }
 
 TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
