@@ -267,3 +267,31 @@ def test_buckets_off(monkeypatch):
         x = torch.randn(2, n)
         torch.testing.assert_close(f(x.to(TPU)).cpu(), fn(x))
     assert graphs() - before == 2  # one per shape
+
+
+_FIXED_SLICES = {
+    "slice": lambda x: x[:, :2] * 3,
+    "after": lambda x: (x * 3)[:, :2],
+    "contiguous": lambda x: (x * 3)[:, :2].contiguous(),
+    "first_dim": lambda x: (x[0] * 3)[:2],
+    "pair": lambda x: (lambda y: (y, y[:, :2]))(x * 3),
+    "middle": lambda x: x[:, 1:3].sum(-1) + x.sum(1)[:, :2],
+    "step": lambda x: x[:, 0:4:2] * 2,
+}
+
+
+@pytest.mark.parametrize("name", list(_FIXED_SLICES))
+def test_a_fixed_size_slice_along_a_symbolic_length(name):
+    """x[:, :2] of a changing length: XLA kept the sliced dimension dynamic with the operand's true size
+    (past the slice's bound), and the program's result wrote past its buffer: heap corruption that
+    killed the process (a new user's trial). No refusal: one program per bucket."""
+    fn = _FIXED_SLICES[name]
+    f = torch.compile(fn, backend="tpu")
+    for n in (9, 11, 14, 20, 5):
+        x = torch.randn(2, n, 8)
+        xt = nan_padded(x, 2 * 32 * 8) if n > 16 else x.to(TPU)
+        torch._dynamo.mark_dynamic(xt, 1)
+        want, got = fn(x), f(xt)
+        for w, g in zip(want if isinstance(want, tuple) else (want,), got if isinstance(got, tuple) else (got,)):
+            torch.testing.assert_close(g.cpu(), w)
+    assert torch_tpu.metrics.bucket_refusals() == {}

@@ -644,7 +644,8 @@ class GraphProgram:
     def _mask_padding(self, node, r, args):
         """Ops whose lowering would write the padding of a symbolic dimension where PyTorch's result has
         values: constant_pad_nd's high padding starts at the true size, slice_scatter writes only
-        as many rows as its source truly has."""
+        as many rows as its source truly has; and a slice of static size along a symbolic dimension
+        says so to XLA."""
         b, bk = self.b, self.bucketing
         aten = torch.ops.aten
         if node.target is aten.constant_pad_nd.default:
@@ -656,6 +657,19 @@ class GraphProgram:
                     edge = b.add(bk.size_value(b, x.shape[d]), b.constant(pads[2 * k], torch.int32))
                     keep = b.compare(b.iota(r.shape, d, torch.int32), b.broadcast_to(edge, r.shape), "LT")
                     r = b.select(keep, r, b.constant(fill, r.dtype, r.shape))
+        elif node.target is aten.slice.Tensor:
+            # A slice of fixed size along a symbolic dimension (x[:, :2] of a changing length): XLA
+            # keeps the dimension dynamic and gives it the operand's true size (the length, past the
+            # slice's bound), and a program result of that shape wrote past its buffer (heap
+            # corruption; a new user's trial). The slice holds its static size: said with a size
+            # Value XLA cannot fold to a constant (a constant one it drops).
+            x, out = node.args[0].meta["val"], node.meta["val"]
+            dim = (node.args[1] if len(node.args) > 1 else 0) % x.dim()
+            k = out.shape[dim]
+            if buckets.is_symbolic(x.shape[dim]) and not buckets.is_symbolic(k):
+                n = bk.size_value(b, x.shape[dim])
+                size = b.minimum(b.add(n, b.constant(k, torch.int32)), b.constant(k, torch.int32))
+                r = b.set_dimension_size(r, size, dim)
         elif node.target is aten.slice_scatter.default:
             src = node.args[1].meta["val"]
             dim = (node.args[2] if len(node.args) > 2 else 0) % src.dim()
