@@ -92,20 +92,37 @@ def note(name: str, dtypes: tuple, sizes: tuple, layouts: tuple, what: str = "op
             values = groups.setdefault(varying[0], set()) if len(groups) < 256 else groups.get(varying[0], set())
             values.update(varying[1])
             shapes = len(values)
-        threshold = int(settings.get("TORCH_TPU_RECOMPILE_WARN") or 0)
+        threshold = _threshold()
         once = name if what != "op" else what
         warn = 0 < threshold <= shapes and once not in _warned
         if warn:
             _warned.add(once)
+            where = _describe(varying[0], sorted(values))
     if warn:
-        recent = [s[1] for s in list(_seen[name])[-3:]]
         warnings.warn(
-            f"torch_tpu: {what} {name} has made programs for {shapes} sizes of a dimension that changes (the last: "
-            f"{', '.join(str(list(map(list, r))) for r in recent)}): each new shape compiles a new program. "
+            f"torch_tpu: {what} {name} has made programs for {shapes} sizes of a dimension that changes ({where}): "
+            "each new shape compiles a new program. "
             "Pad inputs to a few fixed sizes (e.g. Hugging Face's DataCollatorWithPadding(pad_to_multiple_of=64), "
             "or batches bucketed by length). torch_tpu.metrics.program_causes() counts programs by cause; "
             "TORCH_TPU_RECOMPILE_WARN sets this warning's threshold (0: never).", UserWarning, stacklevel=stacklevel + 1)
     return cause
+
+
+def _threshold() -> int:
+    raw = settings.get("TORCH_TPU_RECOMPILE_WARN") or "0"
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"TORCH_TPU_RECOMPILE_WARN={raw!r}: expected a number of sizes (0: never warn)") from None
+
+
+def _describe(key: tuple, values: list) -> str:
+    """Which dimension varies and its sizes: "dimension 1 of argument 0, sizes 17, 23, 31 (other sizes
+    [8, *, 64])"; key is the blanked signature (None where the size varies)."""
+    places = [f"dimension {d} of argument {a}" for a, dims in enumerate(key) for d, n in enumerate(dims) if n is None]
+    shown = ", ".join(map(str, values[:8])) + (", ..." if len(values) > 8 else "")
+    shapes = ", ".join("[" + ", ".join("*" if n is None else str(n) for n in dims) + "]" for dims in key)
+    return f"{' and '.join(places[:3])}{' and more' if len(places) > 3 else ''}: sizes {shown}; shapes {shapes}"
 
 
 def layout_of(t) -> tuple:
