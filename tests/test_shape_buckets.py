@@ -277,6 +277,9 @@ _FIXED_SLICES = {
     "pair": lambda x: (lambda y: (y, y[:, :2]))(x * 3),
     "middle": lambda x: x[:, 1:3].sum(-1) + x.sum(1)[:, :2],
     "step": lambda x: x[:, 0:4:2] * 2,
+    "one_reshaped": lambda x: x[:, :1].reshape(2, 8) * 3,
+    "last_reshaped": lambda x: x[:, -1:].reshape(2, 8) * 3,
+    "two_reshaped": lambda x: x[:, :2].reshape(2, 16) * 3,
 }
 
 

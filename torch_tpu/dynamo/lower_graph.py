@@ -662,11 +662,13 @@ class GraphProgram:
             # keeps the dimension dynamic and gives it the operand's true size (the length, past the
             # slice's bound), and a program result of that shape wrote past its buffer (heap
             # corruption; a new user's trial). The slice holds its static size: said with a size
-            # Value XLA cannot fold to a constant (a constant one it drops).
+            # Value XLA cannot fold to a constant (a constant one it drops). A slice of one element
+            # XLA makes static itself; marking it would leave a dynamic degenerate dimension, which
+            # XLA cannot reshape (generate()'s hidden_states[:, -1:]).
             x, out = node.args[0].meta["val"], node.meta["val"]
             dim = (node.args[1] if len(node.args) > 1 else 0) % x.dim()
             k = out.shape[dim]
-            if buckets.is_symbolic(x.shape[dim]) and not buckets.is_symbolic(k):
+            if buckets.is_symbolic(x.shape[dim]) and not buckets.is_symbolic(k) and k > 1:
                 n = bk.size_value(b, x.shape[dim])
                 size = b.minimum(b.add(n, b.constant(k, torch.int32)), b.constant(k, torch.int32))
                 r = b.set_dimension_size(r, size, dim)
