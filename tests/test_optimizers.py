@@ -16,6 +16,8 @@ CONFIGS = [
     ("Adam", dict(lr=0.01, weight_decay=0.1, amsgrad=True)),
     ("AdamW", dict(lr=0.01, weight_decay=0.1)),
     ("AdamW", dict(lr=0.01, amsgrad=True)),
+    ("Adagrad", dict(lr=0.1)),
+    ("Adagrad", dict(lr=0.1, lr_decay=0.01, weight_decay=0.05, maximize=True)),
 ]
 
 
@@ -36,9 +38,7 @@ def _train(model, opt, x, y, steps=5):
 @pytest.mark.parametrize("foreach", [True, False, "fused"])
 @pytest.mark.parametrize("name,kw", CONFIGS)
 def test_optimizer_matches_cpu(name, kw, foreach):
-    if foreach == "fused":  # torch.optim's fused step: _fused_adam(w)_ (lowering/optimizers.py)
-        if name == "SGD":
-            pytest.skip("fused SGD has no tpu lowering")
+    if foreach == "fused":  # torch.optim's fused step: _fused_adam(w)_ / sgd_ / adagrad_ (lowering/optimizers.py)
         kw, foreach = dict(kw, fused=True), None
     cpu = _model()
     tpu = copy.deepcopy(cpu).to(TPU)
@@ -79,6 +79,51 @@ def test_fused_adam_op_with_grad_scale_found_inf_tensor_lr_and_bf16(op, amsgrad)
             dev = [[t.to(TPU) for t in lst] for lst in lists + [mx]]
             op(*dev, [s.to(TPU) for s in steps], lr=torch.tensor(0.01).to(TPU), grad_scale=torch.tensor(4.0).to(TPU),
                found_inf=torch.tensor(found).to(TPU), **kw)
+            for lc, lt in zip(cpu, dev):
+                for c, t in zip(lc, lt):
+                    torch.testing.assert_close(t.cpu(), c, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("momentum,nesterov,first", [(0.0, False, False), (0.9, False, True), (0.9, False, False),
+                                                     (0.9, True, False)])
+def test_fused_sgd_op_with_grad_scale_found_inf_tensor_lr_and_bf16(momentum, nesterov, first):
+    """SGD(fused=True)'s op as GradScaler calls it (it took the CPU fallback): equal to CPU's kernel."""
+    g = torch.Generator().manual_seed(3)
+    for dtype in (torch.float32, torch.bfloat16):
+        for found in (0.0, 1.0):
+            lists = [[torch.randn(3, 4, generator=g).to(dtype) for _ in range(2)] for _ in range(3)]
+            if momentum == 0:
+                lists[2] = []
+            kw = dict(weight_decay=0.05, momentum=momentum, dampening=0.1 if not nesterov else 0.0,
+                      nesterov=nesterov, maximize=not nesterov, is_first_step=first)
+            cpu = [[t.clone() for t in lst] for lst in lists]
+            torch._fused_sgd_(*cpu, lr=torch.tensor(0.1), grad_scale=torch.tensor(4.0),
+                              found_inf=torch.tensor(found), **kw)
+            dev = [[t.to(TPU) for t in lst] for lst in lists]
+            before = sum(torch_tpu.metrics.fallback_counts().values())
+            torch._fused_sgd_(*dev, lr=torch.tensor(0.1).to(TPU), grad_scale=torch.tensor(4.0).to(TPU),
+                              found_inf=torch.tensor(found).to(TPU), **kw)
+            assert sum(torch_tpu.metrics.fallback_counts().values()) == before
+            for lc, lt in zip(cpu, dev):
+                for c, t in zip(lc, lt):
+                    torch.testing.assert_close(t.cpu(), c, atol=1e-5, rtol=1e-5)
+
+
+def test_fused_adagrad_op_with_grad_scale_found_inf_and_bf16():
+    g = torch.Generator().manual_seed(4)
+    for dtype in (torch.float32, torch.bfloat16):
+        for found in (0.0, 1.0):
+            lists = [[torch.randn(3, 4, generator=g).to(dtype) for _ in range(2)] for _ in range(3)]
+            lists[2] = [t.abs() for t in lists[2]]  # state sums >= 0
+            steps = [torch.tensor(3.0), torch.tensor(7.0)]
+            kw = dict(lr=0.1, lr_decay=0.01, weight_decay=0.05, eps=1e-10, maximize=False)
+            cpu = [[t.clone() for t in lst] for lst in lists]
+            torch._fused_adagrad_(*cpu, steps, grad_scale=torch.tensor(4.0), found_inf=torch.tensor(found), **kw)
+            dev = [[t.to(TPU) for t in lst] for lst in lists]
+            before = sum(torch_tpu.metrics.fallback_counts().values())
+            torch._fused_adagrad_(*dev, [s.to(TPU) for s in steps], grad_scale=torch.tensor(4.0).to(TPU),
+                                  found_inf=torch.tensor(found).to(TPU), **kw)
+            assert sum(torch_tpu.metrics.fallback_counts().values()) == before
             for lc, lt in zip(cpu, dev):
                 for c, t in zip(lc, lt):
                     torch.testing.assert_close(t.cpu(), c, atol=1e-5, rtol=1e-5)

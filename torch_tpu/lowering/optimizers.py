@@ -1,6 +1,7 @@
 """Fused optimizer steps: `_fused_adam_` and `_fused_adamw_` (float or tensor learning rate), what
 torch.optim.Adam / AdamW(fused=True) call, Hugging Face Trainer's default optimizer
-("adamw_torch_fused") among them. One program updates the whole parameter list in place.
+("adamw_torch_fused") among them; `_fused_sgd_` and `_fused_adagrad_` (SGD / Adagrad(fused=True)).
+One program updates the whole parameter list in place.
 
 The math is PyTorch's fused CPU kernel's, step for step (aten/src/ATen/native/cpu/FusedAdamKernel.cpp),
 in the parameters' op-math dtype (float32 for half precision), so that tpu follows a CPU run:
@@ -81,18 +82,101 @@ def _adam(adamw: bool):
             outs["g"].append((g_out, g_in))
             outs["m"].append((m, m_in))
             outs["v"].append((v, v_in))
-        skip = None
-        if found_inf is not None:
-            skip = b.compare(_scalar(b, found_inf, torch.float32), b.constant(1.0, torch.float32), "EQ")
-        result = []
-        for k in ("p", "g", "m", "v", "mx"):
-            for new, old in outs[k]:
-                new = b.convert(new, old.dtype)
-                if skip is not None:
-                    new = b.select(b.broadcast_to(skip, old.shape), old, new)
-                result.append(new)
-        return result
+        return _written(b, [outs[k] for k in ("p", "g", "m", "v", "mx")], found_inf)
     return lower
+
+
+def _written(b, groups, found_inf):
+    """The op's results, its written lists in schema order (each a list of (new value, the tensor it
+    replaces)), in their tensors' dtypes; where found_inf is 1 each keeps its old value."""
+    skip = None
+    if found_inf is not None:
+        skip = b.compare(_scalar(b, found_inf, torch.float32), b.constant(1.0, torch.float32), "EQ")
+    result = []
+    for group in groups:
+        for new, old in group:
+            new = b.convert(new, old.dtype)
+            if skip is not None:
+                new = b.select(b.broadcast_to(skip, old.shape), old, new)
+            result.append(new)
+    return result
+
+
+def _sgd(ctx, params, grads, momentum_buffer_list, weight_decay, momentum, lr, dampening, nesterov, maximize,
+         is_first_step, grad_scale=None, found_inf=None):
+    """torch.optim.SGD(fused=True), PyTorch's fused CPU kernel's steps in the op-math dtype:
+    grad /= grad_scale (written back), negated when maximize, plus weight_decay * param when
+    weight_decay is not 0; with momentum (a buffer list), buf = grad on the first step, else
+    momentum * buf + (1 - dampening) * grad, and the step is grad + momentum * buf (nesterov) or buf;
+    param -= lr * step. Nothing changes where found_inf is 1."""
+    b = ctx.b
+    outs = {k: [] for k in ("p", "g", "buf")}
+    for i, p in enumerate(params):
+        cd = compute_dtype(p.dtype)
+
+        def s(v):
+            return _scalar(b, v, cd)
+
+        def full(x):
+            return b.broadcast_to(x, p.shape)
+        g_in = grads[i]
+        g, pv = b.convert(g_in, cd), b.convert(p, cd)
+        g_out = g_in
+        if grad_scale is not None:
+            g = b.divide(g, full(s(grad_scale)))
+            g_out = b.convert(g, g_in.dtype)
+        if maximize:
+            g = b.negate(g)
+        wd = s(weight_decay)
+        g = b.select(full(b.compare(wd, s(0.0), "NE")), b.add(g, b.multiply(pv, full(wd))), g)
+        if momentum_buffer_list:
+            m_in = momentum_buffer_list[i]
+            mom = s(momentum)
+            buf = g if is_first_step else b.add(b.multiply(b.convert(m_in, cd), full(mom)),
+                                                 b.multiply(full(b.subtract(s(1.0), s(dampening))), g))
+            outs["buf"].append((buf, m_in))
+            g = b.add(g, b.multiply(full(mom), buf)) if nesterov else buf
+        outs["p"].append((b.subtract(pv, b.multiply(full(s(lr)), g)), p))
+        outs["g"].append((g_out, g_in))
+    return _written(b, [outs[k] for k in ("p", "g", "buf")], found_inf)
+
+
+def _adagrad(ctx, params, grads, state_sums, state_steps, lr, lr_decay, weight_decay, eps, maximize,
+             grad_scale=None, found_inf=None):
+    """torch.optim.Adagrad(fused=True), PyTorch's fused CPU kernel's steps in the op-math dtype:
+    grad /= grad_scale (written back), negated when maximize, plus weight_decay * param when
+    weight_decay is not 0; clr = lr / (1 + (step - 1) * lr_decay); state_sum += grad * grad;
+    param -= clr * grad / (sqrt(state_sum) + eps). Nothing changes where found_inf is 1."""
+    b = ctx.b
+    outs = {k: [] for k in ("p", "g", "sum")}
+    for i, p in enumerate(params):
+        cd = compute_dtype(p.dtype)
+
+        def s(v):
+            return _scalar(b, v, cd)
+
+        def full(x):
+            return b.broadcast_to(x, p.shape)
+        g_in, sum_in = grads[i], state_sums[i]
+        g, pv = b.convert(g_in, cd), b.convert(p, cd)
+        g_out = g_in
+        if grad_scale is not None:
+            g = b.divide(g, full(s(grad_scale)))
+            g_out = b.convert(g, g_in.dtype)
+        if maximize:
+            g = b.negate(g)
+        wd = s(weight_decay)
+        g = b.select(full(b.compare(wd, s(0.0), "NE")), b.add(g, b.multiply(pv, full(wd))), g)
+        clr = b.divide(s(lr), b.add(s(1.0), b.multiply(b.subtract(s(state_steps[i]), s(1.0)), s(lr_decay))))
+        total = b.add(b.convert(sum_in, cd), b.multiply(g, g))
+        std = b.add(b.sqrt(total), full(s(eps)))
+        outs["p"].append((b.subtract(pv, b.multiply(full(clr), b.divide(g, std))), p))
+        outs["g"].append((g_out, g_in))
+        outs["sum"].append((total, sum_in))
+    groups = [outs[k] for k in ("p", "g", "sum")]
+    if len(ctx.out) > 3 * len(params):  # the float-lr overload marks state_steps written: they are kept
+        groups.append([(step, step) for step in state_steps])
+    return _written(b, groups, found_inf)
 
 
 def _meta(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *rest, **kw):
@@ -108,3 +192,28 @@ def _meta(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *r
 
 register("_fused_adam_", "_fused_adam_.tensor_lr", float_operands=True, meta=_meta)(_adam(adamw=False))
 register("_fused_adamw_", "_fused_adamw_.tensor_lr", float_operands=True, meta=_meta)(_adam(adamw=True))
+
+
+def _sgd_meta(params, grads, momentum_buffer_list, *rest, **kw):
+    """Written in place, nothing returned; the lists' lengths as CPU's kernel checks them (no momentum
+    buffers, or one per parameter)."""
+    n = len(params)
+    if len(grads) != n:
+        raise RuntimeError(f"_fused_sgd: expected grads to have {n} tensors (one per parameter), got {len(grads)}")
+    if momentum_buffer_list and len(momentum_buffer_list) != n:
+        raise RuntimeError(f"_fused_sgd: expected momentum_buffer_list to have {n} tensors (one per parameter), "
+                           f"got {len(momentum_buffer_list)}")
+    return None
+
+
+def _adagrad_meta(params, grads, state_sums, state_steps, *rest, **kw):
+    n = len(params)
+    for name, lst in (("grads", grads), ("state_sums", state_sums), ("state_steps", state_steps)):
+        if len(lst) != n:
+            raise RuntimeError(f"_fused_adagrad: expected {name} to have {n} tensors (one per parameter), "
+                               f"got {len(lst)}")
+    return None
+
+
+register("_fused_sgd_", "_fused_sgd_.tensor_lr", float_operands=True, meta=_sgd_meta)(_sgd)
+register("_fused_adagrad_", "_fused_adagrad_.tensor_lr", float_operands=True, meta=_adagrad_meta)(_adagrad)
