@@ -32,13 +32,35 @@ def _scalar(b, v, dtype):
     return b.constant(float(v), dtype)
 
 
+def _gradient(b, p, g_in, grad_scale, maximize):
+    """(op-math dtype, the gradient, the parameter, the gradient to write back) for one parameter, as
+    the fused CPU kernels begin: grad / grad_scale (written back), negated when maximize."""
+    cd = compute_dtype(p.dtype)
+    g, pv = b.convert(g_in, cd), b.convert(p, cd)
+    g_out = g_in
+    if grad_scale is not None:
+        g = b.divide(g, b.broadcast_to(_scalar(b, grad_scale, cd), p.shape))
+        g_out = b.convert(g, g_in.dtype)
+    if maximize:
+        g = b.negate(g)
+    return cd, g, pv, g_out
+
+
+def _l2(b, g, pv, weight_decay, cd):
+    """g + weight_decay * param, where weight_decay is not 0 (a runtime operand: chosen in the program)."""
+    wd = _scalar(b, weight_decay, cd)
+    decay = b.broadcast_to(b.compare(wd, _scalar(b, 0.0, cd), "NE"), g.shape)
+    return b.select(decay, b.add(g, b.multiply(pv, b.broadcast_to(wd, g.shape))), g)
+
+
 def _adam(adamw: bool):
     def lower(ctx, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1, beta2,
               weight_decay, eps, amsgrad, maximize, grad_scale=None, found_inf=None):
         b = ctx.b
         outs = {k: [] for k in ("p", "g", "m", "v", "mx")}
         for i, p in enumerate(params):
-            cd = compute_dtype(p.dtype)
+            g_in, m_in, v_in = grads[i], exp_avgs[i], exp_avg_sqs[i]
+            cd, g, pv, g_out = _gradient(b, p, g_in, grad_scale, maximize)
             shape = p.shape
 
             def s(v):
@@ -48,19 +70,11 @@ def _adam(adamw: bool):
                 return b.broadcast_to(x, shape)
             one, half = s(1.0), s(0.5)
             lr_, b1, b2, wd, ep = s(lr), s(beta1), s(beta2), s(weight_decay), s(eps)
-            decay = b.compare(wd, s(0.0), "NE")
-            g_in, m_in, v_in = grads[i], exp_avgs[i], exp_avg_sqs[i]
-            g, pv = b.convert(g_in, cd), b.convert(p, cd)
-            g_out = g_in
-            if grad_scale is not None:
-                g = b.divide(g, full(s(grad_scale)))
-                g_out = b.convert(g, g_in.dtype)
-            if maximize:
-                g = b.negate(g)
             if adamw:
+                decay = b.compare(wd, s(0.0), "NE")
                 pv = b.select(full(decay), b.multiply(pv, full(b.subtract(one, b.multiply(lr_, wd)))), pv)
             else:
-                g = b.select(full(decay), b.add(g, b.multiply(pv, full(wd))), g)
+                g = _l2(b, g, pv, weight_decay, cd)
             m = b.convert(m_in, cd)
             w = b.subtract(one, b1)  # lerp weight
             near = b.add(m, b.multiply(full(w), b.subtract(g, m)))
@@ -112,23 +126,15 @@ def _sgd(ctx, params, grads, momentum_buffer_list, weight_decay, momentum, lr, d
     b = ctx.b
     outs = {k: [] for k in ("p", "g", "buf")}
     for i, p in enumerate(params):
-        cd = compute_dtype(p.dtype)
+        g_in = grads[i]
+        cd, g, pv, g_out = _gradient(b, p, g_in, grad_scale, maximize)
+        g = _l2(b, g, pv, weight_decay, cd)
 
         def s(v):
             return _scalar(b, v, cd)
 
         def full(x):
             return b.broadcast_to(x, p.shape)
-        g_in = grads[i]
-        g, pv = b.convert(g_in, cd), b.convert(p, cd)
-        g_out = g_in
-        if grad_scale is not None:
-            g = b.divide(g, full(s(grad_scale)))
-            g_out = b.convert(g, g_in.dtype)
-        if maximize:
-            g = b.negate(g)
-        wd = s(weight_decay)
-        g = b.select(full(b.compare(wd, s(0.0), "NE")), b.add(g, b.multiply(pv, full(wd))), g)
         if momentum_buffer_list:
             m_in = momentum_buffer_list[i]
             mom = s(momentum)
@@ -150,23 +156,15 @@ def _adagrad(ctx, params, grads, state_sums, state_steps, lr, lr_decay, weight_d
     b = ctx.b
     outs = {k: [] for k in ("p", "g", "sum")}
     for i, p in enumerate(params):
-        cd = compute_dtype(p.dtype)
+        g_in, sum_in = grads[i], state_sums[i]
+        cd, g, pv, g_out = _gradient(b, p, g_in, grad_scale, maximize)
+        g = _l2(b, g, pv, weight_decay, cd)
 
         def s(v):
             return _scalar(b, v, cd)
 
         def full(x):
             return b.broadcast_to(x, p.shape)
-        g_in, sum_in = grads[i], state_sums[i]
-        g, pv = b.convert(g_in, cd), b.convert(p, cd)
-        g_out = g_in
-        if grad_scale is not None:
-            g = b.divide(g, full(s(grad_scale)))
-            g_out = b.convert(g, g_in.dtype)
-        if maximize:
-            g = b.negate(g)
-        wd = s(weight_decay)
-        g = b.select(full(b.compare(wd, s(0.0), "NE")), b.add(g, b.multiply(pv, full(wd))), g)
         clr = b.divide(s(lr), b.add(s(1.0), b.multiply(b.subtract(s(state_steps[i]), s(1.0)), s(lr_decay))))
         total = b.add(b.convert(sum_in, cd), b.multiply(g, g))
         std = b.add(b.sqrt(total), full(s(eps)))
