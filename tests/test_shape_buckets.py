@@ -298,3 +298,27 @@ def test_a_fixed_size_slice_along_a_symbolic_length(name):
         for w, g in zip(want if isinstance(want, tuple) else (want,), got if isinstance(got, tuple) else (got,)):
             torch.testing.assert_close(g.cpu(), w)
     assert torch_tpu.metrics.bucket_refusals() == {}
+
+
+_SHIFTED = {
+    "diff": lambda x: x[:, 1:] - x[:, :-1],
+    "diff_sum": lambda x: (x[:, 1:] - x[:, :-1]).sum(1),
+    "tail": lambda x: x[:, 1:] * 2,
+    "head_mean": lambda x: x[:, :-1].mean(1),
+}
+
+
+@pytest.mark.parametrize("name", list(_SHIFTED))
+def test_slices_one_short_of_a_symbolic_length_bucket(name):
+    """x[:, 1:] has size Max(1, s - 1) in PyTorch's own Max class, which the bucketing took for a size
+    that shrinks as s grows: the graph was refused and compiled per length (a new user's trial)."""
+    fn = _SHIFTED[name]
+    f = torch.compile(fn, backend="tpu")
+    graphs = torch_tpu.metrics.counters()["compiled_graphs"]
+    for n in (9, 11, 14, 20, 5):
+        x = torch.randn(2, n, 8)
+        xt = nan_padded(x, 2 * 32 * 8)
+        torch._dynamo.mark_dynamic(xt, 1)
+        torch.testing.assert_close(f(xt).cpu(), fn(x))
+    assert torch_tpu.metrics.bucket_refusals() == {}
+    assert torch_tpu.metrics.counters()["compiled_graphs"] - graphs == 2  # buckets 16 and 32

@@ -27,6 +27,7 @@ import operator
 
 import sympy
 import torch
+import torch.utils._sympy.functions
 
 from .. import settings
 
@@ -124,6 +125,12 @@ def upper_bound(sym, shape_env) -> int | None:
     return up if up < (1 << 62) else None
 
 
+# Max and Min as sympy spells them and as PyTorch's shape expressions do (torch.utils._sympy's own
+# classes, not sympy's: x[:, 1:] of a length s has size Max(1, s - 1)).
+_MAX = (sympy.Max, torch.utils._sympy.functions.Max)
+_MIN = (sympy.Min, torch.utils._sympy.functions.Min)
+
+
 def _monotone(e) -> bool:
     """True when expression e does not decrease as any symbol grows (so evaluating it at the bounds
     gives a bound of its value): sums and products of such terms with non-negative factors, floor
@@ -140,7 +147,7 @@ def _monotone(e) -> bool:
         return _monotone(e.base) and e.exp.is_Integer and e.exp > 0
     if isinstance(e, (FloorDiv, CeilDiv)):
         return _monotone(e.args[0]) and e.args[1].is_number and e.args[1] > 0
-    if isinstance(e, (sympy.Max, sympy.Min)):
+    if isinstance(e, _MAX + _MIN):
         return all(_monotone(a) for a in e.args)
     return False
 
@@ -209,11 +216,11 @@ class Bucketing:
                 v = b.multiply(v, base)
         elif isinstance(e, FloorDiv):
             v = b.divide(self.size_value(b, e.args[0]), self.size_value(b, e.args[1]))  # sizes are >= 0
-        elif isinstance(e, (sympy.Max, sympy.Min)):
+        elif isinstance(e, _MAX + _MIN):
             parts = [self.size_value(b, a) for a in e.args]
             v = parts[0]
             for p in parts[1:]:
-                v = b.maximum(v, p) if isinstance(e, sympy.Max) else b.minimum(v, p)
+                v = b.maximum(v, p) if isinstance(e, _MAX) else b.minimum(v, p)
         else:
             raise NotBucketable(f"the size {e} is not a sum, product, power, floor division, max or min of sizes")
         self._values[e] = v
