@@ -32,6 +32,11 @@ def _scalar(b, v, dtype):
     return b.constant(float(v), dtype)
 
 
+def _full(b, v, dtype, shape):
+    """A hyperparameter (as _scalar takes it) broadcast to a parameter's shape."""
+    return b.broadcast_to(_scalar(b, v, dtype), shape)
+
+
 def _gradient(b, p, g_in, grad_scale, maximize):
     """(op-math dtype, the gradient, the parameter, the gradient to write back) for one parameter, as
     the fused CPU kernels begin: grad / grad_scale (written back), negated when maximize."""
@@ -39,7 +44,7 @@ def _gradient(b, p, g_in, grad_scale, maximize):
     g, pv = b.convert(g_in, cd), b.convert(p, cd)
     g_out = g_in
     if grad_scale is not None:
-        g = b.divide(g, b.broadcast_to(_scalar(b, grad_scale, cd), p.shape))
+        g = b.divide(g, _full(b, grad_scale, cd, p.shape))
         g_out = b.convert(g, g_in.dtype)
     if maximize:
         g = b.negate(g)
@@ -129,20 +134,14 @@ def _sgd(ctx, params, grads, momentum_buffer_list, weight_decay, momentum, lr, d
         g_in = grads[i]
         cd, g, pv, g_out = _gradient(b, p, g_in, grad_scale, maximize)
         g = _l2(b, g, pv, weight_decay, cd)
-
-        def s(v):
-            return _scalar(b, v, cd)
-
-        def full(x):
-            return b.broadcast_to(x, p.shape)
         if momentum_buffer_list:
             m_in = momentum_buffer_list[i]
-            mom = s(momentum)
-            buf = g if is_first_step else b.add(b.multiply(b.convert(m_in, cd), full(mom)),
-                                                 b.multiply(full(b.subtract(s(1.0), s(dampening))), g))
+            mom = _full(b, momentum, cd, p.shape)
+            keep = _full(b, b.subtract(_scalar(b, 1.0, cd), _scalar(b, dampening, cd)), cd, p.shape)
+            buf = g if is_first_step else b.add(b.multiply(b.convert(m_in, cd), mom), b.multiply(keep, g))
             outs["buf"].append((buf, m_in))
-            g = b.add(g, b.multiply(full(mom), buf)) if nesterov else buf
-        outs["p"].append((b.subtract(pv, b.multiply(full(s(lr)), g)), p))
+            g = b.add(g, b.multiply(mom, buf)) if nesterov else buf
+        outs["p"].append((b.subtract(pv, b.multiply(_full(b, lr, cd, p.shape), g)), p))
         outs["g"].append((g_out, g_in))
     return _written(b, [outs[k] for k in ("p", "g", "buf")], found_inf)
 
@@ -159,16 +158,12 @@ def _adagrad(ctx, params, grads, state_sums, state_steps, lr, lr_decay, weight_d
         g_in, sum_in = grads[i], state_sums[i]
         cd, g, pv, g_out = _gradient(b, p, g_in, grad_scale, maximize)
         g = _l2(b, g, pv, weight_decay, cd)
-
-        def s(v):
-            return _scalar(b, v, cd)
-
-        def full(x):
-            return b.broadcast_to(x, p.shape)
-        clr = b.divide(s(lr), b.add(s(1.0), b.multiply(b.subtract(s(state_steps[i]), s(1.0)), s(lr_decay))))
+        one = _scalar(b, 1.0, cd)
+        decayed = b.multiply(b.subtract(_scalar(b, state_steps[i], cd), one), _scalar(b, lr_decay, cd))
+        clr = b.divide(_scalar(b, lr, cd), b.add(one, decayed))
         total = b.add(b.convert(sum_in, cd), b.multiply(g, g))
-        std = b.add(b.sqrt(total), full(s(eps)))
-        outs["p"].append((b.subtract(pv, b.multiply(full(clr), b.divide(g, std))), p))
+        std = b.add(b.sqrt(total), _full(b, eps, cd, p.shape))
+        outs["p"].append((b.subtract(pv, b.multiply(_full(b, clr, cd, p.shape), b.divide(g, std))), p))
         outs["g"].append((g_out, g_in))
         outs["sum"].append((total, sum_in))
     groups = [outs[k] for k in ("p", "g", "sum")]
