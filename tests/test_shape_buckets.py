@@ -158,9 +158,11 @@ def test_gpt2_training_step_one_program_per_bucket():
 
 @pytest.mark.slow
 def test_bert_with_a_padding_mask_one_program_per_bucket():
-    """A classifier on batches padded to their longest row (DataCollatorWithPadding): Hugging Face's
-    mask functions index the padding mask with aranges over the batch and the length
-    (padding_mask[batch_idx, kv_idx]), which buckets (the indices are in range by construction)."""
+    """A classifier on batches padded to their longest row (DataCollatorWithPadding), with a short
+    batch among them (an epoch's last): Hugging Face's mask functions index the padding mask with
+    aranges over the batch and the length (padding_mask[batch_idx, kv_idx]), and once the batch size
+    changed the two aranges have different symbols (input_ids' batch, attention_mask's): checked on
+    the device, the graph still buckets."""
     transformers = pytest.importorskip("transformers")
     from models import zoo  # noqa: F401  (imports torchvision the way transformers can load it)
     torch.manual_seed(0)
@@ -176,36 +178,59 @@ def test_bert_with_a_padding_mask_one_program_per_bucket():
         return loss
     f = torch.compile(step, backend="tpu")
     g = torch.Generator().manual_seed(1)
-    for k, n in enumerate((8, 11, 16, 5, 13)):
-        if k == 2:
+    for k, (rows_, n) in enumerate(((4, 8), (4, 11), (3, 13), (4, 16), (4, 5), (2, 13))):
+        if k == 3:
             before = graphs()
-        rows = torch.randint(1, n + 1, (4,), generator=g)
+        rows = torch.randint(1, n + 1, (rows_,), generator=g)
         rows[0] = n
         mask = (torch.arange(n)[None, :] < rows[:, None]).long()
-        ids, labels = torch.randint(1, 128, (4, n), generator=g) * mask, torch.randint(0, 3, (4,), generator=g)
+        ids, labels = torch.randint(1, 128, (rows_, n), generator=g) * mask, torch.randint(0, 3, (rows_,), generator=g)
         args = (ids, mask, labels)
         torch.testing.assert_close(f(tpu, *(a.to(TPU) for a in args)).cpu(), step(cpu, *args), atol=1e-5, rtol=1e-5)
         grads_equal_then_cleared(cpu, tpu)
-    assert graphs() == before, "a length in a seen bucket compiled a program"
+    assert graphs() == before, "a batch size and length in a seen bucket compiled a program"
     assert torch_tpu.metrics.bucket_refusals() == {}
 
 
-def test_indexing_a_padded_operand_only_at_indices_in_range():
-    def by_aranges(x):
-        return x[torch.arange(x.shape[0], device=x.device)[:, None], torch.arange(x.shape[1], device=x.device)[None, :] + 0]
+def test_indexing_a_padded_operand_checks_indices_on_the_device():
+    """index.Tensor, gather and index_select read a padded operand at indices checked on the device
+    against its true size: negative indices count from the true size, a bad index raises CPU's error
+    (with the true size) at the next synchronisation, and no graph refuses bucketing."""
+    by_aranges = lambda x: x[torch.arange(x.shape[0], device=x.device)[:, None],  # noqa: E731
+                             torch.arange(x.shape[1], device=x.device)[None, :] + 0]
     f = torch.compile(by_aranges, backend="tpu", dynamic=True)
     for n in (3, 6, 11):
         x = torch.randn(2, n, 5)
         torch.testing.assert_close(f(nan_padded(x, 2 * 16 * 16)).cpu(), by_aranges(x), equal_nan=False)
-    assert torch_tpu.metrics.bucket_refusals() == {}
-    # Any other index could be negative or past the true size (CPU raises): per shape, and says why.
+
     torch._dynamo.reset()
-    f = torch.compile(lambda x, i: x[:, i], backend="tpu", dynamic=True)
-    for n in (3, 6):
-        x, i = torch.randn(2, n), torch.tensor([-1, 0, n - 1])
-        torch.testing.assert_close(f(x.to(TPU), i.to(TPU)).cpu(), x[:, i])
-    (why,) = set(torch_tpu.metrics.bucket_refusals().values())  # (n = 3 is its own graph: i's size too)
-    assert "index.Tensor of an operand of symbolic size at indices not known to be in range" in why
+    fn = lambda x, i, j, k: (x[:, i], x.gather(1, j), x.index_select(1, k))  # noqa: E731
+    f = torch.compile(fn, backend="tpu", dynamic=True)
+    before = graphs()
+    for n in (3, 6, 9, 12):
+        x = torch.randn(4, n)
+        i, j = torch.tensor([n - 1, 0, 1, n - 2]), torch.randint(0, n, (4, 5))
+        i = torch.cat([i, i - n])  # negative too
+        args = (i, j, j[0])
+        for got, want in zip(f(nan_padded(x, 4 * 16), *(a.to(TPU) for a in args)), fn(x, *args)):
+            torch.testing.assert_close(got.cpu(), want)
+    assert graphs() - before == 1  # one bucket
+    assert torch_tpu.metrics.bucket_refusals() == {}
+
+    x, ok, zeros = torch.randn(4, 6), torch.zeros(5, dtype=torch.long), torch.zeros(4, 5, dtype=torch.long)
+    for args, error, message in (((torch.tensor([0, 6]), zeros, ok), IndexError,
+                                  "index 6 is out of bounds for dimension 0 with size 6"),
+                                 ((torch.tensor([0, -7]), zeros, ok), IndexError,
+                                  "index -7 is out of bounds for dimension 0 with size 6"),
+                                 ((ok, torch.full((4, 5), 6), ok), RuntimeError,
+                                  "index 6 is out of bounds for dimension 1 with size 6"),
+                                 ((ok, zeros, torch.tensor([0, -1, 0, 0, 0])), RuntimeError,
+                                  "INDICES element is out of DATA bounds, id=-1 axis_dim=6")):
+        with pytest.raises(error, match=message):
+            fn(x, *args)
+        with pytest.raises(error, match=message):
+            f(nan_padded(x, 4 * 16), *(a.to(TPU) for a in args))[0].cpu()
+    assert graphs() - before == 1  # the same bucket (k has j's size, as in the loop; x a view, as there)
 
 
 def test_index_checks_see_the_valid_region_only():
@@ -322,3 +347,25 @@ def test_slices_one_short_of_a_symbolic_length_bucket(name):
         torch.testing.assert_close(f(xt).cpu(), fn(x))
     assert torch_tpu.metrics.bucket_refusals() == {}
     assert torch_tpu.metrics.counters()["compiled_graphs"] - graphs == 2  # buckets 16 and 32
+
+
+def test_rows_counted_from_the_end_of_a_symbolic_length():
+    """x[:, -1] (last-token pooling) and select at other negative indices along a changing length,
+    forward and backward (select_scatter), with NaN in the padding: one forward and one backward
+    program for the bucket, CPU's values and gradients."""
+    def fn(x, w):
+        h = torch.tanh(x @ w)
+        return (h[:, -1] * 2).sum() + h[:, -2, 1:].sum() + h.select(1, -3).mean()
+    f = torch.compile(fn, backend="tpu", dynamic=True)
+    before = graphs()
+    for n in (4, 6, 9, 12):
+        x, w = torch.randn(3, n, 8, requires_grad=True), torch.randn(8, 5, requires_grad=True)
+        xt, wt = nan_padded(x.detach(), 3 * 16 * 8).requires_grad_(), w.detach().to(TPU).requires_grad_()
+        got, want = f(xt, wt), fn(x, w)
+        got.backward()
+        want.backward()
+        torch.testing.assert_close(got.cpu(), want)
+        torch.testing.assert_close(xt.grad.cpu(), x.grad)
+        torch.testing.assert_close(wt.grad.cpu(), w.grad)
+    assert graphs() - before == 2
+    assert torch_tpu.metrics.bucket_refusals() == {}

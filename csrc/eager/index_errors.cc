@@ -53,7 +53,7 @@ at::Tensor index_status(int device) {
   std::lock_guard<std::mutex> g(g_mu);
   auto& s = g_status[device];
   if (!s.tensor.defined()) {
-    s.tensor = aten::new_tpu_tensor({2}, c10::ScalarType::Long, device);
+    s.tensor = aten::new_tpu_tensor({3}, c10::ScalarType::Long, device);
     // Zeros now, not "never written": a launch that fails marks the never-written cells it was to
     // write as having no value, and every later op that checks indices would then fail with it.
     // (No launch can hold this new cell yet, so no wait.)
@@ -76,7 +76,7 @@ void raise_index_errors(int device) {
       if (device >= 0 && dev != device) continue;
       runtime::Cell* c = aten::cell_of(s.tensor);
       if (!c->buffer || c->buffer.get() == s.checked) continue;
-      int64_t v[2] = {0, 0};
+      int64_t v[3] = {0, 0, 0};
       rt.download(*c, v, sizeof v);
       s.checked = c->buffer.get();
       auto kind = g_kinds.find(v[0]);
@@ -85,6 +85,8 @@ void raise_index_errors(int device) {
       message = k.message;
       auto at = message.find("{value}");
       if (at != std::string::npos) message.replace(at, 7, std::to_string(v[1]));
+      at = message.find("{size}");
+      if (at != std::string::npos) message.replace(at, 6, std::to_string(v[2]));
       // Debug eager waits after every op, so the op that found it is the one that just ran.
       message += "\n(found on the device by the tpu op " + k.op +
                  (mode() == Mode::kDebug ? std::string()
@@ -92,8 +94,8 @@ void raise_index_errors(int device) {
                                            "to raise it at the op") +
                  "; the op wrote nothing)";
       index_error = k.index_error;
-      int64_t zeros[2] = {0, 0};
-      rt.upload(*c, zeros, c10::ScalarType::Long, 2);
+      int64_t zeros[3] = {0, 0, 0};
+      rt.upload(*c, zeros, c10::ScalarType::Long, 3);
       s.checked = c->buffer.get();
     }
   }

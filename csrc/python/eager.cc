@@ -255,9 +255,10 @@ void bind_eager(py::module_& m) {
      "prepare, and for direct calls such as copy_'s device-side copy).");
   m.def("register_index_error", &eager::register_index_error,
         "The id of an index error found on the device: (op, IndexError (else RuntimeError), CPU's message with "
-        "{value} for the bad index).");
+        "{value} for the bad index and {size} for the size it was checked against).");
   m.def("index_status", &eager::index_status, py::arg("device"),
-        "The index-error status tensor of tpu device `device` (int64[2]: error id, first bad index), "
+        "The index-error status tensor of tpu device `device` (int64[3]: error id, first bad index, "
+        "the size it was checked against), "
         "which programs with device-side index checks update in place.");
   m.def("raise_index_errors", [](int device) {
     py::gil_scoped_release nogil;

@@ -15,10 +15,11 @@ their true shapes (views of the front of a larger storage), and one graph's outp
 graph (forward -> backward) without a copy.
 
 Not every op can read padding safely. `refusal(node, ...)` names what keeps a node from a bucketed
-program (a negative index along a symbolic dimension, a split along one, an index that could be
-negative or past a true size, an in-place write into an input of symbolic size, an op with no rule
-below); such a graph is compiled per concrete shape instead, and torch_tpu.metrics.bucket_refusals()
-says why. Random ops draw at the bucket's layout (the same distribution, not the per-shape program's
+program (a slice along a symbolic dimension from a negative start to anywhere but its end, a split
+along one, an in-place write
+into an input of symbolic size, an op with no rule below); such a graph is compiled per concrete
+shape instead, and torch_tpu.metrics.bucket_refusals() says why. Indexing ops (index.Tensor,
+index_select, gather) check their indices against the true sizes on the device. Random ops draw at the bucket's layout (the same distribution, not the per-shape program's
 numbers). A concatenation along a symbolic dimension places each part at a runtime offset.
 """
 from __future__ import annotations
@@ -421,8 +422,8 @@ def refusal(node) -> str | None:
     if target in (aten.select.int, aten.select_scatter.default):  # select_scatter: select's backward
         at = 1 if target is aten.select.int else 2
         x, dim, index = _val(node.args[0]), node.args[at], node.args[at + 1]
-        if dim % x.dim() in _dynamic_dims(x) and not (_static_int(index) and index >= 0):
-            return f"{name} along a symbolic dimension at a negative or symbolic index"
+        if dim % x.dim() in _dynamic_dims(x) and not _static_int(index):  # a negative one counts from the true size
+            return f"{name} along a symbolic dimension at a symbolic index"
         return None
     if target is aten.cat.default:  # along a symbolic dimension: each part at a runtime offset
         return None
@@ -450,51 +451,12 @@ def refusal(node) -> str | None:
         if any(not _static_int(p) or p < 0 for p in node.args[1]):
             return f"{name} with a negative or symbolic pad"
         return None
-    if target is aten.index.Tensor and _dynamic_dims(_val(node.args[0])):
-        # Negative indices and bounds are judged against the operand's sizes, which a padded operand
-        # does not have: only indices that cannot be negative or out of range are taken.
-        x = _val(node.args[0])
-        if all(i is None or _in_range(i, x.shape[d]) for d, i in enumerate(node.args[1])):
-            return None
-        return f"{name} of an operand of symbolic size at indices not known to be in range"
-    if target in (aten.index_select.default, aten.gather.default, aten.index.Tensor):
-        if _dynamic_dims(_val(node.args[0])):
-            return f"{name} of an operand of symbolic size"
+    if target in (aten.index.Tensor, aten.index_select.default, aten.gather.default):
+        # Reads at indices checked on the device against the true sizes (their lowerings' `bounds`,
+        # dynamo/lower_graph.py): an index into the padding raises CPU's error at the next
+        # synchronisation, and a negative one (index.Tensor) is wrapped by the true size first.
         return None
     return f"{name} has no rule for padded operands"
-
-
-# Ops whose result holds only values of their first argument (their shapes may change).
-_VALUE_KEEPING = {aten.unsqueeze.default, aten.view.default, aten._unsafe_view.default, aten.reshape.default,
-                  aten.expand.default, aten.squeeze.dim, aten.squeeze.default, aten.clone.default,
-                  aten.alias.default, aten.slice.Tensor, aten.select.int}
-
-
-def _in_range(index, size) -> bool:
-    """True when every value of the FX node `index` lies in [0, size): an arange(end) (start 0, step
-    1) with end equal to `size` (the same symbolic expression) or, for a static size, at most it,
-    passed through ops that keep its values (views, slices, expand, + 0) — how Hugging Face's mask functions
-    index a padding mask (padding_mask[batch_arange, kv_arange])."""
-    while isinstance(index, torch.fx.Node):
-        t, args = index.target, index.args
-        if t in _VALUE_KEEPING or (t is aten._to_copy.default and _val(index).dtype in (torch.int32, torch.int64)):
-            index = args[0]
-        elif t is aten.add.Tensor and len(args) == 2 and args[1] == 0 and not isinstance(args[1], bool):
-            index = args[0]
-        elif t in (aten.arange.default, aten.arange.start, aten.arange.start_step):
-            if t is aten.arange.default:
-                end = args[0]
-            elif args[0] != 0 or (len(args) > 2 and args[2] != 1):
-                return False
-            else:
-                end = args[1]
-            end, size = expr_of(_val(end)), expr_of(size)
-            if isinstance(end, int) and isinstance(size, int):
-                return 0 <= end <= size
-            return end == size
-        else:
-            return False
-    return False
 
 
 def _flat(args) -> list:

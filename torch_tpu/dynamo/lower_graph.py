@@ -549,6 +549,8 @@ class GraphProgram:
             self._record_check(low.check, vals, sig, node)
         if low.bounds is not None:
             self._device_bounds(low, node, l_vals, args)
+            if bk is not None and node.target is torch.ops.aten.index.Tensor:
+                args = self._wrap_negative(node, args)
         result = low.fn(ctx, *args)
         if result is None:
             result = []
@@ -684,6 +686,20 @@ class GraphProgram:
                 r = b.select(keep, r, args[0])
         return r
 
+    def _wrap_negative(self, node, args):
+        """index.Tensor's arguments with its negative indices along symbolic dimensions counted from
+        the true size (the lowering would count them from the bound). After the device check, which
+        sees them as given."""
+        b, bk = self.b, self.bucketing
+        x, indices = node.args[0].meta["val"], list(args[1])
+        for d, i in enumerate(indices):
+            if i is None or not buckets.is_symbolic(x.shape[d]):
+                continue
+            n = b.broadcast_to(b.convert(bk.size_value(b, x.shape[d]), i.dtype), tuple(i.shape))
+            w = b.select(b.compare(i, b.constant(0, i.dtype, tuple(i.shape)), "LT"), b.add(i, n), i)
+            indices[d] = Value(w.name, w.type, i.example, i.sizes)
+        return [args[0], indices, *args[2:]]
+
     def _device_bounds(self, low, node, vals, args):
         """Adds the node's index checks to the program (registry.bounds_status), on the FakeTensors'
         shapes: a bad index sets the device's status and keeps the graph's writes from landing."""
@@ -700,22 +716,37 @@ class GraphProgram:
             metas.append(got if isinstance(v, list) else got[0])
         bounds = low.bounds(*metas)
         idx = next((bd.index for bd in bounds if isinstance(bd.index, torch.Tensor)), None)
-        if idx is None or any(not isinstance(bd.size, int) for bd in bounds):
+        bk = self.bucketing
+        if idx is None or (bk is None and any(not isinstance(bd.size, int) for bd in bounds)):
             return
         if idx.device.type != "tpu":
             return
+        b = self.b
         if self.status is None:
-            b = self.b
             self.status_ph = len(self.ph_devices)  # after the graph's inputs (and a bucketed graph's sizes)
             self.status_device = idx.device.index or 0
             self.ph_devices.append("tpu")
-            a = b.arg(TensorType((2,), torch.int64))
+            a = b.arg(TensorType((3,), torch.int64))
             self.ph_arg[self.status_ph] = len(self.arg_plan)
-            self.ph_dims[self.status_ph] = (2,)
+            self.ph_dims[self.status_ph] = (3,)
             self.arg_plan.append(("in", self.status_ph))
             self.status = a
-        failed, status = bounds_status(self.b, bounds, lambda t: by_id.get(id(t)), f"aten::{overload_name(node.target)}",
-                                       self.status)
+
+        def index_value(t):
+            v = by_id.get(id(t))
+            if v is None or bk is None or not v.sizes or all(n is None for n in v.sizes):
+                return v
+            # A padded index of a bucketed graph: checked on its true region only (its padding holds
+            # anything). The mask is applied to the padded index before its dynamic sizes are dropped:
+            # a mask that met them later XLA's dynamic padder refuses.
+            inside = relayout.valid(b, tuple(v.shape), v.sizes)
+            ones = b.constant(True, torch.bool, tuple(v.shape))
+            return (relayout.static(b, b.select(inside, v, b.constant(0, v.dtype, tuple(v.shape))), v.sizes),
+                    relayout.static(b, b.select(inside, relayout.mark(b, ones, v.sizes),
+                                                b.constant(False, torch.bool, tuple(v.shape))), v.sizes))
+
+        failed, status = bounds_status(b, bounds, index_value, f"aten::{overload_name(node.target)}", self.status,
+                                       size_of=lambda s: bk.size_value(b, s))
         if failed is not None:
             self.status = status
             self.failed = failed if self.failed is None else self.b.or_(self.failed, failed)

@@ -81,7 +81,7 @@ def to_padded(b: Builder, flat: Value, sizes, shape) -> Value:
     return b.reshape(rows, shape)
 
 
-def _valid(b: Builder, shape, sizes) -> Value | None:
+def valid(b: Builder, shape, sizes) -> Value | None:
     """i1 `shape`: inside every true size."""
     keep = None
     for d, n in enumerate(sizes):
@@ -92,7 +92,7 @@ def _valid(b: Builder, shape, sizes) -> Value | None:
     return keep
 
 
-def _static(b: Builder, x: Value, sizes) -> Value:
+def static(b: Builder, x: Value, sizes) -> Value:
     """x without XLA's dynamic sizes (a scatter's update window refuses them, and XLA:CPU writes a
     dynamic program output with its sizes appended, a buffer no other program takes): written at
     the front of a zero buffer one longer in each symbolic dimension and sliced back. XLA's dynamic
@@ -123,7 +123,7 @@ def to_compact(b: Builder, x: Value, sizes, cap: int) -> Value:
         return b.make_complex(re, to_compact(b, b.imag_part(x), sizes, cap))
     bits = _BITS[dtype.itemsize] if dtype.is_floating_point else dtype  # ints and bool OR as they are
     v = x if bits == dtype else b.bitcast_convert(x, bits)
-    v = _static(b, b.select(_valid(b, shape, sizes), v, b.constant(0, bits, shape)), sizes)
+    v = static(b, b.select(valid(b, shape, sizes), v, b.constant(0, bits, shape)), sizes)
     if k == 0:  # one row: the valid rows are the front already
         flat = b.reshape(v, (math.prod(shape),))
         if cap > flat.shape[0]:

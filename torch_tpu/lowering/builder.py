@@ -68,6 +68,11 @@ class Value:
         # size where it is symbolic (the type's shape holds its bound), else None. None: all static.
         self.sizes = sizes
 
+    def true_size(self, dim: int):
+        """The int32 scalar Value of the true size of dimension `dim` where it is symbolic in a
+        bucketed graph (the type holds its bound), None where it is static."""
+        return self.sizes[dim] if self.sizes else None
+
     @property
     def shape(self):
         return self.type.shape

@@ -88,23 +88,25 @@ def _slice_bounds(size, start, end, step):
     return start, end, step
 
 
+def _from_the_end(b, x: Value, dim: int, n: Value, start: int, k: int, shape) -> Value:
+    """x[..., n + start : n + start + k, ...] along `dim` (start < 0), n the true size there (a
+    runtime value): a window at a runtime start, of `shape`. A gather of slice size 1 along `dim`
+    (XLA's dynamic padder refuses a dynamic_slice that selects part of a dynamic dimension)."""
+    at = b.maximum(b.add(b.convert(n, torch.int32), b.constant(start, torch.int32)), b.constant(0, torch.int32))
+    idx = b.add(b.iota((k, 1), 0, torch.int32), b.broadcast_to(at, (k, 1)))
+    return b.gather(x, idx, [d for d in range(x.rank) if d != dim], [dim], [dim], 1,
+                    [1 if d == dim else m for d, m in enumerate(x.shape)], shape)
+
+
 @graph_register("slice.Tensor", "slice_copy.Tensor")
 def _slice(ctx, x, dim=0, start=None, end=None, step=1):
     b, o = ctx.b, ctx.out[0]
     dim %= x.rank
-    true_size = (getattr(x, "sizes", None) or [None] * x.rank)[dim]
-    if true_size is not None and start is not None and start < 0:
-        # A bucketed dimension (x padded to its bound), sliced from the end (logits[:, -k:]): the
-        # window starts at the true size minus k, a runtime value (dynamo/buckets.py allows this only
+    n = x.true_size(dim)
+    if n is not None and start is not None and start < 0:
+        # A bucketed dimension sliced from the end (logits[:, -k:]; dynamo/buckets.py allows this only
         # to the end, with step 1, for an output of static size k).
-        # A gather of slice size 1 along `dim` (XLA's dynamic padder refuses a dynamic_slice that
-        # selects part of a dynamic dimension).
-        k = o.shape[dim]
-        at = b.maximum(b.add(b.convert(true_size, torch.int32), b.constant(start, torch.int32)),
-                       b.constant(0, torch.int32))
-        idx = b.add(b.iota((k, 1), 0, torch.int32), b.broadcast_to(at, (k, 1)))
-        return b.gather(x, idx, [d for d in range(x.rank) if d != dim], [dim], [dim], 1,
-                        [1 if d == dim else n for d, n in enumerate(x.shape)], o.shape)
+        return _from_the_end(b, x, dim, n, start, o.shape[dim], o.shape)
     s, e, step = _slice_bounds(x.shape[dim], start, end, step)
     if o.numel == 0:
         return b.constant(0, o.dtype, o.shape)
@@ -119,6 +121,10 @@ def _slice(ctx, x, dim=0, start=None, end=None, step=1):
 def _select(ctx, x, dim, index):
     b = ctx.b
     dim %= x.rank
+    n = x.true_size(dim)
+    if n is not None and index < 0:  # a bucketed dimension, counted from its true end (x[:, -1])
+        row = _from_the_end(b, x, dim, n, index, 1, tuple(1 if d == dim else m for d, m in enumerate(x.shape)))
+        return b.reshape(row, ctx.out[0].shape)
     index = index + x.shape[dim] if index < 0 else index
     lo = [0] * x.rank
     hi = list(x.shape)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import warnings
 
 import torch
+from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from .elementwise import compute_dtype
 from .helpers import arith, points
@@ -59,7 +60,7 @@ def _index_select_bounds(x, dim, index):
     size = x.shape[d] if x.dim() else 1
     if x.dim() <= 1 or d == 0:
         return [IndexBound(index, size, IndexError, "index out of range in self")]
-    return [IndexBound(index, size, RuntimeError, "INDICES element is out of DATA bounds, id={value} axis_dim=" + str(size))]
+    return [IndexBound(index, size, RuntimeError, "INDICES element is out of DATA bounds, id={value} axis_dim={size}")]
 
 
 @register("index_select", bounds=_index_select_bounds)
@@ -84,7 +85,7 @@ def index_select(ctx, x, dim, index):
 def _gather_bounds(x, dim, index, *rest, **kw):
     d = _dim(dim, x.dim())
     n = x.shape[d] if x.dim() else 1
-    return [IndexBound(index, n, RuntimeError, f"index {{value}} is out of bounds for dimension {d} with size {n}")]
+    return [IndexBound(index, n, RuntimeError, f"index {{value}} is out of bounds for dimension {d} with size {{size}}")]
 
 
 def _as_rank1(b, x, index):
@@ -419,17 +420,20 @@ def _index_bounds(x, indices, *rest):
     `prepare`); what shapes and dtypes alone make wrong is raised here."""
     if len(indices) > x.dim():
         raise IndexError(f"too many indices for tensor of dimension {x.dim()} (got {len(indices)})")
-    out = []
+    out, k = [], -1
     for d, i in enumerate(indices):
+        k += i is not None  # CPU's message numbers the index tensors, not x's dimensions (x[:, i]: 0)
         if i is not None and i.dtype == torch.bool:  # index_put's one mask (_one_mask): nothing to bound
             continue
         if i is not None:
             if i.dtype not in (torch.int64, torch.int32):
                 raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
-            if x.shape[d] == 0 and i.numel() > 0:  # every index is out of bounds: CPU's message, no program
+            # every index is out of bounds: CPU's message, no program (a symbolic size is not
+            # asked: it would add a guard to a graph already compiled)
+            if guard_or_false(x.shape[d] == 0) and i.numel() > 0:
                 raise IndexError("index is out of bounds for dimension with size 0")
             out.append(IndexBound(i, x.shape[d], IndexError,
-                                  f"index {{value}} is out of bounds for dimension {d} with size {x.shape[d]}",
+                                  f"index {{value}} is out of bounds for dimension {k} with size {{size}}",
                                   negative_ok=True))
     return out
 
@@ -533,11 +537,11 @@ def _along(ctx, x, dim, index, src, combine):
 
 def _along_bounds(error, message, negative_ok=False):
     """`bounds` of an op that indexes x along dim (x, dim, index, ...): CPU's `error`, whose
-    `message` may name {dim} and {size} besides the bad {value}."""
+    `message` may name {dim} and {size} (filled in with the size by the host) besides the bad {value}."""
     def bounds(x, dim, index, *rest):
         d = _dim(dim, x.dim())
         n = x.shape[d] if x.dim() else 1
-        return [IndexBound(index, n, error, message.replace("{dim}", str(d)).replace("{size}", str(n)),
+        return [IndexBound(index, n, error, message.replace("{dim}", str(d)),
                            negative_ok=negative_ok)]
     return bounds
 

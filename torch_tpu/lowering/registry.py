@@ -76,34 +76,45 @@ class IndexBound:
     """One index tensor argument (`index`: the call's own tensor) that must lie in [0, size) (or
     [-size, size) when negative_ok), as CPU checks it; `ignore` is a value exempt from the check
     (nll_loss's ignore_index). `error` and `message` are what CPU raises: the message's {value} is
-    the first bad index in flat order."""
+    the first bad index in flat order, its {size} the size (both filled in by the host from the
+    status). `size` is an int, or a SymInt where the bound is a symbolic size (a bucketed graph
+    gives its run-time Value)."""
     index: object
-    size: int
+    size: object
     error: type
     message: str
     negative_ok: bool = False
     ignore: int | None = None
 
 
-def bounds_status(b: Builder, bounds: list[IndexBound], value_of: Callable, op: str, status: Value):
+def bounds_status(b: Builder, bounds: list[IndexBound], value_of: Callable, op: str, status: Value,
+                  size_of: Callable | None = None):
     """(failure flag, the device's new status), or (None, None) when no bound applies: the program
     part that checks `bounds` on the device, for eager programs and compiled graphs alike.
-    value_of(bound.index) is the index's Value in the program (None: not checked). `status` is the
-    device's status tensor, int64[2] = (error id, first bad index); the first error since the last
-    synchronisation stays. The error ids name `op` ("aten::gather") and CPU's message
-    (csrc/eager/index_errors.h), which the host raises at its next synchronisation."""
+    value_of(bound.index) is the index's Value in the program (None: not checked), or (Value, i1
+    mask of its shape) where only some elements are the index's (a bucketed graph's padded index:
+    the mask marks its true region). size_of(bound.size) is the size's scalar Value where it is not
+    an int (a bucketed graph's true size). `status` is the device's status tensor, int64[3] =
+    (error id, first bad index, size); the first error since the last synchronisation stays. The
+    error ids name `op` ("aten::gather") and CPU's message (csrc/eager/index_errors.h), which the
+    host raises at its next synchronisation."""
     i64 = torch.int64
-    code, value, failed = b.constant(0, i64), b.constant(0, i64), None
+    code, value, size, failed = b.constant(0, i64), b.constant(0, i64), b.constant(0, i64), None
     for bd in reversed(bounds):  # the first bound's error wins, as CPU checks them in order
-        idx = value_of(bd.index)
+        got = value_of(bd.index)
+        idx, inside = got if isinstance(got, tuple) else (got, None)
         if idx is None or idx.type.numel == 0:
             continue
         n = idx.type.numel
         flat = b.reshape(b.convert(idx, i64), [n])
-        bad = b.or_(b.compare(flat, b.full_like(flat, bd.size), "GE"),
-                    b.compare(flat, b.full_like(flat, -bd.size if bd.negative_ok else 0), "LT"))
+        limit = b.constant(bd.size, i64) if isinstance(bd.size, int) else b.convert(size_of(bd.size), i64)
+        low = b.negate(limit) if bd.negative_ok else b.constant(0, i64)
+        bad = b.or_(b.compare(flat, b.broadcast_to(limit, (n,)), "GE"),
+                    b.compare(flat, b.broadcast_to(low, (n,)), "LT"))
         if bd.ignore is not None:
             bad = b.and_(bad, b.compare(flat, b.full_like(flat, bd.ignore), "NE"))
+        if inside is not None:
+            bad = b.and_(bad, b.reshape(inside, [n]))
         pos = b.select(bad, b.iota([n], 0), b.full_like(flat, n))
         first = b.reduce([pos], [b.constant(n, i64)], [0], lambda rb, x, y: [rb.minimum(x, y)])[0]
         hit = b.compare(first, b.constant(n, i64), "LT")
@@ -111,12 +122,13 @@ def bounds_status(b: Builder, bounds: list[IndexBound], value_of: Callable, op: 
         ident = _C.eager.register_index_error(op, bd.error is IndexError, bd.message)
         code = b.select(hit, b.constant(ident, i64), code)
         value = b.select(hit, at, value)
+        size = b.select(hit, limit, size)
         failed = hit if failed is None else b.or_(hit, failed)
     if failed is None:
         return None, None
-    new = b.concatenate([b.reshape(code, [1]), b.reshape(value, [1])], 0)
+    new = b.concatenate([b.reshape(code, [1]), b.reshape(value, [1]), b.reshape(size, [1])], 0)
     earlier = b.compare(b.reshape(b.slice(status, [0], [1]), []), b.constant(0, i64), "NE")
-    return failed, b.select(b.broadcast_to(earlier, (2,)), status, new)
+    return failed, b.select(b.broadcast_to(earlier, (3,)), status, new)
 
 
 REGISTRY: dict[str, Lowering] = {}

@@ -202,10 +202,18 @@ for _kind in ("reflection", "replication"):
 
 @register("select_scatter")
 def select_scatter(ctx, x, src, dim, index):
-    """x with x.select(dim, index) replaced by src: one dynamic_update_slice."""
+    """x with x.select(dim, index) replaced by src: one dynamic_update_slice; in a bucketed graph, a
+    negative index along a dimension of true size n (a runtime value) is n + index, written with a
+    mask (XLA's dynamic padder refuses a dynamic update of part of a dynamic dimension)."""
     b = ctx.b
     d = dim % x.rank
-    index = index % x.shape[d]
     upd = b.reshape(b.convert(src, x.dtype), tuple(1 if k == d else s for k, s in enumerate(x.shape)))
+    n = x.true_size(d)
+    if n is not None and index < 0:
+        shape = tuple(x.shape)
+        at = b.add(b.convert(n, torch.int32), b.constant(index, torch.int32))
+        hit = b.compare(b.iota(shape, d, torch.int32), b.broadcast_to(at, shape), "EQ")
+        return b.select(hit, b.broadcast_to(upd, shape), x)
+    index = index % x.shape[d]
     starts = [b.constant(index if k == d else 0, torch.int64) for k in range(x.rank)]
     return b.dynamic_update_slice(x, upd, starts)
