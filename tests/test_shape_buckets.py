@@ -369,3 +369,40 @@ def test_rows_counted_from_the_end_of_a_symbolic_length():
         torch.testing.assert_close(wt.grad.cpu(), w.grad)
     assert graphs() - before == 2
     assert torch_tpu.metrics.bucket_refusals() == {}
+
+
+_ALONG_THE_LENGTH = {  # reductions, scans and reversals over a changing length, and their backward
+    "max_min": lambda x: x.max(1).values.sum() + x.min(1).values.sum() + x.max(1).indices.sum(),
+    "arg": lambda x: (x * x.argmax(1, keepdim=True) + x.argmin(1, keepdim=True)).sum(),
+    "var_std": lambda x: x.var(1).sum() + x.std(1, correction=0).sum() + sum(torch.var_mean(x, 1)).sum(),
+    "norms": lambda x: x.norm(dim=1).sum() + torch.linalg.vector_norm(x, float("inf"), dim=1).sum(),
+    "logsumexp": lambda x: x.logsumexp(1).sum(),
+    "prod": lambda x: (x * 0.1 + 1).prod(1).sum() + (x * 0.01 + 1).prod(),
+    "cumsum": lambda x: (x.cumsum(1) * x).sum() + x.reshape(-1).cumsum(0)[-1],
+    "flip": lambda x: (x.flip(1) * torch.arange(x.shape[1], device=x.device)[:, None]).sum(),
+    "all_max": lambda x: x.max() + x.min(),
+    "scatter": lambda x: torch.zeros_like(x).scatter(  # rows 1.. written in reverse order from row 0 on
+        1, torch.arange(x.shape[1] - 1, device=x.device).flip(0)[None, :, None].expand(3, -1, 4).contiguous(),
+        x[:, 1:]).pow(2).mul(torch.arange(x.shape[1], device=x.device)[:, None]).sum(),
+}
+
+
+@pytest.mark.parametrize("name", list(_ALONG_THE_LENGTH))
+def test_reductions_and_scans_along_a_symbolic_length(name):
+    """Each bucket is one forward and one backward program, with NaN in every padding, CPU's values
+    and gradients (these ops were refused and compiled per length; a scan over a dimension bound past
+    16 lost XLA's carry between blocks, and scatter wrote its padding's updates)."""
+    fn = _ALONG_THE_LENGTH[name]
+    f = torch.compile(fn, backend="tpu", dynamic=True)
+    before = graphs()
+    g = torch.Generator().manual_seed(0)
+    for n in (5, 9, 20):
+        x = torch.randn(3, n, 4, generator=g, requires_grad=True)
+        xt = nan_padded(x.detach(), 3 * 32 * 4).requires_grad_()
+        got, want = f(xt), fn(x)
+        got.backward()
+        want.backward()
+        torch.testing.assert_close(got.detach().cpu(), want.detach(), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(xt.grad.cpu(), x.grad, atol=1e-4, rtol=1e-4)
+    assert torch_tpu.metrics.bucket_refusals() == {}
+    assert graphs() - before == 4  # buckets 16 and 32, forward and backward each

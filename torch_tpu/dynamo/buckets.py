@@ -228,6 +228,38 @@ class Bucketing:
         return v
 
 
+    def float_value(self, b, s, dtype):
+        """The `dtype` scalar Value of a SymFloat built from sizes at run time (a backward's
+        2.0 / ToFloat(n), ToFloat(n) - 1.0: var's divisor), computed in `dtype` (the Scalar operand
+        dtype a float gets: float32, float64 in a float64 graph)."""
+        from torch.utils._sympy.functions import FloatTrueDiv, IntTrueDiv, ToFloat
+        e = expr_of(s)
+        if not isinstance(e, sympy.Basic) or e.is_number:
+            return b.constant(float(e), dtype)
+        if isinstance(e, ToFloat) or e.is_Symbol:
+            return b.convert(self.size_value(b, e.args[0] if isinstance(e, ToFloat) else e), dtype)
+        if isinstance(e, (FloatTrueDiv, IntTrueDiv)):
+            return b.divide(self.float_value(b, e.args[0], dtype), self.float_value(b, e.args[1], dtype))
+        if e.is_Add or e.is_Mul:
+            parts = [self.float_value(b, a, dtype) for a in e.args]
+            v = parts[0]
+            for p in parts[1:]:
+                v = b.add(v, p) if e.is_Add else b.multiply(v, p)
+            return v
+        if e.is_Pow and e.exp.is_Integer and e.exp != 0:
+            base = self.float_value(b, e.base, dtype)
+            v = base
+            for _ in range(abs(int(e.exp)) - 1):
+                v = b.multiply(v, base)
+            return b.divide(b.constant(1.0, dtype), v) if e.exp < 0 else v
+        raise NotBucketable(f"the number {e} is not a sum, product, power or quotient of sizes")
+
+    def example(self, s) -> float:
+        """A SymFloat's value at the bounds: the example a Scalar operand carries (its type, for
+        PyTorch's type promotion)."""
+        return float(expr_of(s).xreplace(self.bounds).evalf())
+
+
 def evaluate(e, values: dict) -> int:
     """A size expression's value for these symbol values."""
     return int(e.xreplace({k: sympy.Integer(v) for k, v in values.items()})) if isinstance(e, sympy.Basic) else int(e)
@@ -325,10 +357,16 @@ _FACTORIES = {
 }
 _CONTRACTIONS = {aten.mm.default, aten.bmm.default, aten.addmm.default, aten.matmul.default,
                  aten.baddbmm.default, aten.dot.default}
-# Reductions with an identity XLA pads with (the padder masks the padding).
+# Reductions with an identity XLA pads with (the padder masks the padding), and scans and reversals
+# along a dimension XLA's padder rewrites for its true size (cumsum, flip). mean's and var's counts are
+# the true sizes' product (reduction.py: count_value).
 _REDUCTIONS = {aten.sum.dim_IntList, aten.sum.default, aten.amax.default, aten.amin.default,
                aten.any.dim, aten.any.dims, aten.any.default, aten.all.dim, aten.all.dims, aten.all.default,
-               aten.mean.dim, aten.mean.default}  # mean's count is the sizes' product (reduction.py)
+               aten.mean.dim, aten.mean.default, aten.max.dim, aten.min.dim, aten.max.default, aten.min.default,
+               aten.argmax.default, aten.argmin.default, aten.prod.dim_int, aten.prod.default,
+               aten.linalg_vector_norm.default, aten.logsumexp.default, aten.var.correction,
+               aten.std.correction, aten.var_mean.correction, aten.std_mean.correction,
+               aten.cumsum.default, aten.cumprod.default, aten.flip.default}
 _ROW_OPS = {  # work along one dimension with reductions (softmax) or per row (losses, norms)
     aten._softmax.default, aten._log_softmax.default, aten._softmax_backward_data.default,
     aten._log_softmax_backward_data.default, aten.nll_loss_forward.default, aten.nll_loss_backward.default,
@@ -342,7 +380,7 @@ _ROW_OPS = {  # work along one dimension with reductions (softmax) or per row (l
 _NORMS = {aten.native_layer_norm.default: (0, 1), aten.native_layer_norm_backward.default: (1, 2)}
 _SYM_VALUES = {aten.sym_size.int, aten.sym_numel.default, aten.sym_stride.int, aten.sym_storage_offset.default,
                operator.mul, operator.add, operator.sub, operator.floordiv, operator.neg, operator.mod,
-               torch.sym_max, torch.sym_min}
+               torch.sym_max, torch.sym_min, torch.sym_float, operator.truediv}
 
 
 def _val(v):
@@ -432,11 +470,6 @@ def refusal(node) -> str | None:
         if dim % max(ins[0].dim(), 1) in {d for t in ins for d in _dynamic_dims(t)}:
             return f"{name} along a symbolic dimension"
         return None
-    if target in (aten.argmax.default, aten.argmin.default):
-        x, dim = _val(node.args[0]), node.args[1] if len(node.args) > 1 else None
-        if dim is None or dim % max(x.dim(), 1) in _dynamic_dims(x):  # untested: the padder's arg-reduce
-            return f"{name} over a symbolic dimension"
-        return None
     if target in (aten.topk.default, aten.sort.default, aten.sort.stable):
         # Each row is ordered on its own: padded rows give padded results, valid rows are untouched.
         x = _val(node.args[0])
@@ -451,10 +484,12 @@ def refusal(node) -> str | None:
         if any(not _static_int(p) or p < 0 for p in node.args[1]):
             return f"{name} with a negative or symbolic pad"
         return None
-    if target in (aten.index.Tensor, aten.index_select.default, aten.gather.default):
-        # Reads at indices checked on the device against the true sizes (their lowerings' `bounds`,
-        # dynamo/lower_graph.py): an index into the padding raises CPU's error at the next
-        # synchronisation, and a negative one (index.Tensor) is wrapped by the true size first.
+    if target in (aten.index.Tensor, aten.index_select.default, aten.gather.default, aten.scatter.src,
+                  aten.scatter.value):
+        # Reads and writes at indices checked on the device against the true sizes (their lowerings'
+        # `bounds`, dynamo/lower_graph.py): an index into the padding raises CPU's error at the next
+        # synchronisation, a negative one (index.Tensor) is wrapped by the true size first, and a
+        # padded index of scatter points past every size (its updates are skipped).
         return None
     return f"{name} has no rule for padded operands"
 

@@ -39,6 +39,7 @@ from ..lowering.signature import Signature, cpu_dtype_probe
 from ..lowering.builder import Builder, TensorType, Value
 from ..lowering.overloads import overload_name, resolve
 from ..lowering.precision import matmul_precision
+from ..lowering.helpers import bounded
 from ..lowering.registry import LoweringContext, bounds_status, fit, lower_arguments, rng_draws
 from ..lowering.results import ProgramResults
 from ..lowering.strided import dense_order
@@ -305,6 +306,9 @@ class GraphProgram:
             if isinstance(v, torch.fx.Node) and bk is not None and isinstance(v.meta.get("val"), (torch.SymInt, int)):
                 c = b.convert(bk.size_value(b, v.meta["val"]), _C.eager.scalar_operand_dtype(1, self.wide))
                 return Value(c.name, c.type, bk.bound(v.meta["val"]))  # a python int, for type promotion
+            if isinstance(v, torch.fx.Node) and bk is not None and isinstance(v.meta.get("val"), torch.SymFloat):
+                c = bk.float_value(b, v.meta["val"], _C.eager.scalar_operand_dtype(1.0, self.wide))
+                return Value(c.name, c.type, bk.example(v.meta["val"]))  # a python float
             if isinstance(v, torch.fx.Node):
                 raise Unsupported(f"a symbolic scalar argument ({v.name})", node, "is not supported")
             if v is None:
@@ -551,6 +555,8 @@ class GraphProgram:
             self._device_bounds(low, node, l_vals, args)
             if bk is not None and node.target is torch.ops.aten.index.Tensor:
                 args = self._wrap_negative(node, args)
+            elif bk is not None and node.target in (torch.ops.aten.scatter.src, torch.ops.aten.scatter.value):
+                args = self._padding_not_scattered(args)
         result = low.fn(ctx, *args)
         if result is None:
             result = []
@@ -700,6 +706,18 @@ class GraphProgram:
             indices[d] = Value(w.name, w.type, i.example, i.sizes)
         return [args[0], indices, *args[2:]]
 
+    def _padding_not_scattered(self, args):
+        """scatter's arguments (x, dim, index, src) without XLA's dynamic sizes (its dynamic padder
+        misplaced updates into a dynamic operand), a padded index's padding pointing past every size
+        (XLA's scatter skips an update whose index is out of bounds): the valid region's updates
+        land alone."""
+        b = self.b
+        x, dim, index, src = args[:4]
+        skip = torch.iinfo(index.dtype).max
+        if isinstance(src, Value) and src.sizes:
+            src = bounded.filled(b, src, 0)
+        return [bounded.filled(b, x, 0), dim, bounded.filled(b, index, skip), src, *args[4:]]
+
     def _device_bounds(self, low, node, vals, args):
         """Adds the node's index checks to the program (registry.bounds_status), on the FakeTensors'
         shapes: a bad index sets the device's status and keeps the graph's writes from landing."""
@@ -739,11 +757,8 @@ class GraphProgram:
             # A padded index of a bucketed graph: checked on its true region only (its padding holds
             # anything). The mask is applied to the padded index before its dynamic sizes are dropped:
             # a mask that met them later XLA's dynamic padder refuses.
-            inside = relayout.valid(b, tuple(v.shape), v.sizes)
-            ones = b.constant(True, torch.bool, tuple(v.shape))
-            return (relayout.static(b, b.select(inside, v, b.constant(0, v.dtype, tuple(v.shape))), v.sizes),
-                    relayout.static(b, b.select(inside, relayout.mark(b, ones, v.sizes),
-                                                b.constant(False, torch.bool, tuple(v.shape))), v.sizes))
+            ones = relayout.mark(b, b.constant(True, torch.bool, tuple(v.shape)), v.sizes)
+            return bounded.filled(b, v, 0), bounded.filled(b, Value(ones.name, ones.type, None, v.sizes), False)
 
         failed, status = bounds_status(b, bounds, index_value, f"aten::{overload_name(node.target)}", self.status,
                                        size_of=lambda s: bk.size_value(b, s))

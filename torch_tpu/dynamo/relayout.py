@@ -29,7 +29,8 @@ import math
 
 import torch
 
-from ..lowering.builder import Builder, TensorType, Value
+from ..lowering.builder import Builder, Value
+from ..lowering.helpers.bounded import static, valid
 
 # Unsigned integer dtypes of each width: a float's bits in the scatter's OR.
 _BITS = {1: torch.uint8, 2: torch.uint16, 4: torch.uint32, 8: torch.uint64}
@@ -79,32 +80,6 @@ def to_padded(b: Builder, flat: Value, sizes, shape) -> Value:
     starts, length = _row_starts(b, shape, sizes, k)
     rows = b.gather(flat, starts, [k], [], [0], k, [length], shape[:k] + (length,))
     return b.reshape(rows, shape)
-
-
-def valid(b: Builder, shape, sizes) -> Value | None:
-    """i1 `shape`: inside every true size."""
-    keep = None
-    for d, n in enumerate(sizes):
-        if n is None:
-            continue
-        m = b.compare(b.iota(shape, d, torch.int32), b.broadcast_to(n, shape), "LT")
-        keep = m if keep is None else b.and_(keep, m)
-    return keep
-
-
-def static(b: Builder, x: Value, sizes) -> Value:
-    """x without XLA's dynamic sizes (a scatter's update window refuses them, and XLA:CPU writes a
-    dynamic program output with its sizes appended, a buffer no other program takes): written at
-    the front of a zero buffer one longer in each symbolic dimension and sliced back. XLA's dynamic
-    padder writes a dynamic update's valid region only, and its simplifier removes the forms that
-    would be no-ops (a set_dimension_size to the bound, an update of the whole buffer) before the
-    padder runs. A dimension stays dynamic unless the buffer is longer in it (measured on the CPU
-    plugin)."""
-    shape = tuple(x.shape)
-    wide = tuple(n + (sizes[d] is not None) for d, n in enumerate(shape))
-    zero = b.constant(0, torch.int32)
-    v = b.dynamic_update_slice(b.constant(0, x.dtype, wide), x, [zero] * len(shape))
-    return b.slice(v, [0] * len(shape), list(shape))
 
 
 def to_compact(b: Builder, x: Value, sizes, cap: int) -> Value:

@@ -10,7 +10,8 @@ import warnings
 import torch
 
 from .elementwise import compute_dtype
-from .helpers import arith
+from .builder import Value
+from .helpers import arith, bounded
 from .helpers.checks import meta_result
 from .registry import register
 
@@ -270,7 +271,8 @@ def var_of(ctx, x, dims, correction, fname):
         warnings.warn(f"{fname}(): degrees of freedom is <= 0. Correction should be strictly less than the "
                       "reduction factor (input numel divided by output numel).", UserWarning, stacklevel=2)
     s = reduce_sum(b, xv, dims)
-    mean = b.divide(s, b.full_like(s, n))
+    # N: the true count in a bucketed graph (count_value), where `n` above is the bucket's
+    mean = b.divide(s, b.broadcast_to(count_value(b, x, dims, s.dtype), s.shape))
     keep_shape = [1 if i in dims else d for i, d in enumerate(x.shape)]
     centered = b.subtract(xv, b.broadcast_to(b.reshape(mean, keep_shape), x.shape))
     if centered.dtype.is_complex:  # |c|^2, a real sum
@@ -283,7 +285,7 @@ def var_of(ctx, x, dims, correction, fname):
         ss = reduce_sum(b, b.multiply(centered, centered), dims)
     # correction is a runtime Scalar (one program serves every value)
     corr = b.constant(1, ss.dtype) if correction is None else b.convert(correction, ss.dtype)
-    dof = b.maximum(b.subtract(b.constant(n, ss.dtype), corr), b.constant(0, ss.dtype))
+    dof = b.maximum(b.subtract(count_value(b, x, dims, ss.dtype), corr), b.constant(0, ss.dtype))
     var = b.divide(ss, b.broadcast_to(dof, ss.shape))
     return var, mean
 
@@ -387,8 +389,9 @@ def _cumulative(op):
         if x.rank == 0:
             return b.convert(xv, out)
         window, padding = _scan_window(x, dim)
-        init = b.constant(0 if op == "add" else 1, acc)
-        r = b.reduce_window([xv], [init], window, [1] * x.rank, padding,
+        identity = 0 if op == "add" else 1
+        xv = bounded.filled(b, Value(xv.name, xv.type, None, x.sizes), identity)  # a bucketed graph's padding
+        r = b.reduce_window([xv], [b.constant(identity, acc)], window, [1] * x.rank, padding,
                             lambda s, a, e: s.binary(op, a, e))[0]
         return b.convert(r, out)
     return lower
