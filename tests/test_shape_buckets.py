@@ -384,6 +384,11 @@ _ALONG_THE_LENGTH = {  # reductions, scans and reversals over a changing length,
     "scatter": lambda x: torch.zeros_like(x).scatter(  # rows 1.. written in reverse order from row 0 on
         1, torch.arange(x.shape[1] - 1, device=x.device).flip(0)[None, :, None].expand(3, -1, 4).contiguous(),
         x[:, 1:]).pow(2).mul(torch.arange(x.shape[1], device=x.device)[:, None]).sum(),
+    "index_copy_add": lambda x: (lambda i: torch.zeros_like(x).index_copy(1, i, x[:, 1:]).index_add(1, i, x[:, :-1])
+                                 .pow(2).mul(torch.arange(x.shape[1], device=x.device)[:, None]).sum())(
+        torch.arange(x.shape[1] - 1, device=x.device).flip(0)),
+    "into_a_static_cache": lambda x: torch.zeros(3, 32, 4, device=x.device).index_copy(  # StaticCache's write
+        1, torch.arange(x.shape[1], device=x.device) + 2, x * 2).pow(2).mul(torch.arange(32.0, device=x.device)[:, None]).sum(),
 }
 
 
@@ -406,3 +411,41 @@ def test_reductions_and_scans_along_a_symbolic_length(name):
         torch.testing.assert_close(xt.grad.cpu(), x.grad, atol=1e-4, rtol=1e-4)
     assert torch_tpu.metrics.bucket_refusals() == {}
     assert graphs() - before == 4  # buckets 16 and 32, forward and backward each
+
+
+def test_an_int_input_of_symbolic_value_as_a_tensor_argument():
+    """An int Dynamo makes symbolic (a position, a length) passed where an op takes a Tensor (x * n):
+    read from the sizes operand, not refused (batched generate()'s graphs take one)."""
+    fn = lambda x, n: (x * n).sum(1) + n + torch.full_like(x[:, 0], 0.5) * (n - 1)  # noqa: E731
+    f = torch.compile(fn, backend="tpu", dynamic=True)
+    before = graphs()
+    for k, n in ((5, 3), (9, 5), (12, 7), (7, 2)):
+        x = torch.randn(2, k)
+        torch.testing.assert_close(f(x.to(TPU), n).cpu(), fn(x, n))
+    assert graphs() - before == 1
+    assert torch_tpu.metrics.bucket_refusals() == {}
+
+
+@pytest.mark.slow
+def test_batched_left_padded_generate_buckets():
+    """generate() over batches of left-padded prompts of changing lengths with a compiled forward:
+    CPU's tokens, no graph refused (the padding mask's indexing and an int position input were)."""
+    transformers = pytest.importorskip("transformers")
+    from models import zoo  # noqa: F401  (imports torchvision the way transformers can load it)
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(vocab_size=128, n_embd=32, n_layer=1, n_head=4, n_positions=64)
+    cpu = transformers.GPT2LMHeadModel(cfg).eval()
+    tpu = copy.deepcopy(cpu).to(TPU)
+    tpu.forward = torch.compile(tpu.forward, backend="tpu")
+    g = torch.Generator().manual_seed(1)
+    for k, lens in enumerate([(5, 3), (7, 4), (6, 2), (9, 8)]):
+        if k == 2:
+            before = graphs()
+        n = max(lens)
+        mask = torch.stack([(torch.arange(n) >= n - m).long() for m in lens])
+        ids = torch.randint(1, 128, (2, n), generator=g) * mask
+        kw = dict(max_new_tokens=5, do_sample=False, pad_token_id=0)
+        want = cpu.generate(input_ids=ids, attention_mask=mask, **kw)
+        assert torch.equal(tpu.generate(input_ids=ids.to(TPU), attention_mask=mask.to(TPU), **kw).cpu(), want)
+    assert graphs() == before, "prompts and caches in seen buckets compiled a program"
+    assert torch_tpu.metrics.bucket_refusals() == {}

@@ -378,6 +378,9 @@ _ROW_OPS = {  # work along one dimension with reductions (softmax) or per row (l
 }
 # (input, normalized_shape) argument positions
 _NORMS = {aten.native_layer_norm.default: (0, 1), aten.native_layer_norm_backward.default: (1, 2)}
+# Writes at indices along a dimension, arguments (x, dim, index, src, ...): lowered on static operands
+# (dynamo/lower_graph.py: a padded index's padding is out of bounds, so its updates are skipped).
+SCATTERS = {aten.scatter.src, aten.scatter.value, aten.index_copy.default, aten.index_add.default}
 _SYM_VALUES = {aten.sym_size.int, aten.sym_numel.default, aten.sym_stride.int, aten.sym_storage_offset.default,
                operator.mul, operator.add, operator.sub, operator.floordiv, operator.neg, operator.mod,
                torch.sym_max, torch.sym_min, torch.sym_float, operator.truediv}
@@ -484,8 +487,7 @@ def refusal(node) -> str | None:
         if any(not _static_int(p) or p < 0 for p in node.args[1]):
             return f"{name} with a negative or symbolic pad"
         return None
-    if target in (aten.index.Tensor, aten.index_select.default, aten.gather.default, aten.scatter.src,
-                  aten.scatter.value):
+    if target in (aten.index.Tensor, aten.index_select.default, aten.gather.default) or target in SCATTERS:
         # Reads and writes at indices checked on the device against the true sizes (their lowerings'
         # `bounds`, dynamo/lower_graph.py): an index into the padding raises CPU's error at the next
         # synchronisation, a negative one (index.Tensor) is wrapped by the true size first, and a

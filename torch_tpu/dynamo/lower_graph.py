@@ -514,9 +514,9 @@ class GraphProgram:
         def tensor(v):
             if v is None:
                 return None
-            if isinstance(v, torch.fx.Node):
+            if isinstance(v, torch.fx.Node) and not isinstance(v.meta.get("val"), (torch.SymInt, torch.SymFloat)):
                 return value_of(v)
-            return scalar(v, node)  # a python number for a Tensor argument
+            return scalar(v, node)  # a python number (a size in a bucketed graph) for a Tensor argument
 
         def value(v, i):
             if _has_node(v) and bk is not None:  # sizes (buckets.refusal let only size arguments through)
@@ -555,7 +555,7 @@ class GraphProgram:
             self._device_bounds(low, node, l_vals, args)
             if bk is not None and node.target is torch.ops.aten.index.Tensor:
                 args = self._wrap_negative(node, args)
-            elif bk is not None and node.target in (torch.ops.aten.scatter.src, torch.ops.aten.scatter.value):
+            elif bk is not None and node.target in buckets.SCATTERS:
                 args = self._padding_not_scattered(args)
         result = low.fn(ctx, *args)
         if result is None:
@@ -707,7 +707,7 @@ class GraphProgram:
         return [args[0], indices, *args[2:]]
 
     def _padding_not_scattered(self, args):
-        """scatter's arguments (x, dim, index, src) without XLA's dynamic sizes (its dynamic padder
+        """A scatter's arguments (x, dim, index, src, ...; buckets.SCATTERS) without XLA's dynamic sizes (its dynamic padder
         misplaced updates into a dynamic operand), a padded index's padding pointing past every size
         (XLA's scatter skips an update whose index is out of bounds): the valid region's updates
         land alone."""
