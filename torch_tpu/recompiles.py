@@ -12,8 +12,12 @@ is why the process needed it.
 from __future__ import annotations
 
 import collections
+import os
+import sys
 import threading
 import warnings
+
+import torch
 
 from . import settings
 
@@ -71,13 +75,32 @@ def _one_dimension_varies(seen, sig: tuple):
     return None
 
 
-def note(name: str, dtypes: tuple, sizes: tuple, layouts: tuple, what: str = "op", stacklevel: int = 2) -> str:
+# Frames of these files are not the user's line a warning should name (Python 3.12's
+# warnings.warn(skip_file_prefixes=...), by hand for 3.11).
+_LIBRARY = (os.path.dirname(os.path.abspath(__file__)) + os.sep, os.path.dirname(os.path.abspath(torch.__file__)) + os.sep)
+
+
+def _warn_at_user_code(message: str) -> None:
+    """warnings.warn(message, UserWarning) attributed to the innermost frame outside torch and
+    torch_tpu (an op reached through autograd or Dynamo has no fixed stack depth: a fixed stacklevel
+    named sys:1 or a torch file)."""
+    f = sys._getframe(1)
+    while f is not None and (f.f_code.co_filename.startswith(_LIBRARY) or f.f_code.co_filename.startswith("<")):
+        f = f.f_back
+    if f is None:
+        warnings.warn(message, UserWarning, stacklevel=2)
+        return
+    warnings.warn_explicit(message, UserWarning, f.f_code.co_filename, f.f_lineno, module=f.f_globals.get("__name__"),
+                           registry=f.f_globals.setdefault("__warningregistry__", {}), module_globals=f.f_globals)
+
+
+def note(name: str, dtypes: tuple, sizes: tuple, layouts: tuple, what: str = "op") -> str:
     """Records a new program of op / graph `name` for arguments of these dtypes, sizes and layouts
     (tuples, one entry per tensor argument; a layout is layout_of's); returns its cause. When its
     programs cover TORCH_TPU_RECOMPILE_WARN sizes (default 32; 0: never) of one varying dimension, all its
     other sizes equal (a length or batch size that changes, not a model's differently shaped layers), warns, once per
-    process for eager ops (a step's ops all reach it together) and once per compiled graph;
-    stacklevel: the warning's, counted from the caller of note."""
+    process for eager ops (a step's ops all reach it together) and once per compiled graph, naming
+    the user's line that reached it."""
     sig = (dtypes, sizes, layouts)
     with _lock:
         cause = _classify(_seen[name], sig)
@@ -99,12 +122,12 @@ def note(name: str, dtypes: tuple, sizes: tuple, layouts: tuple, what: str = "op
             _warned.add(once)
             where = _describe(varying[0], sorted(values))
     if warn:
-        warnings.warn(
+        _warn_at_user_code(
             f"torch_tpu: {what} {name} has made programs for {shapes} sizes of a dimension that changes ({where}): "
             "each new shape compiles a new program. "
             "Pad inputs to a few fixed sizes (e.g. Hugging Face's DataCollatorWithPadding(pad_to_multiple_of=64), "
             "or batches bucketed by length). torch_tpu.metrics.program_causes() counts programs by cause; "
-            "TORCH_TPU_RECOMPILE_WARN sets this warning's threshold (0: never).", UserWarning, stacklevel=stacklevel + 1)
+            "TORCH_TPU_RECOMPILE_WARN sets this warning's threshold (0: never).")
     return cause
 
 

@@ -82,7 +82,7 @@ def _note_program(name: str, vals) -> None:
     """Counts a new program of op `name` by its cause (torch_tpu/recompiles.py), from the call's tensors."""
     ts = list(_tensors(vals))
     recompiles.note(name, tuple(t.dtype for t in ts), tuple(tuple(t.shape) for t in ts),
-                    tuple(recompiles.layout_of(t) for t in ts), stacklevel=3)  # the user's line: before _slow
+                    tuple(recompiles.layout_of(t) for t in ts))
 
 
 class _Call:
