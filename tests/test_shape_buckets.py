@@ -387,6 +387,10 @@ _ALONG_THE_LENGTH = {  # reductions, scans and reversals over a changing length,
     "index_copy_add": lambda x: (lambda i: torch.zeros_like(x).index_copy(1, i, x[:, 1:]).index_add(1, i, x[:, :-1])
                                  .pow(2).mul(torch.arange(x.shape[1], device=x.device)[:, None]).sum())(
         torch.arange(x.shape[1] - 1, device=x.device).flip(0)),
+    "conv1d": lambda x: F.conv1d(F.conv1d(x.transpose(1, 2), torch.ones(5, 4, 3, device=x.device) / 12, padding=1),
+                                 torch.ones(2, 5, 2, device=x.device) / 10, stride=2, dilation=2).tanh().sum(),
+    "pools": lambda x: (F.max_pool2d(x[:, None], (2, 3), (1, 2), padding=(1, 1)).pow(2).sum()  # (max_pool1d: Dynamo specializes)
+                        + F.avg_pool1d(x.transpose(1, 2), 3, 1, padding=1).pow(2).sum()),
     "into_a_static_cache": lambda x: torch.zeros(3, 32, 4, device=x.device).index_copy(  # StaticCache's write
         1, torch.arange(x.shape[1], device=x.device) + 2, x * 2).pow(2).mul(torch.arange(32.0, device=x.device)[:, None]).sum(),
 }

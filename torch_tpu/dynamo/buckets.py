@@ -381,6 +381,18 @@ _NORMS = {aten.native_layer_norm.default: (0, 1), aten.native_layer_norm_backwar
 # Writes at indices along a dimension, arguments (x, dim, index, src, ...): lowered on static operands
 # (dynamo/lower_graph.py: a padded index's padding is out of bounds, so its updates are skipped).
 SCATTERS = {aten.scatter.src, aten.scatter.value, aten.index_copy.default, aten.index_add.default}
+# Ops that read a window of positions along a symbolic dimension, with PyTorch's implicit padding past
+# its end: lowered on static operands whose padding holds what PyTorch's does (dynamo/lower_graph.py;
+# zeros, or "lowest" for a max pool: -inf), so a window at the true end reads what PyTorch's padding
+# gives and a backward sums no padding. op -> {tensor argument position: fill}, 0 elsewhere.
+FILLED = {aten.convolution.default: {}, aten.convolution_backward.default: {},
+          aten.max_pool2d_with_indices.default: {0: "lowest"},
+          aten.max_pool2d_with_indices_backward.default: {1: "lowest"},
+          aten.avg_pool2d.default: {}, aten.avg_pool2d_backward.default: {}}
+# A pool's window count or divisor that depends on where the true end is: ceil_mode's last window,
+# avg_pool's count_include_pad=False. op -> (ceil_mode position, count_include_pad position)
+_POOL_FLAGS = {aten.max_pool2d_with_indices.default: (5, None), aten.max_pool2d_with_indices_backward.default: (6, None),
+               aten.avg_pool2d.default: (4, 5), aten.avg_pool2d_backward.default: (5, 6)}
 _SYM_VALUES = {aten.sym_size.int, aten.sym_numel.default, aten.sym_stride.int, aten.sym_storage_offset.default,
                operator.mul, operator.add, operator.sub, operator.floordiv, operator.neg, operator.mod,
                torch.sym_max, torch.sym_min, torch.sym_float, operator.truediv}
@@ -427,7 +439,13 @@ def refusal(node) -> str | None:
                 any(is_symbolic(_val(a)) for a in node.args[:1] + node.args[2:3]):
             return "arange with a symbolic start or step"
         return None
-    if target in _REDUCTIONS or target in _ROW_OPS:
+    if target in _POOL_FLAGS:
+        ceil_at, include_at = _POOL_FLAGS[target]
+        if len(node.args) > ceil_at and node.args[ceil_at]:
+            return f"{name} with ceil_mode=True"
+        if include_at is not None and len(node.args) > include_at and not node.args[include_at]:
+            return f"{name} with count_include_pad=False"
+    if target in _REDUCTIONS or target in _ROW_OPS or target in FILLED:
         return None
     if target in _NORMS:
         xi, ni = _NORMS[target]

@@ -557,6 +557,10 @@ class GraphProgram:
                 args = self._wrap_negative(node, args)
             elif bk is not None and node.target in buckets.SCATTERS:
                 args = self._padding_not_scattered(args)
+        if bk is not None and node.target in buckets.FILLED:
+            fills = buckets.FILLED[node.target]
+            args = [bounded.filled(self.b, a, bounded.lowest(a.dtype) if fills.get(i) == "lowest" else 0)
+                    if isinstance(a, Value) else a for i, a in enumerate(args)]
         result = low.fn(ctx, *args)
         if result is None:
             result = []

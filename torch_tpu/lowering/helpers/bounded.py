@@ -44,3 +44,10 @@ def filled(b: Builder, x: Value, fill) -> Value:
     # ("Dynamic input unexpectedly found for unsupported instruction: compare").
     shape = tuple(x.shape)
     return static(b, b.select(valid(b, shape, x.sizes), x, b.constant(fill, x.dtype, shape)), x.sizes, fill)
+
+
+def lowest(dtype: torch.dtype):
+    """The fill below every value of `dtype` (a max pool's padding): -inf, or the integer minimum."""
+    if dtype.is_floating_point:
+        return float("-inf")
+    return False if dtype == torch.bool else torch.iinfo(dtype).min
