@@ -381,9 +381,14 @@ _ALONG_THE_LENGTH = {  # reductions, scans and reversals over a changing length,
     "cumsum": lambda x: (x.cumsum(1) * x).sum() + x.reshape(-1).cumsum(0)[-1],
     "flip": lambda x: (x.flip(1) * torch.arange(x.shape[1], device=x.device)[:, None]).sum(),
     "all_max": lambda x: x.max() + x.min(),
+    "sort_topk": lambda x: ((torch.sort(x, 1)[0] * torch.arange(x.shape[1], device=x.device)[:, None]).sum()
+                            + torch.topk(x, 3, 1)[0].pow(2).sum() + torch.sort(x, 1, descending=True)[1][:, 0].sum()
+                            + x.gather(1, x.argsort(1)).cumsum(1).sum()),
     "scatter": lambda x: torch.zeros_like(x).scatter(  # rows 1.. written in reverse order from row 0 on
         1, torch.arange(x.shape[1] - 1, device=x.device).flip(0)[None, :, None].expand(3, -1, 4).contiguous(),
         x[:, 1:]).pow(2).mul(torch.arange(x.shape[1], device=x.device)[:, None]).sum(),
+    "scatter_reduce": lambda x: x.scatter_reduce(1, torch.arange(x.shape[1] - 1, device=x.device).flip(0)[None, :, None]
+                                                 .expand(3, -1, 4).contiguous(), x[:, 1:] * 2, "sum").pow(2).sum(),
     "index_copy_add": lambda x: (lambda i: torch.zeros_like(x).index_copy(1, i, x[:, 1:]).index_add(1, i, x[:, :-1])
                                  .pow(2).mul(torch.arange(x.shape[1], device=x.device)[:, None]).sum())(
         torch.arange(x.shape[1] - 1, device=x.device).flip(0)),

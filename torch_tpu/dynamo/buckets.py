@@ -380,15 +380,47 @@ _ROW_OPS = {  # work along one dimension with reductions (softmax) or per row (l
 _NORMS = {aten.native_layer_norm.default: (0, 1), aten.native_layer_norm_backward.default: (1, 2)}
 # Writes at indices along a dimension, arguments (x, dim, index, src, ...): lowered on static operands
 # (dynamo/lower_graph.py: a padded index's padding is out of bounds, so its updates are skipped).
-SCATTERS = {aten.scatter.src, aten.scatter.value, aten.index_copy.default, aten.index_add.default}
+SCATTERS = {aten.scatter.src, aten.scatter.value, aten.scatter_add.default, aten.scatter_reduce.two,
+            aten.index_copy.default, aten.index_add.default}
+def _arg(node, i: int, name: str, default):
+    return node.args[i] if len(node.args) > i else node.kwargs.get(name, default)
+
+
+def _ordering_fills(node) -> dict:
+    """sort / topk along a symbolic dimension: padding that sorts after every true element (a stable
+    sort keeps a true element before padding equal to it): "highest" ascending (NaN, which CPU sorts
+    last), "lowest" descending. Along a static dimension padded rows sort on their own: no fill."""
+    x = _val(node.args[0])
+    if node.target is aten.topk.default:
+        dim, descending = _arg(node, 2, "dim", -1), _arg(node, 3, "largest", True)
+    elif node.target is aten.sort.default:
+        dim, descending = _arg(node, 1, "dim", -1), _arg(node, 2, "descending", False)
+    else:  # sort.stable's are keyword-only
+        dim, descending = node.kwargs.get("dim", -1), node.kwargs.get("descending", False)
+    if dim % max(x.dim(), 1) not in _dynamic_dims(x):
+        return {}
+    return {0: "lowest" if descending else "highest"}
+
+
 # Ops that read a window of positions along a symbolic dimension, with PyTorch's implicit padding past
-# its end: lowered on static operands whose padding holds what PyTorch's does (dynamo/lower_graph.py;
-# zeros, or "lowest" for a max pool: -inf), so a window at the true end reads what PyTorch's padding
-# gives and a backward sums no padding. op -> {tensor argument position: fill}, 0 elsewhere.
+# its end, or order along it: lowered on static operands whose padding holds what PyTorch's does
+# (dynamo/lower_graph.py; zeros, "lowest" for a max pool: -inf) or what sorts last, so a window at the
+# true end reads what PyTorch's padding gives, a backward sums no padding, and a sort's true elements
+# come first. op -> {tensor argument position: fill}, 0 elsewhere, or a function of the node giving
+# that (fills).
 FILLED = {aten.convolution.default: {}, aten.convolution_backward.default: {},
           aten.max_pool2d_with_indices.default: {0: "lowest"},
           aten.max_pool2d_with_indices_backward.default: {1: "lowest"},
-          aten.avg_pool2d.default: {}, aten.avg_pool2d_backward.default: {}}
+          aten.avg_pool2d.default: {}, aten.avg_pool2d_backward.default: {},
+          aten.sort.default: _ordering_fills, aten.sort.stable: _ordering_fills, aten.topk.default: _ordering_fills}
+
+
+def fills(node) -> dict:
+    """{tensor argument position: fill} of a FILLED node: 0, "lowest" or "highest" (bounded.fill_value)."""
+    spec = FILLED[node.target]
+    return spec(node) if callable(spec) else spec
+
+
 # A pool's window count or divisor that depends on where the true end is: ceil_mode's last window,
 # avg_pool's count_include_pad=False. op -> (ceil_mode position, count_include_pad position)
 _POOL_FLAGS = {aten.max_pool2d_with_indices.default: (5, None), aten.max_pool2d_with_indices_backward.default: (6, None),
@@ -491,16 +523,8 @@ def refusal(node) -> str | None:
         if dim % max(ins[0].dim(), 1) in {d for t in ins for d in _dynamic_dims(t)}:
             return f"{name} along a symbolic dimension"
         return None
-    if target in (aten.topk.default, aten.sort.default, aten.sort.stable):
-        # Each row is ordered on its own: padded rows give padded results, valid rows are untouched.
-        x = _val(node.args[0])
-        dim_i = 2 if target is aten.topk.default else (1 if target is aten.sort.default else 2)
-        dim = node.args[dim_i] if len(node.args) > dim_i else node.kwargs.get("dim", -1)
-        if target is aten.topk.default and not _static_int(node.args[1]):
-            return f"{name} with a symbolic k"
-        if dim % max(x.dim(), 1) in _dynamic_dims(x):
-            return f"{name} along a symbolic dimension"
-        return None
+    if target is aten.topk.default and not _static_int(node.args[1]):
+        return f"{name} with a symbolic k"
     if target is aten.constant_pad_nd.default:
         if any(not _static_int(p) or p < 0 for p in node.args[1]):
             return f"{name} with a negative or symbolic pad"

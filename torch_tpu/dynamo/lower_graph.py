@@ -558,8 +558,8 @@ class GraphProgram:
             elif bk is not None and node.target in buckets.SCATTERS:
                 args = self._padding_not_scattered(args)
         if bk is not None and node.target in buckets.FILLED:
-            fills = buckets.FILLED[node.target]
-            args = [bounded.filled(self.b, a, bounded.lowest(a.dtype) if fills.get(i) == "lowest" else 0)
+            fills = buckets.fills(node)
+            args = [bounded.filled(self.b, a, bounded.fill_value(fills.get(i, 0), a.dtype))
                     if isinstance(a, Value) else a for i, a in enumerate(args)]
         result = low.fn(ctx, *args)
         if result is None:

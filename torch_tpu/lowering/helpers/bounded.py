@@ -46,8 +46,12 @@ def filled(b: Builder, x: Value, fill) -> Value:
     return static(b, b.select(valid(b, shape, x.sizes), x, b.constant(fill, x.dtype, shape)), x.sizes, fill)
 
 
-def lowest(dtype: torch.dtype):
-    """The fill below every value of `dtype` (a max pool's padding): -inf, or the integer minimum."""
-    if dtype.is_floating_point:
-        return float("-inf")
-    return False if dtype == torch.bool else torch.iinfo(dtype).min
+def fill_value(kind, dtype: torch.dtype):
+    """A padding fill of `dtype`: "lowest" (below every value: -inf, the integer minimum; a max
+    pool's padding, a descending sort's), "highest" (sorted after every value: NaN, which CPU sorts
+    last, the integer maximum), or the number `kind` itself."""
+    if kind == "lowest":
+        return float("-inf") if dtype.is_floating_point else (False if dtype == torch.bool else torch.iinfo(dtype).min)
+    if kind == "highest":
+        return float("nan") if dtype.is_floating_point else (True if dtype == torch.bool else torch.iinfo(dtype).max)
+    return kind
