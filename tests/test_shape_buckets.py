@@ -423,9 +423,10 @@ def test_reductions_and_scans_along_a_symbolic_length(name):
 
 
 def test_an_int_input_of_symbolic_value_as_a_tensor_argument():
-    """An int Dynamo makes symbolic (a position, a length) passed where an op takes a Tensor (x * n):
-    read from the sizes operand, not refused (batched generate()'s graphs take one)."""
-    fn = lambda x, n: (x * n).sum(1) + n + torch.full_like(x[:, 0], 0.5) * (n - 1)  # noqa: E731
+    """An int Dynamo makes symbolic (a position, a length) passed where an op takes a Tensor (x * n) or
+    as arange's start: read from the sizes operand, not refused (batched generate()'s graphs take one)."""
+    fn = lambda x, n: ((x * n).sum(1) + n + torch.full_like(x[:, 0], 0.5) * (n - 1)  # noqa: E731
+                       + (x * torch.arange(n, n + x.shape[1], device=x.device)).sum(1))  # positions from an offset
     f = torch.compile(fn, backend="tpu", dynamic=True)
     before = graphs()
     for k, n in ((5, 3), (9, 5), (12, 7), (7, 2)):

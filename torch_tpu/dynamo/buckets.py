@@ -183,7 +183,7 @@ class Bucketing:
         if not isinstance(e, sympy.Basic):
             return int(e)
         if not _monotone(e):
-            raise NotBucketable(f"the size {e} shrinks as a symbol grows")
+            raise NotBucketable(f"the size {e} is not known to grow with its symbols (its bound is not its value at the bounds)")
         v = e.xreplace(self.bounds)
         if not v.is_number:
             raise NotBucketable(f"the size {e} has a symbol the graph's inputs do not give")
@@ -466,10 +466,7 @@ def refusal(node) -> str | None:
         return f"{name} has no rule for padded operands"
     if target in _SHAPE_OPS or target in _CONTRACTIONS:
         return None
-    if target in _FACTORIES:
-        if target in (aten.arange.start, aten.arange.start_step) and \
-                any(is_symbolic(_val(a)) for a in node.args[:1] + node.args[2:3]):
-            return "arange with a symbolic start or step"
+    if target in _FACTORIES:  # a symbolic start or step is a run-time Scalar operand (lower_graph's scalar)
         return None
     if target in _POOL_FLAGS:
         ceil_at, include_at = _POOL_FLAGS[target]
