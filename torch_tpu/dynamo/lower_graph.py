@@ -711,10 +711,10 @@ class GraphProgram:
         return [args[0], indices, *args[2:]]
 
     def _padding_not_scattered(self, args):
-        """A scatter's arguments (x, dim, index, src, ...; buckets.SCATTERS) without XLA's dynamic sizes (its dynamic padder
-        misplaced updates into a dynamic operand), a padded index's padding pointing past every size
-        (XLA's scatter skips an update whose index is out of bounds): the valid region's updates
-        land alone."""
+        """A scatter's arguments (x, dim, index, src, ...; buckets.SCATTERS) without XLA's dynamic
+        sizes (its dynamic padder misplaced updates into a dynamic operand), a padded index's padding
+        pointing past every size (XLA's scatter skips an update whose index is out of bounds): the
+        valid region's updates land alone."""
         b = self.b
         x, dim, index, src = args[:4]
         skip = torch.iinfo(index.dtype).max
@@ -758,9 +758,9 @@ class GraphProgram:
             v = by_id.get(id(t))
             if v is None or bk is None or not v.sizes or all(n is None for n in v.sizes):
                 return v
-            # A padded index of a bucketed graph: checked on its true region only (its padding holds
-            # anything). The mask is applied to the padded index before its dynamic sizes are dropped:
-            # a mask that met them later XLA's dynamic padder refuses.
+            # A padded index of a bucketed graph is checked on its true region only (its padding holds
+            # anything): the index and a mask of that region (True marked with its sizes, False past
+            # them), both static.
             ones = relayout.mark(b, b.constant(True, torch.bool, tuple(v.shape)), v.sizes)
             return bounded.filled(b, v, 0), bounded.filled(b, Value(ones.name, ones.type, None, v.sizes), False)
 
