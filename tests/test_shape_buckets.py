@@ -371,6 +371,22 @@ def test_rows_counted_from_the_end_of_a_symbolic_length():
     assert torch_tpu.metrics.bucket_refusals() == {}
 
 
+def _shift_right(x):
+    out = x.new_zeros(x.shape)
+    out[:, 1:] = x[:, :-1].clone()
+    out[:, 0] = 7
+    return out
+
+
+def _routed(x):
+    flat = x.reshape(-1, x.shape[-1])
+    perm = torch.argsort(flat[:, 0])
+    rows = flat[perm // 1]  # floor_divide: Mixtral's hidden_states[perm // top_k]
+    inverse = torch.empty_like(perm)
+    inverse[perm] = torch.arange(perm.numel(), device=x.device)  # index_put
+    return rows[inverse] * rows.sum(1, keepdim=True)[inverse]
+
+
 _ALONG_THE_LENGTH = {  # reductions, scans and reversals over a changing length, and their backward
     "max_min": lambda x: x.max(1).values.sum() + x.min(1).values.sum() + x.max(1).indices.sum(),
     "arg": lambda x: (x * x.argmax(1, keepdim=True) + x.argmin(1, keepdim=True)).sum(),
@@ -396,6 +412,11 @@ _ALONG_THE_LENGTH = {  # reductions, scans and reversals over a changing length,
                                  torch.ones(2, 5, 2, device=x.device) / 10, stride=2, dilation=2).tanh().sum(),
     "pools": lambda x: (F.max_pool2d(x[:, None], (2, 3), (1, 2), padding=(1, 1)).pow(2).sum()  # (max_pool1d: Dynamo specializes)
                         + F.avg_pool1d(x.transpose(1, 2), 3, 1, padding=1).pow(2).sum()),
+    "shift_right": lambda x: _shift_right(x).pow(2).sum(),  # T5's decoder inputs: copy_ into a slice
+    "moe_routing": lambda x: _routed(x).pow(2).sum(),  # grouped-mm MoE: rows by a permutation, its inverse
+    "index_put": lambda x: torch.zeros_like(x).index_put(
+        (torch.tensor([0, 2], device=x.device)[:, None], torch.arange(x.shape[1], device=x.device).flip(0) - x.shape[1]),
+        x[:2] * 2, accumulate=True).pow(2).sum(),
     "into_a_static_cache": lambda x: torch.zeros(3, 32, 4, device=x.device).index_copy(  # StaticCache's write
         1, torch.arange(x.shape[1], device=x.device) + 2, x * 2).pow(2).mul(torch.arange(32.0, device=x.device)[:, None]).sum(),
 }
@@ -458,4 +479,32 @@ def test_batched_left_padded_generate_buckets():
         want = cpu.generate(input_ids=ids, attention_mask=mask, **kw)
         assert torch.equal(tpu.generate(input_ids=ids.to(TPU), attention_mask=mask.to(TPU), **kw).cpu(), want)
     assert graphs() == before, "prompts and caches in seen buckets compiled a program"
+    assert torch_tpu.metrics.bucket_refusals() == {}
+
+
+_VIEW_WRITES = {  # a view write into a tensor with a symbolic dimension (the functional form of y[...] = v)
+    "rows": lambda y: torch.slice_scatter(y.new_zeros(y.shape), y[:2] * 2, 0, 0, 2),
+    "rows_backward": lambda y: y[:2],  # its backward is that slice_scatter
+    "along_the_length": lambda y: torch.slice_scatter(y * 3, y[:, 1:] * 2, 1, 1),
+    "stepped": lambda y: torch.slice_scatter(y * 3, y[:, :, ::2] * 2, 2, 0, None, 2),
+    "select": lambda y: torch.select_scatter(y * 3, y[:, 1] * 2, 1, 3),
+}
+
+
+@pytest.mark.parametrize("name", list(_VIEW_WRITES))
+def test_view_writes_into_a_tensor_of_symbolic_size(name):
+    """slice_scatter flattens its base and writes at the bucket layout's offsets; with XLA's dynamic
+    sizes still on the base, XLA's reshape had moved its elements: y[:2]'s gradient was wrong in rows
+    past the first (silently). CPU's values and gradients, NaN in every padding."""
+    fn = _VIEW_WRITES[name]
+    f = torch.compile(lambda y: fn(y).pow(2).sum(), backend="tpu")
+    for n in (5, 6, 20):
+        y = torch.randn(3, n, 4, requires_grad=True)
+        yt = nan_padded(y.detach(), 3 * 32 * 4).requires_grad_()
+        torch._dynamo.mark_dynamic(yt, 1)
+        got, want = f(yt), fn(y).pow(2).sum()
+        got.backward()
+        want.backward()
+        torch.testing.assert_close(got.detach().cpu(), want.detach())
+        torch.testing.assert_close(yt.grad.cpu(), y.grad)
     assert torch_tpu.metrics.bucket_refusals() == {}

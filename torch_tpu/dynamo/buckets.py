@@ -353,7 +353,8 @@ _FACTORIES = {
     aten.arange.default, aten.arange.start, aten.arange.start_step, aten.ones.default, aten.zeros.default,
     aten.full.default, aten.empty.memory_format, aten.new_zeros.default, aten.new_ones.default,
     aten.new_full.default, aten.new_empty.default, aten.zeros_like.default, aten.ones_like.default,
-    aten.full_like.default, aten.empty_like.default, aten.scalar_tensor.default,
+    aten.full_like.default, aten.empty_like.default, aten.scalar_tensor.default, aten.new_empty_strided.default,
+    aten.empty_strided.default,
 }
 _CONTRACTIONS = {aten.mm.default, aten.bmm.default, aten.addmm.default, aten.matmul.default,
                  aten.baddbmm.default, aten.dot.default}
@@ -382,6 +383,9 @@ _NORMS = {aten.native_layer_norm.default: (0, 1), aten.native_layer_norm_backwar
 # (dynamo/lower_graph.py: a padded index's padding is out of bounds, so its updates are skipped).
 SCATTERS = {aten.scatter.src, aten.scatter.value, aten.scatter_add.default, aten.scatter_reduce.two,
             aten.index_copy.default, aten.index_add.default}
+# Advanced-indexing writes, arguments (x, indices, values, ...): the same, each index's padding out of
+# bounds (after its negative indices count from the true size, as index.Tensor's).
+INDEX_PUTS = {aten.index_put.default, aten._index_put_impl.default}
 def _arg(node, i: int, name: str, default):
     return node.args[i] if len(node.args) > i else node.kwargs.get(name, default)
 
@@ -412,7 +416,10 @@ FILLED = {aten.convolution.default: {}, aten.convolution_backward.default: {},
           aten.max_pool2d_with_indices.default: {0: "lowest"},
           aten.max_pool2d_with_indices_backward.default: {1: "lowest"},
           aten.avg_pool2d.default: {}, aten.avg_pool2d_backward.default: {},
-          aten.sort.default: _ordering_fills, aten.sort.stable: _ordering_fills, aten.topk.default: _ordering_fills}
+          aten.sort.default: _ordering_fills, aten.sort.stable: _ordering_fills, aten.topk.default: _ordering_fills,
+          # a view write flattens its base and writes at the padded layout's offsets (functional.py),
+          # where XLA's reshape of a dynamic dimension would have moved the elements
+          aten.slice_scatter.default: {}}
 
 
 def fills(node) -> dict:
@@ -483,8 +490,9 @@ def refusal(node) -> str | None:
         if any(d >= first for d in _dynamic_dims(x)):
             return f"{name} normalizes over a symbolic dimension"
         return None
-    if torch.Tag.pointwise in target.tags or target in (aten.native_dropout.default,
-                                                        aten.native_dropout_backward.default):
+    if torch.Tag.pointwise in target.tags or target in (aten.native_dropout.default, aten.native_dropout_backward.default,
+                                                        aten.floor_divide.default, aten.copy.default):
+        # (floor_divide and copy, src broadcast to self: elementwise without PyTorch's pointwise tag)
         # Random ops (dropout in training) draw at the bucket's layout: the valid region's numbers are
         # not the per-shape program's, but come from the same distribution, one seed giving the same
         # ones for the same length and bucket (as Inductor's differ from eager's, PyTorch's
@@ -526,7 +534,8 @@ def refusal(node) -> str | None:
         if any(not _static_int(p) or p < 0 for p in node.args[1]):
             return f"{name} with a negative or symbolic pad"
         return None
-    if target in (aten.index.Tensor, aten.index_select.default, aten.gather.default) or target in SCATTERS:
+    if target in (aten.index.Tensor, aten.index_select.default, aten.gather.default) or target in SCATTERS \
+            or target in INDEX_PUTS:
         # Reads and writes at indices checked on the device against the true sizes (their lowerings'
         # `bounds`, dynamo/lower_graph.py): an index into the padding raises CPU's error at the next
         # synchronisation, a negative one (index.Tensor) is wrapped by the true size first, and a

@@ -557,6 +557,8 @@ class GraphProgram:
                 args = self._wrap_negative(node, args)
             elif bk is not None and node.target in buckets.SCATTERS:
                 args = self._padding_not_scattered(args)
+            elif bk is not None and node.target in buckets.INDEX_PUTS:
+                args = self._padding_not_put(node, args)
         if bk is not None and node.target in buckets.FILLED:
             fills = buckets.fills(node)
             args = [bounded.filled(self.b, a, bounded.fill_value(fills.get(i, 0), a.dtype))
@@ -721,6 +723,17 @@ class GraphProgram:
         if isinstance(src, Value) and src.sizes:
             src = bounded.filled(b, src, 0)
         return [bounded.filled(b, x, 0), dim, bounded.filled(b, index, skip), src, *args[4:]]
+
+    def _padding_not_put(self, node, args):
+        """index_put's arguments (x, indices, values, ...) as a scatter's (_padding_not_scattered):
+        static, each index's padding past every size, after its negative indices are counted from the
+        true sizes."""
+        b = self.b
+        x, indices, values = self._wrap_negative(node, args)[:3]
+        indices = [None if i is None else bounded.filled(b, i, torch.iinfo(i.dtype).max) for i in indices]
+        if isinstance(values, Value):
+            values = bounded.filled(b, values, 0)
+        return [bounded.filled(b, x, 0), indices, values, *args[3:]]
 
     def _device_bounds(self, low, node, vals, args):
         """Adds the node's index checks to the program (registry.bounds_status), on the FakeTensors'
