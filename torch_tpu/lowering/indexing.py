@@ -14,7 +14,6 @@ from __future__ import annotations
 import warnings
 
 import torch
-from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from .elementwise import compute_dtype
 from .helpers import arith, points
@@ -429,8 +428,8 @@ def _index_bounds(x, indices, *rest):
             if i.dtype not in (torch.int64, torch.int32):
                 raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
             # every index is out of bounds: CPU's message, no program (a symbolic size is not
-            # asked: it would add a guard to a graph already compiled)
-            if guard_or_false(x.shape[d] == 0) and i.numel() > 0:
+            # asked: it would add a guard to a graph already compiled, and Dynamo keeps 0 static)
+            if isinstance(x.shape[d], int) and x.shape[d] == 0 and i.numel() > 0:
                 raise IndexError("index is out of bounds for dimension with size 0")
             out.append(IndexBound(i, x.shape[d], IndexError,
                                   f"index {{value}} is out of bounds for dimension {k} with size {{size}}",
