@@ -387,6 +387,15 @@ def _routed(x):
     return rows[inverse] * rows.sum(1, keepdim=True)[inverse]
 
 
+def _grouped_experts(x):
+    """transformers' grouped-mm MoE: tokens counted per expert with histc (the padding must fall in
+    no bin), sorted by expert, one _grouped_mm over the groups."""
+    flat = x.reshape(-1, 4)
+    offs = torch.histc(flat[:, 0].clamp(-0.99, 0.99), bins=2, min=-1, max=1).cumsum(0).to(torch.int32)
+    w = torch.arange(32, dtype=x.dtype, device=x.device).reshape(2, 4, 4) / 10
+    return torch._grouped_mm(flat[torch.argsort(flat[:, 0])], w, offs=offs)
+
+
 _ALONG_THE_LENGTH = {  # reductions, scans and reversals over a changing length, and their backward
     "max_min": lambda x: x.max(1).values.sum() + x.min(1).values.sum() + x.max(1).indices.sum(),
     "arg": lambda x: (x * x.argmax(1, keepdim=True) + x.argmin(1, keepdim=True)).sum(),
@@ -414,6 +423,7 @@ _ALONG_THE_LENGTH = {  # reductions, scans and reversals over a changing length,
                         + F.avg_pool1d(x.transpose(1, 2), 3, 1, padding=1).pow(2).sum()),
     "shift_right": lambda x: _shift_right(x).pow(2).sum(),  # T5's decoder inputs: copy_ into a slice
     "moe_routing": lambda x: _routed(x).pow(2).sum(),  # grouped-mm MoE: rows by a permutation, its inverse
+    "grouped_mm": lambda x: _grouped_experts(x).pow(2).sum(),
     "index_put": lambda x: torch.zeros_like(x).index_put(
         (torch.tensor([0, 2], device=x.device)[:, None], torch.arange(x.shape[1], device=x.device).flip(0) - x.shape[1]),
         x[:2] * 2, accumulate=True).pow(2).sum(),

@@ -419,7 +419,11 @@ FILLED = {aten.convolution.default: {}, aten.convolution_backward.default: {},
           aten.sort.default: _ordering_fills, aten.sort.stable: _ordering_fills, aten.topk.default: _ordering_fills,
           # a view write flattens its base and writes at the padded layout's offsets (functional.py),
           # where XLA's reshape of a dynamic dimension would have moved the elements
-          aten.slice_scatter.default: {}}
+          aten.slice_scatter.default: {},
+          # counted elements: the padding falls outside every bin (its range given: refusal)
+          aten.histc.default: {0: "highest"},
+          # an MoE's expert products: rows past the last group's offset belong to no group
+          aten._grouped_mm.default: {}}
 
 
 def fills(node) -> dict:
@@ -475,6 +479,8 @@ def refusal(node) -> str | None:
         return None
     if target in _FACTORIES:  # a symbolic start or step is a run-time Scalar operand (lower_graph's scalar)
         return None
+    if target is aten.histc.default and _arg(node, 2, "min", 0) == _arg(node, 3, "max", 0):
+        return f"{name} with its range from the data"
     if target in _POOL_FLAGS:
         ceil_at, include_at = _POOL_FLAGS[target]
         if len(node.args) > ceil_at and node.args[ceil_at]:
