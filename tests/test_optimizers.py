@@ -84,6 +84,21 @@ def test_fused_adam_op_with_grad_scale_found_inf_tensor_lr_and_bf16(op, amsgrad)
                     torch.testing.assert_close(t.cpu(), c, atol=1e-5, rtol=1e-5)
 
 
+def _fused_equal_to_cpu(op, lists, more_lists, tensors: dict, kw: dict) -> None:
+    """op (a fused optimizer step, in place) on CPU copies of `lists` (+ `more_lists`, e.g. steps) and
+    on tpu copies, with the tensor keyword arguments `tensors` moved too: no CPU fallback on tpu, and
+    every list equal to CPU's after it."""
+    cpu = [[t.clone() for t in lst] for lst in lists]
+    op(*cpu, *[[t.clone() for t in lst] for lst in more_lists], **tensors, **kw)
+    dev = [[t.to(TPU) for t in lst] for lst in lists]
+    before = sum(torch_tpu.metrics.fallback_counts().values())
+    op(*dev, *[[t.to(TPU) for t in lst] for lst in more_lists], **{k: v.to(TPU) for k, v in tensors.items()}, **kw)
+    assert sum(torch_tpu.metrics.fallback_counts().values()) == before
+    for lc, lt in zip(cpu, dev):
+        for c, t in zip(lc, lt):
+            torch.testing.assert_close(t.cpu(), c, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("momentum,nesterov,first", [(0.0, False, False), (0.9, False, True), (0.9, False, False),
                                                      (0.9, True, False)])
 def test_fused_sgd_op_with_grad_scale_found_inf_tensor_lr_and_bf16(momentum, nesterov, first):
@@ -96,17 +111,9 @@ def test_fused_sgd_op_with_grad_scale_found_inf_tensor_lr_and_bf16(momentum, nes
                 lists[2] = []
             kw = dict(weight_decay=0.05, momentum=momentum, dampening=0.1 if not nesterov else 0.0,
                       nesterov=nesterov, maximize=not nesterov, is_first_step=first)
-            cpu = [[t.clone() for t in lst] for lst in lists]
-            torch._fused_sgd_(*cpu, lr=torch.tensor(0.1), grad_scale=torch.tensor(4.0),
-                              found_inf=torch.tensor(found), **kw)
-            dev = [[t.to(TPU) for t in lst] for lst in lists]
-            before = sum(torch_tpu.metrics.fallback_counts().values())
-            torch._fused_sgd_(*dev, lr=torch.tensor(0.1).to(TPU), grad_scale=torch.tensor(4.0).to(TPU),
-                              found_inf=torch.tensor(found).to(TPU), **kw)
-            assert sum(torch_tpu.metrics.fallback_counts().values()) == before
-            for lc, lt in zip(cpu, dev):
-                for c, t in zip(lc, lt):
-                    torch.testing.assert_close(t.cpu(), c, atol=1e-5, rtol=1e-5)
+            _fused_equal_to_cpu(torch._fused_sgd_, lists, [],
+                                dict(lr=torch.tensor(0.1), grad_scale=torch.tensor(4.0), found_inf=torch.tensor(found)),
+                                kw)
 
 
 def test_fused_adagrad_op_with_grad_scale_found_inf_and_bf16():
@@ -117,16 +124,8 @@ def test_fused_adagrad_op_with_grad_scale_found_inf_and_bf16():
             lists[2] = [t.abs() for t in lists[2]]  # state sums >= 0
             steps = [torch.tensor(3.0), torch.tensor(7.0)]
             kw = dict(lr=0.1, lr_decay=0.01, weight_decay=0.05, eps=1e-10, maximize=False)
-            cpu = [[t.clone() for t in lst] for lst in lists]
-            torch._fused_adagrad_(*cpu, steps, grad_scale=torch.tensor(4.0), found_inf=torch.tensor(found), **kw)
-            dev = [[t.to(TPU) for t in lst] for lst in lists]
-            before = sum(torch_tpu.metrics.fallback_counts().values())
-            torch._fused_adagrad_(*dev, [s.to(TPU) for s in steps], grad_scale=torch.tensor(4.0).to(TPU),
-                                  found_inf=torch.tensor(found).to(TPU), **kw)
-            assert sum(torch_tpu.metrics.fallback_counts().values()) == before
-            for lc, lt in zip(cpu, dev):
-                for c, t in zip(lc, lt):
-                    torch.testing.assert_close(t.cpu(), c, atol=1e-5, rtol=1e-5)
+            _fused_equal_to_cpu(torch._fused_adagrad_, lists, [steps],
+                                dict(grad_scale=torch.tensor(4.0), found_inf=torch.tensor(found)), kw)
 
 
 def test_a_learning_rate_schedule_compiles_nothing_new():
