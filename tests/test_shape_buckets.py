@@ -358,15 +358,16 @@ def test_rows_counted_from_the_end_of_a_symbolic_length():
         return (h[:, -1] * 2).sum() + h[:, -2, 1:].sum() + h.select(1, -3).mean()
     f = torch.compile(fn, backend="tpu", dynamic=True)
     before = graphs()
+    torch.manual_seed(0)
     for n in (4, 6, 9, 12):
         x, w = torch.randn(3, n, 8, requires_grad=True), torch.randn(8, 5, requires_grad=True)
         xt, wt = nan_padded(x.detach(), 3 * 16 * 8).requires_grad_(), w.detach().to(TPU).requires_grad_()
         got, want = f(xt, wt), fn(x, w)
         got.backward()
         want.backward()
-        torch.testing.assert_close(got.cpu(), want)
-        torch.testing.assert_close(xt.grad.cpu(), x.grad)
-        torch.testing.assert_close(wt.grad.cpu(), w.grad)
+        torch.testing.assert_close(got.detach().cpu(), want.detach(), atol=1e-4, rtol=1e-4)  # sums' order
+        torch.testing.assert_close(xt.grad.cpu(), x.grad, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(wt.grad.cpu(), w.grad, atol=1e-4, rtol=1e-4)
     assert graphs() - before == 2
     assert torch_tpu.metrics.bucket_refusals() == {}
 
@@ -460,9 +461,10 @@ def test_an_int_input_of_symbolic_value_as_a_tensor_argument():
                        + (x * torch.arange(n, n + x.shape[1], device=x.device)).sum(1))  # positions from an offset
     f = torch.compile(fn, backend="tpu", dynamic=True)
     before = graphs()
+    torch.manual_seed(0)
     for k, n in ((5, 3), (9, 5), (12, 7), (7, 2)):
         x = torch.randn(2, k)
-        torch.testing.assert_close(f(x.to(TPU), n).cpu(), fn(x, n))
+        torch.testing.assert_close(f(x.to(TPU), n).cpu(), fn(x, n), atol=1e-4, rtol=1e-4)
     assert graphs() - before == 1
     assert torch_tpu.metrics.bucket_refusals() == {}
 
@@ -508,6 +510,7 @@ def test_view_writes_into_a_tensor_of_symbolic_size(name):
     past the first (silently). CPU's values and gradients, NaN in every padding."""
     fn = _VIEW_WRITES[name]
     f = torch.compile(lambda y: fn(y).pow(2).sum(), backend="tpu")
+    torch.manual_seed(0)
     for n in (5, 6, 20):
         y = torch.randn(3, n, 4, requires_grad=True)
         yt = nan_padded(y.detach(), 3 * 32 * 4).requires_grad_()
@@ -515,6 +518,6 @@ def test_view_writes_into_a_tensor_of_symbolic_size(name):
         got, want = f(yt), fn(y).pow(2).sum()
         got.backward()
         want.backward()
-        torch.testing.assert_close(got.detach().cpu(), want.detach())
-        torch.testing.assert_close(yt.grad.cpu(), y.grad)
+        torch.testing.assert_close(got.detach().cpu(), want.detach(), atol=1e-4, rtol=1e-4)  # sums' order
+        torch.testing.assert_close(yt.grad.cpu(), y.grad, atol=1e-4, rtol=1e-4)
     assert torch_tpu.metrics.bucket_refusals() == {}
