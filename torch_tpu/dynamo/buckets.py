@@ -16,10 +16,11 @@ graph (forward -> backward) without a copy.
 
 Not every op can read padding safely. `refusal(node, ...)` names what keeps a node from a bucketed
 program (a slice along a symbolic dimension from a negative start to anywhere but its end, a split
-along one, an in-place write
-into an input of symbolic size, an op with no rule below); such a graph is compiled per concrete
+along one, an in-place write into an input of symbolic size, an op with no rule below); such a graph is compiled per concrete
 shape instead, and torch_tpu.metrics.bucket_refusals() says why. Indexing ops (index.Tensor,
-index_select, gather) check their indices against the true sizes on the device. Random ops draw at the bucket's layout (the same distribution, not the per-shape program's
+index_select, gather) check their indices against the true sizes on the device; ops that read a
+window past the true end, order, or write at indices run on static operands with a chosen padding
+(FILLED). Random ops draw at the bucket's layout (the same distribution, not the per-shape program's
 numbers). A concatenation along a symbolic dimension places each part at a runtime offset.
 """
 from __future__ import annotations
@@ -183,7 +184,8 @@ class Bucketing:
         if not isinstance(e, sympy.Basic):
             return int(e)
         if not _monotone(e):
-            raise NotBucketable(f"the size {e} is not known to grow with its symbols (its bound is not its value at the bounds)")
+            raise NotBucketable(f"the size {e} is not known to grow with its symbols "
+                                "(its value at the bounds is not its bound)")
         v = e.xreplace(self.bounds)
         if not v.is_number:
             raise NotBucketable(f"the size {e} has a symbol the graph's inputs do not give")
@@ -379,13 +381,6 @@ _ROW_OPS = {  # work along one dimension with reductions (softmax) or per row (l
 }
 # (input, normalized_shape) argument positions
 _NORMS = {aten.native_layer_norm.default: (0, 1), aten.native_layer_norm_backward.default: (1, 2)}
-# Writes at indices along a dimension, arguments (x, dim, index, src, ...): lowered on static operands
-# (dynamo/lower_graph.py: a padded index's padding is out of bounds, so its updates are skipped).
-SCATTERS = {aten.scatter.src, aten.scatter.value, aten.scatter_add.default, aten.scatter_reduce.two,
-            aten.index_copy.default, aten.index_add.default}
-# Advanced-indexing writes, arguments (x, indices, values, ...): the same, each index's padding out of
-# bounds (after its negative indices count from the true size, as index.Tensor's).
-INDEX_PUTS = {aten.index_put.default, aten._index_put_impl.default}
 def _arg(node, i: int, name: str, default):
     return node.args[i] if len(node.args) > i else node.kwargs.get(name, default)
 
@@ -410,8 +405,8 @@ def _ordering_fills(node) -> dict:
 # its end, or order along it: lowered on static operands whose padding holds what PyTorch's does
 # (dynamo/lower_graph.py; zeros, "lowest" for a max pool: -inf) or what sorts last, so a window at the
 # true end reads what PyTorch's padding gives, a backward sums no padding, and a sort's true elements
-# come first. op -> {tensor argument position: fill}, 0 elsewhere, or a function of the node giving
-# that (fills).
+# come first. op -> {tensor (or tensor list) argument position: fill}, 0 elsewhere, or a function of
+# the node giving that (fills).
 FILLED = {aten.convolution.default: {}, aten.convolution_backward.default: {},
           aten.max_pool2d_with_indices.default: {0: "lowest"},
           aten.max_pool2d_with_indices_backward.default: {1: "lowest"},
@@ -420,6 +415,12 @@ FILLED = {aten.convolution.default: {}, aten.convolution_backward.default: {},
           # a view write flattens its base and writes at the padded layout's offsets (functional.py),
           # where XLA's reshape of a dynamic dimension would have moved the elements
           aten.slice_scatter.default: {},
+          # writes at indices (XLA's dynamic padder misplaced updates into a dynamic operand): a padded
+          # index's padding "highest", past every size, so XLA's scatter skips its updates (index_put's
+          # negative indices count from the true size first: lower_graph's _wrap_negative)
+          **{op: {2: "highest"} for op in (aten.scatter.src, aten.scatter.value, aten.scatter_add.default,
+                                           aten.scatter_reduce.two, aten.index_copy.default, aten.index_add.default)},
+          aten.index_put.default: {1: "highest"}, aten._index_put_impl.default: {1: "highest"},
           # counted elements: the padding falls outside every bin (its range given: refusal)
           aten.histc.default: {0: "highest"},
           # an MoE's expert products: rows past the last group's offset belong to no group
@@ -434,7 +435,8 @@ def fills(node) -> dict:
 
 # A pool's window count or divisor that depends on where the true end is: ceil_mode's last window,
 # avg_pool's count_include_pad=False. op -> (ceil_mode position, count_include_pad position)
-_POOL_FLAGS = {aten.max_pool2d_with_indices.default: (5, None), aten.max_pool2d_with_indices_backward.default: (6, None),
+_POOL_FLAGS = {aten.max_pool2d_with_indices.default: (5, None),
+               aten.max_pool2d_with_indices_backward.default: (6, None),
                aten.avg_pool2d.default: (4, 5), aten.avg_pool2d_backward.default: (5, 6)}
 _SYM_VALUES = {aten.sym_size.int, aten.sym_numel.default, aten.sym_stride.int, aten.sym_storage_offset.default,
                operator.mul, operator.add, operator.sub, operator.floordiv, operator.neg, operator.mod,
@@ -496,8 +498,9 @@ def refusal(node) -> str | None:
         if any(d >= first for d in _dynamic_dims(x)):
             return f"{name} normalizes over a symbolic dimension"
         return None
-    if torch.Tag.pointwise in target.tags or target in (aten.native_dropout.default, aten.native_dropout_backward.default,
-                                                        aten.floor_divide.default, aten.copy.default):
+    if torch.Tag.pointwise in target.tags or target in (
+            aten.native_dropout.default, aten.native_dropout_backward.default, aten.floor_divide.default,
+            aten.copy.default):
         # (floor_divide and copy, src broadcast to self: elementwise without PyTorch's pointwise tag)
         # Random ops (dropout in training) draw at the bucket's layout: the valid region's numbers are
         # not the per-shape program's, but come from the same distribution, one seed giving the same
@@ -540,8 +543,7 @@ def refusal(node) -> str | None:
         if any(not _static_int(p) or p < 0 for p in node.args[1]):
             return f"{name} with a negative or symbolic pad"
         return None
-    if target in (aten.index.Tensor, aten.index_select.default, aten.gather.default) or target in SCATTERS \
-            or target in INDEX_PUTS:
+    if target in (aten.index.Tensor, aten.index_select.default, aten.gather.default):
         # Reads and writes at indices checked on the device against the true sizes (their lowerings'
         # `bounds`, dynamo/lower_graph.py): an index into the padding raises CPU's error at the next
         # synchronisation, a negative one (index.Tensor) is wrapped by the true size first, and a

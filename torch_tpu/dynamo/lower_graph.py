@@ -551,18 +551,20 @@ class GraphProgram:
             low.check(*[_meta_val(v) for v in vals])
         elif low.check is not None:
             self._record_check(low.check, vals, sig, node)
-        if low.bounds is not None:
+        if low.bounds is not None:  # on the indices as given
             self._device_bounds(low, node, l_vals, args)
-            if bk is not None and node.target is torch.ops.aten.index.Tensor:
-                args = self._wrap_negative(node, args)
-            elif bk is not None and node.target in buckets.SCATTERS:
-                args = self._padding_not_scattered(args)
-            elif bk is not None and node.target in buckets.INDEX_PUTS:
-                args = self._padding_not_put(node, args)
+        if bk is not None and node.target in _ADVANCED_INDEXING:
+            args = self._wrap_negative(node, args)
         if bk is not None and node.target in buckets.FILLED:
             fills = buckets.fills(node)
-            args = [bounded.filled(self.b, a, bounded.fill_value(fills.get(i, 0), a.dtype))
-                    if isinstance(a, Value) else a for i, a in enumerate(args)]
+
+            def fill(a, i):
+                if isinstance(a, list):
+                    return [fill(t, i) for t in a]
+                if not isinstance(a, Value):
+                    return a
+                return bounded.filled(self.b, a, bounded.fill_value(fills.get(i, 0), a.dtype))
+            args = [fill(a, i) for i, a in enumerate(args)]
         result = low.fn(ctx, *args)
         if result is None:
             result = []
@@ -699,7 +701,7 @@ class GraphProgram:
         return r
 
     def _wrap_negative(self, node, args):
-        """index.Tensor's arguments with its negative indices along symbolic dimensions counted from
+        """index.Tensor's (or index_put's) arguments with its negative indices along symbolic dimensions counted from
         the true size (the lowering would count them from the bound). After the device check, which
         sees them as given."""
         b, bk = self.b, self.bucketing
@@ -711,29 +713,6 @@ class GraphProgram:
             w = b.select(b.compare(i, b.constant(0, i.dtype, tuple(i.shape)), "LT"), b.add(i, n), i)
             indices[d] = Value(w.name, w.type, i.example, i.sizes)
         return [args[0], indices, *args[2:]]
-
-    def _padding_not_scattered(self, args):
-        """A scatter's arguments (x, dim, index, src, ...; buckets.SCATTERS) without XLA's dynamic
-        sizes (its dynamic padder misplaced updates into a dynamic operand), a padded index's padding
-        pointing past every size (XLA's scatter skips an update whose index is out of bounds): the
-        valid region's updates land alone."""
-        b = self.b
-        x, dim, index, src = args[:4]
-        skip = torch.iinfo(index.dtype).max
-        if isinstance(src, Value) and src.sizes:
-            src = bounded.filled(b, src, 0)
-        return [bounded.filled(b, x, 0), dim, bounded.filled(b, index, skip), src, *args[4:]]
-
-    def _padding_not_put(self, node, args):
-        """index_put's arguments (x, indices, values, ...) as a scatter's (_padding_not_scattered):
-        static, each index's padding past every size, after its negative indices are counted from the
-        true sizes."""
-        b = self.b
-        x, indices, values = self._wrap_negative(node, args)[:3]
-        indices = [None if i is None else bounded.filled(b, i, torch.iinfo(i.dtype).max) for i in indices]
-        if isinstance(values, Value):
-            values = bounded.filled(b, values, 0)
-        return [bounded.filled(b, x, 0), indices, values, *args[3:]]
 
     def _device_bounds(self, low, node, vals, args):
         """Adds the node's index checks to the program (registry.bounds_status), on the FakeTensors'
@@ -890,6 +869,9 @@ class GraphProgram:
 
 
 _RESHAPES = {torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default, torch.ops.aten.reshape.default}
+# Ops whose index tensors may be negative, counted from x's sizes (x, indices, ...)
+_ADVANCED_INDEXING = {torch.ops.aten.index.Tensor, torch.ops.aten.index_put.default,
+                      torch.ops.aten._index_put_impl.default}
 
 
 def _inverse(perm) -> list:
